@@ -1,0 +1,244 @@
+//! Hugging Face directory -> [`Checkpoint`]: config.json, `*.safetensors` (single file or
+//! sharded via `model.safetensors.index.json`), tokenizer.json, tokenizer_config.json and
+//! generation_config.json. Plain F32/F16/BF16 weights only; quantized formats
+//! (`quantization_config`) are rejected here until their schemes land.
+
+use super::{
+    Architecture, Checkpoint, CheckpointFormat, LoadError, ModelConfig, SpecialTokens, TensorBytes, TensorEntry,
+    TokenizerSource,
+};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tessera_kernels::ggml::GgmlType;
+
+fn io(path: &Path, e: impl std::fmt::Display) -> LoadError {
+    LoadError::Io { path: path.into(), msg: e.to_string() }
+}
+
+fn read_json(path: &Path) -> Result<Value, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|e| io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| io(path, format!("invalid JSON: {e}")))
+}
+
+fn read_json_opt(path: &Path) -> Result<Option<Value>, LoadError> {
+    if path.exists() {
+        read_json(path).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+fn cfg_usize(cfg: &Value, key: &str) -> Result<usize, LoadError> {
+    cfg.get(key)
+        .and_then(Value::as_u64)
+        .map(|v| v as usize)
+        .ok_or_else(|| LoadError::Config { key: key.into(), msg: "missing or not an unsigned integer".into() })
+}
+
+fn cfg_f32(cfg: &Value, key: &str, default: f32) -> Result<f32, LoadError> {
+    match cfg.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_f64().map(|x| x as f32).ok_or_else(|| LoadError::Config { key: key.into(), msg: format!("{v} is not a number") }),
+    }
+}
+
+/// Parses config.json into a [`ModelConfig`].
+fn model_config(cfg: &Value) -> Result<ModelConfig, LoadError> {
+    let model_type = cfg.get("model_type").and_then(Value::as_str).unwrap_or("");
+    if !matches!(model_type, "llama" | "mistral") {
+        return Err(LoadError::Architecture(model_type.to_string()));
+    }
+    if cfg.get("quantization_config").is_some_and(|q| !q.is_null()) {
+        return Err(LoadError::Config {
+            key: "quantization_config".into(),
+            msg: "quantized Hugging Face checkpoints are not supported yet".into(),
+        });
+    }
+    if cfg.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+        return Err(LoadError::Config { key: "rope_scaling".into(), msg: "RoPE scaling is not supported yet".into() });
+    }
+    for key in ["attention_bias", "mlp_bias"] {
+        if cfg.get(key).and_then(Value::as_bool) == Some(true) {
+            return Err(LoadError::Config { key: key.into(), msg: "biases are not supported".into() });
+        }
+    }
+    if cfg.get("sliding_window").is_some_and(|v| !v.is_null()) {
+        return Err(LoadError::Config { key: "sliding_window".into(), msg: "sliding-window attention is not supported".into() });
+    }
+    let hidden = cfg_usize(cfg, "hidden_size")?;
+    let heads = cfg_usize(cfg, "num_attention_heads")?;
+    let c = ModelConfig {
+        arch: Architecture::Llama,
+        vocab_size: cfg_usize(cfg, "vocab_size")?,
+        hidden_size: hidden,
+        intermediate_size: cfg_usize(cfg, "intermediate_size")?,
+        num_layers: cfg_usize(cfg, "num_hidden_layers")?,
+        num_heads: heads,
+        num_kv_heads: if cfg.get("num_key_value_heads").is_some() { cfg_usize(cfg, "num_key_value_heads")? } else { heads },
+        head_dim: match cfg.get("head_dim") {
+            Some(Value::Null) | None => hidden / heads.max(1),
+            Some(_) => cfg_usize(cfg, "head_dim")?,
+        },
+        rope_theta: cfg_f32(cfg, "rope_theta", 10000.0)?,
+        rms_norm_eps: cfg_f32(cfg, "rms_norm_eps", 1e-6)?,
+        max_position_embeddings: cfg_usize(cfg, "max_position_embeddings")?,
+        tie_word_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+    };
+    c.validate()?;
+    Ok(c)
+}
+
+/// Maps a Hugging Face Llama tensor name to the canonical (GGUF-style) name.
+/// `Ok(None)` for buffers that carry no weights (e.g. `rotary_emb.inv_freq`).
+fn canonical_name(name: &str) -> Result<Option<String>, LoadError> {
+    let fixed = match name {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Ok(Some(f.to_string()));
+    }
+    let unknown = || LoadError::Tensor { name: name.into(), msg: "not a Llama tensor name".into() };
+    let rest = name.strip_prefix("model.layers.").ok_or_else(unknown)?;
+    let (idx, suffix) = rest.split_once('.').ok_or_else(unknown)?;
+    let idx: usize = idx.parse().map_err(|_| unknown())?;
+    let short = match suffix {
+        "input_layernorm.weight" => "attn_norm",
+        "post_attention_layernorm.weight" => "ffn_norm",
+        "self_attn.q_proj.weight" => "attn_q",
+        "self_attn.k_proj.weight" => "attn_k",
+        "self_attn.v_proj.weight" => "attn_v",
+        "self_attn.o_proj.weight" => "attn_output",
+        "mlp.gate_proj.weight" => "ffn_gate",
+        "mlp.up_proj.weight" => "ffn_up",
+        "mlp.down_proj.weight" => "ffn_down",
+        "self_attn.rotary_emb.inv_freq" => return Ok(None),
+        _ => return Err(unknown()),
+    };
+    Ok(Some(format!("blk.{idx}.{short}.weight")))
+}
+
+fn storage_type(name: &str, dtype: Dtype) -> Result<GgmlType, LoadError> {
+    match dtype {
+        Dtype::F32 => Ok(GgmlType::F32),
+        Dtype::F16 => Ok(GgmlType::F16),
+        Dtype::BF16 => Ok(GgmlType::BF16),
+        other => Err(LoadError::Tensor {
+            name: name.into(),
+            msg: format!("dtype {other:?} in a checkpoint without quantization_config"),
+        }),
+    }
+}
+
+/// The safetensors shard files of a directory.
+fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let v = read_json(&index)?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| io(&index, "no weight_map object"))?;
+        let files: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
+        return Ok(files.into_iter().map(|f| dir.join(f)).collect());
+    }
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    Err(io(dir, "no model.safetensors or model.safetensors.index.json"))
+}
+
+fn load_tensors(files: &[PathBuf]) -> Result<BTreeMap<String, TensorEntry>, LoadError> {
+    let mut tensors = BTreeMap::new();
+    for path in files {
+        let file = std::fs::File::open(path).map_err(|e| io(path, e))?;
+        // SAFETY: read-only map of a model file that is not modified while loaded.
+        let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| io(path, e))?);
+        let st = SafeTensors::deserialize(&map).map_err(|e| io(path, format!("invalid safetensors: {e}")))?;
+        let base = map.as_ptr() as usize;
+        for (name, view) in st.tensors() {
+            let Some(canon) = canonical_name(&name)? else { continue };
+            let ty = storage_type(&name, view.dtype())?;
+            let start = view.data().as_ptr() as usize - base;
+            let range = start..start + view.data().len();
+            let entry = TensorEntry { source_name: name.clone(), ty, shape: view.shape().to_vec(), data: TensorBytes::Mapped(map.clone(), range) };
+            if tensors.insert(canon, entry).is_some() {
+                return Err(LoadError::Tensor { name, msg: "appears in more than one shard".into() });
+            }
+        }
+    }
+    Ok(tensors)
+}
+
+/// Resolves a token given as a string or `{"content": ...}` to its id.
+fn token_ref(v: Option<&Value>, tok: &tokenizers::Tokenizer) -> Option<u32> {
+    let s = match v? {
+        Value::String(s) => s.as_str(),
+        Value::Object(o) => o.get("content")?.as_str()?,
+        _ => return None,
+    };
+    tok.token_to_id(s)
+}
+
+fn ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        _ => vec![],
+    }
+}
+
+/// Loads a Hugging Face model directory.
+pub fn load(dir: &Path) -> Result<Checkpoint, LoadError> {
+    let cfg = read_json(&dir.join("config.json"))?;
+    let config = model_config(&cfg)?;
+    let tensors = load_tensors(&shard_files(dir)?)?;
+
+    let tok_path = dir.join("tokenizer.json");
+    let tok = tokenizers::Tokenizer::from_file(&tok_path).map_err(|e| LoadError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
+    let tcfg = read_json_opt(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
+    let gcfg = read_json_opt(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
+    let chat_template = match tcfg.get("chat_template") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(named)) => named
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or(named.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        _ => None,
+    };
+    let mut eos = ids(gcfg.get("eos_token_id"));
+    if eos.is_empty() {
+        eos = ids(cfg.get("eos_token_id"));
+    }
+    if let Some(e) = token_ref(tcfg.get("eos_token"), &tok) {
+        if !eos.contains(&e) {
+            eos.push(e);
+        }
+    }
+    let special = SpecialTokens {
+        bos: token_ref(tcfg.get("bos_token"), &tok).or_else(|| ids(cfg.get("bos_token_id")).first().copied()),
+        eos,
+        add_bos: tcfg.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false),
+        chat_template,
+    };
+    let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(Checkpoint {
+        path: dir.into(),
+        format: CheckpointFormat::HfDir,
+        name,
+        config,
+        tensors,
+        tokenizer: TokenizerSource::HfJson(tok_path),
+        special,
+    })
+}

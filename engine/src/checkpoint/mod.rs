@@ -1,0 +1,261 @@
+//! Checkpoint loading: GGUF files and Hugging Face directories, both turned into one
+//! in-memory [`Checkpoint`]: architecture hyper-parameters, named tensors in their storage
+//! type (still memory-mapped where possible), and the tokenizer's source.
+//!
+//! Tensor names are canonicalised to GGUF's short form (`blk.3.attn_q.weight`) whatever the
+//! source, and Q/K rows are in Hugging Face order (the GGUF converter's permutation undone).
+
+pub mod gguf;
+mod gguf_model;
+mod hf_dir;
+
+use memmap2::Mmap;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tessera_kernels::ggml::GgmlType;
+
+pub use gguf::{GgufError, GgufFile, MetaValue};
+pub use gguf_model::GgufVocab;
+
+/// Errors while loading a checkpoint. Messages name the file, key or tensor at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file or directory cannot be read.
+    #[error("{path}: {msg}")]
+    Io {
+        /// Path at fault.
+        path: PathBuf,
+        /// What failed.
+        msg: String,
+    },
+    /// The GGUF container is malformed.
+    #[error("{path}: {source}")]
+    Gguf {
+        /// File at fault.
+        path: PathBuf,
+        /// Parse error.
+        source: GgufError,
+    },
+    /// A required or malformed configuration value.
+    #[error("config {key}: {msg}")]
+    Config {
+        /// Key at fault.
+        key: String,
+        /// What was wrong.
+        msg: String,
+    },
+    /// A tensor that is missing or disagrees with the configuration.
+    #[error("tensor {name}: {msg}")]
+    Tensor {
+        /// Tensor name (as in the checkpoint).
+        name: String,
+        /// What was wrong.
+        msg: String,
+    },
+    /// An architecture Tessera does not run.
+    #[error("unsupported architecture {0:?} (supported: llama)")]
+    Architecture(String),
+    /// Tokenizer construction failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}
+
+/// Model families the engine can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama and its GQA descendants (SmolLM2, Mistral without sliding window, ...).
+    Llama,
+}
+
+/// Architecture hyper-parameters, from GGUF metadata or config.json.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// Model family.
+    pub arch: Architecture,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// Hidden width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Decoder blocks.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Dimension per head.
+    pub head_dim: usize,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// Trained context length.
+    pub max_position_embeddings: usize,
+    /// Output head shares the token embedding.
+    pub tie_word_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Checks the shape relations the model code relies on.
+    pub fn validate(&self) -> Result<(), LoadError> {
+        let bad = |key: &str, msg: String| Err(LoadError::Config { key: key.into(), msg });
+        for (k, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ] {
+            if v == 0 || v > 1 << 24 {
+                return bad(k, format!("{v} is out of range"));
+            }
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return bad("num_kv_heads", format!("{} does not divide num_heads {}", self.num_kv_heads, self.num_heads));
+        }
+        if self.head_dim % 2 != 0 {
+            return bad("head_dim", format!("{} is odd", self.head_dim));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return bad("rope_theta", format!("{}", self.rope_theta));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return bad("rms_norm_eps", format!("{}", self.rms_norm_eps));
+        }
+        Ok(())
+    }
+}
+
+/// Where a tensor's bytes live.
+#[derive(Clone, Debug)]
+pub enum TensorBytes {
+    /// A range of a memory-mapped file.
+    Mapped(Arc<Mmap>, Range<usize>),
+    /// Bytes owned in memory (e.g. rows reordered at load).
+    Owned(Arc<[u8]>),
+}
+
+impl TensorBytes {
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            TensorBytes::Mapped(m, r) => &m[r.clone()],
+            TensorBytes::Owned(b) => b,
+        }
+    }
+}
+
+/// One named tensor in its storage type.
+#[derive(Clone, Debug)]
+pub struct TensorEntry {
+    /// Name in the source checkpoint (for messages).
+    pub source_name: String,
+    /// Storage type. Quantized Hugging Face formats will extend this seam.
+    pub ty: GgmlType,
+    /// Shape, outermost first (`[rows, cols]` for a matrix).
+    pub shape: Vec<usize>,
+    /// Data.
+    pub data: TensorBytes,
+}
+
+impl TensorEntry {
+    /// `(rows, cols)` of a 2-D tensor (1-D tensors are one row).
+    pub fn matrix_dims(&self) -> (usize, usize) {
+        match self.shape.as_slice() {
+            [n] => (1, *n),
+            [r, c] => (*r, *c),
+            s => (s[..s.len() - 1].iter().product(), s[s.len() - 1]),
+        }
+    }
+}
+
+/// The checkpoint's tokenizer, as found in it.
+#[derive(Clone, Debug)]
+pub enum TokenizerSource {
+    /// Vocabulary embedded in GGUF metadata.
+    Gguf(Box<gguf_model::GgufVocab>),
+    /// A Hugging Face `tokenizer.json`.
+    HfJson(PathBuf),
+}
+
+/// Special tokens and template from the checkpoint.
+#[derive(Clone, Debug, Default)]
+pub struct SpecialTokens {
+    /// Beginning-of-sequence token.
+    pub bos: Option<u32>,
+    /// End-of-sequence tokens (generation stops on any).
+    pub eos: Vec<u32>,
+    /// Whether prompts get a BOS prepended.
+    pub add_bos: bool,
+    /// Jinja chat template.
+    pub chat_template: Option<String>,
+}
+
+/// Which container a checkpoint came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointFormat {
+    /// A single GGUF file.
+    Gguf,
+    /// A Hugging Face directory (config.json + safetensors).
+    HfDir,
+}
+
+/// A loaded checkpoint.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// Path it was loaded from.
+    pub path: PathBuf,
+    /// Container.
+    pub format: CheckpointFormat,
+    /// Display name.
+    pub name: String,
+    /// Hyper-parameters.
+    pub config: ModelConfig,
+    /// Tensors by canonical name.
+    pub tensors: BTreeMap<String, TensorEntry>,
+    /// Tokenizer source.
+    pub tokenizer: TokenizerSource,
+    /// Special tokens.
+    pub special: SpecialTokens,
+}
+
+impl Checkpoint {
+    /// Loads a GGUF file or a Hugging Face directory.
+    pub fn open(path: &Path) -> Result<Self, LoadError> {
+        if path.is_dir() {
+            hf_dir::load(path)
+        } else if path.is_file() {
+            gguf_model::load(path)
+        } else {
+            Err(LoadError::Io { path: path.into(), msg: "no such file or directory".into() })
+        }
+    }
+
+    /// A tensor by canonical name, or an error naming it.
+    pub fn tensor(&self, name: &str) -> Result<&TensorEntry, LoadError> {
+        self.tensors.get(name).ok_or_else(|| LoadError::Tensor { name: name.into(), msg: "missing".into() })
+    }
+}
+
+/// Reorders the rows of a head-major Q/K matrix from llama.cpp's interleaved-RoPE order
+/// back to Hugging Face's rotate-half order (the inverse of `convert_hf_to_gguf.permute`).
+///
+/// Within each head of `head_dim` rows, GGUF row `2j + p` holds HF row `p * head_dim/2 + j`.
+pub fn unpermute_qk_rows(data: &[u8], rows: usize, head_dim: usize) -> Vec<u8> {
+    let rb = data.len() / rows;
+    let half = head_dim / 2;
+    let mut out = vec![0u8; data.len()];
+    for r in 0..rows {
+        let (h, i) = (r / head_dim, r % head_dim);
+        let (p, j) = (i / half, i % half);
+        let src = h * head_dim + 2 * j + p;
+        out[r * rb..(r + 1) * rb].copy_from_slice(&data[src * rb..(src + 1) * rb]);
+    }
+    out
+}

@@ -1,0 +1,108 @@
+//! Single-sequence generation (the `tessera generate` command): chunked prefill, then one
+//! token per step with streaming, UTF-8-safe text output and timing.
+
+use crate::kv::ContiguousKv;
+use crate::model::{ForwardError, LlamaModel, SeqInput};
+use crate::sample::{Sampled, Sampler};
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use std::time::Instant;
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token (EOS or a requested stop id) was sampled.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The model's context is full.
+    Context,
+}
+
+/// Limits and stop conditions.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Token ids that end generation (not included in the text).
+    pub stop_ids: Vec<u32>,
+    /// Prompt tokens per prefill forward pass.
+    pub prefill_chunk: usize,
+}
+
+/// The result of a generation.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Generated text (stop token excluded).
+    pub text: String,
+    /// Every sampled token, the stop token included.
+    pub tokens: Vec<Sampled>,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Why it stopped.
+    pub finish: FinishReason,
+    /// Seconds spent in prefill (prompt forward passes).
+    pub prefill_secs: f64,
+    /// Seconds spent generating after the first token.
+    pub decode_secs: f64,
+}
+
+/// Generates from `prompt`, calling `on_text` with each new piece of text.
+pub fn generate(
+    model: &LlamaModel,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    mut sampler: Sampler,
+    opts: &GenerateOptions,
+    mut on_text: impl FnMut(&str),
+) -> Result<Generation, ForwardError> {
+    let cfg = model.config();
+    let mut kv = ContiguousKv::new(cfg.num_layers, model.kv_width(), cfg.max_position_embeddings);
+    let mut decoder = IncrementalDecoder::new();
+    let mut out = Generation {
+        text: String::new(),
+        tokens: Vec::new(),
+        prompt_tokens: prompt.len(),
+        finish: FinishReason::Length,
+        prefill_secs: 0.0,
+        decode_secs: 0.0,
+    };
+    if prompt.is_empty() || opts.max_tokens == 0 {
+        return Ok(out);
+    }
+    let t0 = Instant::now();
+    let mut logits = Vec::new();
+    let chunks: Vec<&[u32]> = prompt.chunks(opts.prefill_chunk.max(1)).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let last = i + 1 == chunks.len();
+        let mut batch = [SeqInput { tokens: chunk, kv: &mut kv, logits_from: last.then(|| chunk.len() - 1) }];
+        logits = model.forward(&mut batch)?.swap_remove(0);
+    }
+    out.prefill_secs = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    loop {
+        let s = sampler.sample(&logits);
+        let id = s.id;
+        out.tokens.push(s);
+        if opts.stop_ids.contains(&id) {
+            out.finish = FinishReason::Stop;
+            break;
+        }
+        let piece = decoder.push(tok, id);
+        out.text.push_str(&piece);
+        on_text(&piece);
+        if out.tokens.len() >= opts.max_tokens {
+            break;
+        }
+        if prompt.len() + out.tokens.len() >= cfg.max_position_embeddings {
+            out.finish = FinishReason::Context;
+            break;
+        }
+        let mut batch = [SeqInput { tokens: std::slice::from_ref(&id), kv: &mut kv, logits_from: Some(0) }];
+        logits = model.forward(&mut batch)?.swap_remove(0);
+    }
+    let rest = decoder.flush(tok);
+    out.text.push_str(&rest);
+    on_text(&rest);
+    out.decode_secs = t1.elapsed().as_secs_f64();
+    Ok(out)
+}

@@ -1,0 +1,19 @@
+//! Tessera engine: checkpoint loaders, tokenizer, model forward pass, KV cache, sampling.
+//!
+//! - [`checkpoint`]: GGUF and Hugging Face loaders producing one [`checkpoint::Checkpoint`];
+//! - [`tokenizer`]: the checkpoint's tokenizer and streaming detokenization;
+//! - [`model`]: architectures (Llama) built from a checkpoint with a kernel per layer;
+//! - [`kv`]: the per-sequence KV cache seam;
+//! - [`sample`]: logits processors, samplers and logprobs;
+//! - [`generate`]: single-sequence generation used by the CLI;
+//! - [`perplexity`]: llama.cpp-compatible perplexity evaluation.
+
+pub mod checkpoint;
+pub mod generate;
+pub mod kv;
+mod loaded;
+pub mod model;
+pub mod sample;
+pub mod tokenizer;
+
+pub use loaded::LoadedModel;

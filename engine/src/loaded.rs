@@ -1,0 +1,36 @@
+//! A checkpoint loaded and ready to run: tokenizer plus model.
+
+use crate::checkpoint::{Checkpoint, LoadError};
+use crate::model::LlamaModel;
+use crate::tokenizer::Tokenizer;
+use std::path::Path;
+use tessera_kernels::cpu::CpuCaps;
+use tessera_kernels::linear::LinearPolicy;
+
+/// Everything needed to run a model.
+pub struct LoadedModel {
+    /// The checkpoint (metadata and mapped tensors).
+    pub checkpoint: Checkpoint,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The model with kernels chosen.
+    pub model: LlamaModel,
+    /// The CPU the kernels were chosen for.
+    pub caps: CpuCaps,
+}
+
+impl LoadedModel {
+    /// Loads a GGUF file or HF directory.
+    pub fn load(path: &Path, policy: LinearPolicy) -> Result<Self, LoadError> {
+        let checkpoint = Checkpoint::open(path)?;
+        let tokenizer = Tokenizer::from_checkpoint(&checkpoint)?;
+        let caps = CpuCaps::detect();
+        let model = LlamaModel::load(&checkpoint, &caps, policy)?;
+        Ok(LoadedModel { checkpoint, tokenizer, model, caps })
+    }
+
+    /// Token ids that end generation (the checkpoint's EOS set).
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.checkpoint.special.eos.clone()
+    }
+}

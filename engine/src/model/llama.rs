@@ -1,0 +1,260 @@
+//! The Llama decoder (SmolLM2, Llama 2/3 without RoPE scaling, Mistral without sliding window).
+//!
+//! The model knows layers, not kernels: each [`Linear`] carries the kernel chosen for its
+//! storage type. The forward pass takes a batch of sequences of different lengths, runs every
+//! linear layer once over all their tokens, and attention per sequence over its own KV cache.
+
+use super::linear::{Linear, PlanEntry};
+use crate::checkpoint::{Checkpoint, LoadError, ModelConfig, TensorEntry};
+use crate::kv::{KvError, SequenceKv};
+use tessera_kernels::attention::{attention, AttnShape};
+use tessera_kernels::cpu::CpuCaps;
+use tessera_kernels::ggml::{dequantize_row, GgmlType};
+use tessera_kernels::linear::LinearPolicy;
+use tessera_kernels::ops::{rms_norm, silu_mul, Rope};
+
+/// One sequence's part of a batch.
+pub struct SeqInput<'a> {
+    /// New tokens, appended after what the cache holds.
+    pub tokens: &'a [u32],
+    /// The sequence's cache.
+    pub kv: &'a mut dyn SequenceKv,
+    /// Return logits for new tokens `logits_from..` (`None`: no logits).
+    pub logits_from: Option<usize>,
+}
+
+/// Why a forward pass was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForwardError {
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// The sequence exceeds the context or cache.
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    /// `logits_from` beyond the sequence's new tokens.
+    #[error("logits requested from token {from} of a {len}-token input")]
+    LogitsRange {
+        /// Requested start.
+        from: usize,
+        /// Tokens given.
+        len: usize,
+    },
+}
+
+struct Block {
+    attn_norm: Vec<f32>,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
+    ffn_norm: Vec<f32>,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A loaded Llama model.
+pub struct LlamaModel {
+    config: ModelConfig,
+    embed: TensorEntry,
+    blocks: Vec<Block>,
+    final_norm: Vec<f32>,
+    lm_head: Linear,
+    rope: Rope,
+    shape: AttnShape,
+}
+
+fn norm_weights(t: &TensorEntry, n: usize) -> Result<Vec<f32>, LoadError> {
+    if t.shape != [n] || !t.ty.is_float() {
+        return Err(LoadError::Tensor {
+            name: t.source_name.clone(),
+            msg: format!("{} {:?}, expected a float vector of {n}", t.ty, t.shape),
+        });
+    }
+    let mut out = vec![0f32; n];
+    dequantize_row(t.ty, t.data.bytes(), &mut out);
+    Ok(out)
+}
+
+impl LlamaModel {
+    /// Builds the model from a checkpoint, choosing a kernel for every linear layer.
+    pub fn load(ckpt: &Checkpoint, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+        let c = ckpt.config.clone();
+        let (h, qw, kw, ffn) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
+        let lin = |name: &str, rows, cols| Linear::new(name, ckpt.tensor(name)?, rows, cols, caps, policy);
+        let embed = ckpt.tensor("token_embd.weight")?.clone();
+        if embed.shape != [c.vocab_size, h] || embed.ty.row_bytes(h).is_none() {
+            return Err(LoadError::Tensor {
+                name: embed.source_name.clone(),
+                msg: format!("{} {:?}, expected [{}, {h}]", embed.ty, embed.shape, c.vocab_size),
+            });
+        }
+        let mut blocks = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let p = |s: &str| format!("blk.{i}.{s}.weight");
+            blocks.push(Block {
+                attn_norm: norm_weights(ckpt.tensor(&p("attn_norm"))?, h)?,
+                wq: lin(&p("attn_q"), qw, h)?,
+                wk: lin(&p("attn_k"), kw, h)?,
+                wv: lin(&p("attn_v"), kw, h)?,
+                wo: lin(&p("attn_output"), h, qw)?,
+                ffn_norm: norm_weights(ckpt.tensor(&p("ffn_norm"))?, h)?,
+                gate: lin(&p("ffn_gate"), ffn, h)?,
+                up: lin(&p("ffn_up"), ffn, h)?,
+                down: lin(&p("ffn_down"), h, ffn)?,
+            });
+        }
+        let head_name = if c.tie_word_embeddings { "token_embd.weight" } else { "output.weight" };
+        Ok(LlamaModel {
+            final_norm: norm_weights(ckpt.tensor("output_norm.weight")?, h)?,
+            lm_head: lin(head_name, c.vocab_size, h)?,
+            rope: Rope::new(c.head_dim, c.rope_theta),
+            shape: AttnShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim },
+            embed,
+            blocks,
+            config: c,
+        })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Floats per token per layer in the K (or V) cache.
+    pub fn kv_width(&self) -> usize {
+        self.shape.kv_width()
+    }
+
+    /// The kernel chosen for every linear layer, in execution order.
+    pub fn plan(&self) -> Vec<PlanEntry> {
+        let mut out = Vec::new();
+        for b in &self.blocks {
+            for l in [&b.wq, &b.wk, &b.wv, &b.wo, &b.gate, &b.up, &b.down] {
+                out.push(l.plan());
+            }
+        }
+        out.push(self.lm_head.plan());
+        out
+    }
+
+    /// Storage type of the token embedding (looked up row by row, no kernel).
+    pub fn embedding_type(&self) -> GgmlType {
+        self.embed.ty
+    }
+
+    /// Runs the batch; returns, per sequence, logits rows (`vocab` each) for the requested tokens.
+    pub fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let c = &self.config;
+        let (h, hd, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
+        let (qw, kw, ffn) = (self.shape.q_width(), self.shape.kv_width(), c.intermediate_size);
+        let qkv_w = qw + 2 * kw;
+
+        // Validate everything before touching any cache.
+        for s in batch.iter() {
+            if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ForwardError::TokenOutOfRange { id, vocab });
+            }
+            if let Some(from) = s.logits_from {
+                if from >= s.tokens.len() {
+                    return Err(ForwardError::LogitsRange { from, len: s.tokens.len() });
+                }
+            }
+            let needed = s.kv.len() + s.tokens.len();
+            if needed > c.max_position_embeddings {
+                return Err(KvError::Capacity { needed, capacity: c.max_position_embeddings }.into());
+            }
+        }
+        for s in batch.iter_mut() {
+            s.kv.reserve(s.tokens.len())?;
+        }
+        let spans: Vec<(usize, usize, usize)> = {
+            let mut row = 0;
+            batch
+                .iter()
+                .map(|s| {
+                    let span = (row, s.tokens.len(), s.kv.len());
+                    row += s.tokens.len();
+                    span
+                })
+                .collect()
+        };
+        let m: usize = spans.iter().map(|s| s.1).sum();
+        let rope_table = self.rope.table(spans.iter().flat_map(|&(_, n, p0)| p0..p0 + n));
+        let half = self.rope.half_dim();
+
+        let mut x = vec![0f32; m * h];
+        let erb = self.embed.ty.row_bytes(h).expect("checked at load");
+        let ebytes = self.embed.data.bytes();
+        for (row, &t) in x.chunks_exact_mut(h).zip(batch.iter().flat_map(|s| s.tokens.iter())) {
+            dequantize_row(self.embed.ty, &ebytes[t as usize * erb..(t as usize + 1) * erb], row);
+        }
+
+        let mut normed = vec![0f32; m * h];
+        let mut qkv = vec![0f32; m * qkv_w];
+        let mut q = vec![0f32; m * qw];
+        let mut attn = vec![0f32; m * qw];
+        let mut tmp = vec![0f32; m * h];
+        let mut gu = vec![0f32; m * 2 * ffn];
+        let mut act = vec![0f32; m * ffn];
+        let mut kbuf = Vec::new();
+        let mut vbuf = Vec::new();
+        for (li, b) in self.blocks.iter().enumerate() {
+            rms_norm(&x, &b.attn_norm, c.rms_norm_eps, &mut normed);
+            b.wq.forward(&normed, m, &mut qkv, qkv_w);
+            b.wk.forward(&normed, m, &mut qkv[qw..], qkv_w);
+            b.wv.forward(&normed, m, &mut qkv[qw + kw..], qkv_w);
+            for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
+                let cs = &rope_table[t * half..(t + 1) * half];
+                let (qr, rest) = row.split_at_mut(qw);
+                self.rope.apply(qr, hd, cs);
+                self.rope.apply(&mut rest[..kw], hd, cs);
+                q[t * qw..(t + 1) * qw].copy_from_slice(qr);
+            }
+            for (s, &(r0, n, p0)) in batch.iter_mut().zip(&spans) {
+                kbuf.clear();
+                vbuf.clear();
+                for row in qkv[r0 * qkv_w..(r0 + n) * qkv_w].chunks_exact(qkv_w) {
+                    kbuf.extend_from_slice(&row[qw..qw + kw]);
+                    vbuf.extend_from_slice(&row[qw + kw..]);
+                }
+                s.kv.write(li, p0, &kbuf, &vbuf);
+                let tiles = s.kv.tiles(li, p0 + n);
+                attention(self.shape, &q[r0 * qw..(r0 + n) * qw], n, p0, &tiles, &mut attn[r0 * qw..(r0 + n) * qw]);
+            }
+            b.wo.forward(&attn, m, &mut tmp, h);
+            x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
+
+            rms_norm(&x, &b.ffn_norm, c.rms_norm_eps, &mut normed);
+            b.gate.forward(&normed, m, &mut gu, 2 * ffn);
+            b.up.forward(&normed, m, &mut gu[ffn..], 2 * ffn);
+            silu_mul(&gu, ffn, &mut act);
+            b.down.forward(&act, m, &mut tmp, h);
+            x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
+        }
+        for (s, &(_, n, _)) in batch.iter_mut().zip(&spans) {
+            s.kv.advance(n);
+        }
+
+        let mut out = Vec::with_capacity(batch.len());
+        for (s, &(r0, n, _)) in batch.iter().zip(&spans) {
+            let Some(from) = s.logits_from else {
+                out.push(Vec::new());
+                continue;
+            };
+            let rows = n - from;
+            let mut hn = vec![0f32; rows * h];
+            rms_norm(&x[(r0 + from) * h..(r0 + n) * h], &self.final_norm, c.rms_norm_eps, &mut hn);
+            let mut logits = vec![0f32; rows * vocab];
+            self.lm_head.forward(&hn, rows, &mut logits, vocab);
+            out.push(logits);
+        }
+        Ok(out)
+    }
+}

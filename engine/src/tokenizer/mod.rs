@@ -1,0 +1,71 @@
+//! Tokenization: a `tokenizers::Tokenizer` built from the checkpoint (GGUF vocabulary or
+//! tokenizer.json), the checkpoint's BOS policy, and UTF-8-safe incremental decoding.
+
+mod gguf_vocab;
+mod incremental;
+
+pub use incremental::IncrementalDecoder;
+
+use crate::checkpoint::{Checkpoint, LoadError, SpecialTokens, TokenizerSource};
+
+/// The model's tokenizer with its special-token policy.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    special: SpecialTokens,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer").field("vocab", &self.vocab_size()).field("special", &self.special).finish()
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer a checkpoint carries.
+    pub fn from_checkpoint(ckpt: &Checkpoint) -> Result<Self, LoadError> {
+        let inner = match &ckpt.tokenizer {
+            TokenizerSource::Gguf(v) => gguf_vocab::build(v)?,
+            TokenizerSource::HfJson(p) => tokenizers::Tokenizer::from_file(p)
+                .map_err(|e| LoadError::Tokenizer(format!("{}: {e}", p.display())))?,
+        };
+        Ok(Tokenizer { inner, special: ckpt.special.clone() })
+    }
+
+    /// Encodes text; special tokens written in the text (e.g. `<|im_start|>`) are recognised,
+    /// and BOS is prepended only when the checkpoint asks for it.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        let enc = self.inner.encode(text, false).map_err(|e| e.to_string())?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if self.special.add_bos {
+            ids.extend(self.special.bos);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Decodes ids to text, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.inner.decode(ids, false).unwrap_or_default()
+    }
+
+    /// The token string of one id (for logprob displays).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Special tokens and BOS policy.
+    pub fn special(&self) -> &SpecialTokens {
+        &self.special
+    }
+
+    /// The underlying `tokenizers` object (e.g. to save as tokenizer.json).
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}

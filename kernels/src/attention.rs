@@ -1,0 +1,137 @@
+//! Causal grouped-query attention over cached K/V tiles with an online softmax.
+//!
+//! The cache hands attention a list of [`KvTile`]s (one for a contiguous cache, one per
+//! block for a paged one); attention never needs the whole context as one buffer. Scores and
+//! the value accumulation are small GEMMs per (head, key sub-tile); the softmax is the
+//! streaming (flash-attention) form, so memory stays bounded by the sub-tile size.
+
+use rayon::prelude::*;
+
+/// Head geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (divides `n_heads`).
+    pub n_kv_heads: usize,
+    /// Dimension per head.
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    /// Width of a query row (`n_heads * head_dim`).
+    pub fn q_width(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    /// Width of a key or value row (`n_kv_heads * head_dim`).
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}
+
+/// `len` consecutive cached tokens starting at position `start`; rows of `kv_width` f32.
+#[derive(Clone, Copy, Debug)]
+pub struct KvTile<'a> {
+    /// Position of the first token.
+    pub start: usize,
+    /// Tokens in the tile.
+    pub len: usize,
+    /// `len * kv_width` key values.
+    pub keys: &'a [f32],
+    /// `len * kv_width` value values.
+    pub values: &'a [f32],
+}
+
+/// Keys scored per inner step.
+const SUB_TILE: usize = 256;
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each head task writes only its own head's columns of the output.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Attention for `m` query rows at positions `pos0..pos0 + m` (query `i` sees keys at
+/// positions `<= pos0 + i`). `q` and `out` are `m × q_width`.
+pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[KvTile<'_>], out: &mut [f32]) {
+    let (hd, qw, kw) = (shape.head_dim, shape.q_width(), shape.kv_width());
+    assert!(shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0);
+    assert_eq!(q.len(), m * qw);
+    assert_eq!(out.len(), m * qw);
+    for t in tiles {
+        assert!(t.keys.len() == t.len * kw && t.values.len() == t.len * kw, "kv tile shape");
+    }
+    let group = shape.n_heads / shape.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    (0..shape.n_heads).into_par_iter().for_each(|h| {
+        let out_ptr = out_ptr;
+        let kvh = h / group;
+        let mut row_max = vec![f32::NEG_INFINITY; m];
+        let mut row_sum = vec![0f32; m];
+        let mut acc = vec![0f32; m * hd];
+        let mut s = vec![0f32; m * SUB_TILE];
+        for tile in tiles {
+            let mut off = 0;
+            while off < tile.len {
+                let start = tile.start + off;
+                if start > pos0 + m - 1 {
+                    break;
+                }
+                let n = SUB_TILE.min(tile.len - off);
+                let keys = &tile.keys[(off * kw + kvh * hd)..];
+                let values = &tile.values[(off * kw + kvh * hd)..];
+                // SAFETY: s is m x n (row stride n); q rows have stride qw; keys/values rows
+                // have stride kw and n rows remain from `off` (asserted tile shapes).
+                unsafe {
+                    gemm::gemm(
+                        m, n, hd, s.as_mut_ptr(), 1, n as isize, false,
+                        q.as_ptr().add(h * hd), 1, qw as isize,
+                        keys.as_ptr(), kw as isize, 1,
+                        0.0, scale, false, false, false, gemm::Parallelism::None,
+                    );
+                }
+                for i in 0..m {
+                    let row = &mut s[i * n..(i + 1) * n];
+                    let visible = (pos0 + i + 1).saturating_sub(start).min(n);
+                    if visible == 0 {
+                        row.fill(0.0);
+                        continue;
+                    }
+                    let tmax = row[..visible].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    let new_max = row_max[i].max(tmax);
+                    let corr = (row_max[i] - new_max).exp();
+                    let mut sum = 0f32;
+                    for p in row[..visible].iter_mut() {
+                        *p = (*p - new_max).exp();
+                        sum += *p;
+                    }
+                    row[visible..].fill(0.0);
+                    row_sum[i] = row_sum[i] * corr + sum;
+                    row_max[i] = new_max;
+                    if corr != 1.0 {
+                        acc[i * hd..(i + 1) * hd].iter_mut().for_each(|a| *a *= corr);
+                    }
+                }
+                // acc (m x hd) += P (m x n) · V (n x hd).
+                // SAFETY: shapes as above.
+                unsafe {
+                    gemm::gemm(
+                        m, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
+                        s.as_ptr(), 1, n as isize,
+                        values.as_ptr(), 1, kw as isize,
+                        1.0, 1.0, false, false, false, gemm::Parallelism::None,
+                    );
+                }
+                off += n;
+            }
+        }
+        for i in 0..m {
+            let inv = if row_sum[i] > 0.0 { 1.0 / row_sum[i] } else { 0.0 };
+            for d in 0..hd {
+                // SAFETY: (i, h*hd + d) is inside out (m x qw); head h's columns belong to this task.
+                unsafe { *out_ptr.0.add(i * qw + h * hd + d) = acc[i * hd + d] * inv };
+            }
+        }
+    });
+}

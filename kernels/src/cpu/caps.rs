@@ -1,0 +1,77 @@
+//! Run-time CPU feature detection.
+
+use std::fmt;
+
+/// The instruction-set level a CPU kernel is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust; the reference every SIMD path is tested against.
+    Scalar,
+    /// x86-64 AVX2 + FMA.
+    Avx2,
+}
+
+impl Isa {
+    /// Short name used in kernel ids.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+        }
+    }
+
+    /// Whether this machine can run kernels of this level.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => CpuCaps::detect().avx2_fma,
+        }
+    }
+}
+
+/// What the CPU offers, as detected at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuCaps {
+    /// AVX2 and FMA.
+    pub avx2_fma: bool,
+    /// AVX-512 foundation + byte/word.
+    pub avx512bw: bool,
+    /// AVX-512 VNNI.
+    pub avx512vnni: bool,
+    /// Worker threads available to kernels.
+    pub threads: usize,
+}
+
+impl CpuCaps {
+    /// Detects the running CPU.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        let (avx2_fma, avx512bw, avx512vnni) = (
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw"),
+            is_x86_feature_detected!("avx512vnni"),
+        );
+        #[cfg(not(target_arch = "x86_64"))]
+        let (avx2_fma, avx512bw, avx512vnni) = (false, false, false);
+        CpuCaps { avx2_fma, avx512bw, avx512vnni, threads: rayon::current_num_threads() }
+    }
+
+    /// The best ISA level Tessera has kernels for on this CPU.
+    pub fn best_isa(&self) -> Isa {
+        if self.avx2_fma {
+            Isa::Avx2
+        } else {
+            Isa::Scalar
+        }
+    }
+}
+
+impl fmt::Display for CpuCaps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "avx2+fma={} avx512bw={} avx512vnni={} threads={}",
+            self.avx2_fma, self.avx512bw, self.avx512vnni, self.threads
+        )
+    }
+}

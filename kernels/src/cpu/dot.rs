@@ -1,0 +1,249 @@
+//! Row dot products: quantized weight row · quantized activation row, and f32 · f32.
+//!
+//! Each kernel has a scalar reference and an AVX2 version; tests compare them on
+//! random data. Accumulation order follows llama.cpp (integer sum per block, then
+//! `d_w * d_a` in f32), so results agree with its CPU backend to rounding.
+
+use super::caps::Isa;
+use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
+use crate::ggml::GgmlType;
+use half::f16;
+
+/// A weight block type that has an integer dot product against [`Q8Block`] activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantDot {
+    /// Q4_0 weights (offset -8).
+    Q4_0,
+    /// Q4_1 weights (scale and min); uses the activation block sums.
+    Q4_1,
+    /// Q8_0 weights.
+    Q8_0,
+}
+
+impl QuantDot {
+    /// The integer-dot kernel for a weight type, if there is one.
+    pub fn for_type(ty: GgmlType) -> Option<Self> {
+        match ty {
+            GgmlType::Q4_0 => Some(QuantDot::Q4_0),
+            GgmlType::Q4_1 => Some(QuantDot::Q4_1),
+            GgmlType::Q8_0 => Some(QuantDot::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// Kernel name, e.g. `q4_1*q8_1`.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantDot::Q4_0 => "q4_0*q8_0",
+            QuantDot::Q4_1 => "q4_1*q8_1",
+            QuantDot::Q8_0 => "q8_0*q8_0",
+        }
+    }
+
+    /// Bytes per 32-value weight block.
+    fn block_bytes(self) -> usize {
+        match self {
+            QuantDot::Q4_0 => 18,
+            QuantDot::Q4_1 => 20,
+            QuantDot::Q8_0 => 34,
+        }
+    }
+
+    /// `Σ w·a` over one row: `w` holds `a.len()` weight blocks.
+    ///
+    /// # Panics
+    /// If `isa` is not available on this CPU or the lengths disagree.
+    pub fn dot(self, isa: Isa, w: &[u8], a: &[Q8Block]) -> f32 {
+        assert_eq!(w.len(), a.len() * self.block_bytes(), "{} row length", self.name());
+        match isa {
+            Isa::Scalar => self.dot_scalar(w, a),
+            Isa::Avx2 => {
+                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2+FMA presence checked above; lengths checked above.
+                unsafe {
+                    match self {
+                        QuantDot::Q4_0 => avx2::q4_0(w, a),
+                        QuantDot::Q4_1 => avx2::q4_1(w, a),
+                        QuantDot::Q8_0 => avx2::q8_0(w, a),
+                    }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!()
+            }
+        }
+    }
+
+    fn dot_scalar(self, w: &[u8], a: &[Q8Block]) -> f32 {
+        let bb = self.block_bytes();
+        let mut sum = 0f32;
+        for (b, ab) in w.chunks_exact(bb).zip(a) {
+            let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            match self {
+                QuantDot::Q4_0 => {
+                    let qs = &b[2..18];
+                    let mut s = 0i32;
+                    for j in 0..Q8_BLOCK / 2 {
+                        s += ((qs[j] & 0x0F) as i32 - 8) * ab.qs[j] as i32;
+                        s += ((qs[j] >> 4) as i32 - 8) * ab.qs[j + 16] as i32;
+                    }
+                    sum += s as f32 * d * ab.d;
+                }
+                QuantDot::Q4_1 => {
+                    let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
+                    let qs = &b[4..20];
+                    let mut s = 0i32;
+                    for j in 0..Q8_BLOCK / 2 {
+                        s += (qs[j] & 0x0F) as i32 * ab.qs[j] as i32;
+                        s += (qs[j] >> 4) as i32 * ab.qs[j + 16] as i32;
+                    }
+                    sum += s as f32 * d * ab.d + m * ab.s;
+                }
+                QuantDot::Q8_0 => {
+                    let s: i32 =
+                        b[2..34].iter().zip(&ab.qs).map(|(&w, &x)| w as i8 as i32 * x as i32).sum();
+                    sum += s as f32 * d * ab.d;
+                }
+            }
+        }
+        sum
+    }
+}
+
+/// `Σ a·b` in f32.
+pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    match isa {
+        Isa::Scalar => a.iter().zip(b).map(|(x, y)| x * y).sum(),
+        Isa::Avx2 => {
+            assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2+FMA presence checked above; equal lengths checked above.
+            unsafe {
+                avx2::f32_dot(a, b)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::super::simd::hsum;
+    use crate::ggml::act_quant::Q8Block;
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    fn f16le(b: &[u8], i: usize) -> f32 {
+        f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    }
+
+    /// Unpacks 16 bytes of nibbles into 32 unsigned bytes (low nibbles first).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        // SAFETY: caller guarantees 16 readable bytes at p.
+        unsafe {
+            let raw = _mm_loadu_si128(p as *const __m128i);
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(raw, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+            _mm256_set_m128i(hi, lo)
+        }
+    }
+
+    /// Signed i8 x i8 products summed pairwise into 8 i32 lanes.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
+        let ax = _mm256_sign_epi8(x, x);
+        let sy = _mm256_sign_epi8(y, x);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn q4_1(w: &[u8], a: &[Q8Block]) -> f32 {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        let mut mins = 0f32;
+        for (b, ab) in w.chunks_exact(20).zip(a) {
+            let d = f16le(b, 0) * ab.d;
+            mins += f16le(b, 2) * ab.s;
+            // SAFETY: the block has 16 quant bytes at offset 4; the activation 32 bytes.
+            let (q, x) = unsafe {
+                (nibbles(b.as_ptr().add(4)), _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i))
+            };
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+        }
+        // SAFETY: AVX enabled by this function's target features.
+        unsafe { hsum(acc) + mins }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn q4_0(w: &[u8], a: &[Q8Block]) -> f32 {
+        let eight = _mm256_set1_epi8(8);
+        let mut acc = _mm256_setzero_ps();
+        for (b, ab) in w.chunks_exact(18).zip(a) {
+            let d = f16le(b, 0) * ab.d;
+            // SAFETY: 16 quant bytes at offset 2; 32 activation bytes.
+            let (q, x) = unsafe {
+                (nibbles(b.as_ptr().add(2)), _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i))
+            };
+            let p = dot_i8(_mm256_sub_epi8(q, eight), x);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+        }
+        // SAFETY: AVX enabled by this function's target features.
+        unsafe { hsum(acc) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn q8_0(w: &[u8], a: &[Q8Block]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (b, ab) in w.chunks_exact(34).zip(a) {
+            let d = f16le(b, 0) * ab.d;
+            // SAFETY: 32 quant bytes at offset 2; 32 activation bytes.
+            let (q, x) = unsafe {
+                (
+                    _mm256_loadu_si256(b.as_ptr().add(2) as *const __m256i),
+                    _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i),
+                )
+            };
+            let p = dot_i8(q, x);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+        }
+        // SAFETY: AVX enabled by this function's target features.
+        unsafe { hsum(acc) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY: every load is within 0..n, checked by the loop bounds.
+        unsafe {
+            while i + 32 <= n {
+                for (u, acc) in acc.iter_mut().enumerate() {
+                    let o = i + 8 * u;
+                    *acc = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(o)), _mm256_loadu_ps(pb.add(o)), *acc);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
+                i += 8;
+            }
+            let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut total = hsum(s);
+            while i < n {
+                total += *pa.add(i) * *pb.add(i);
+                i += 1;
+            }
+            total
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! Tessera compute kernels.
+//!
+//! Kernels know buffers, shapes and storage types, never checkpoints or models:
+//! - [`ggml`]: GGML block formats (types, dequantization, activation quantization);
+//! - [`cpu`]: feature detection and SIMD row dot products;
+//! - [`linear`]: `y = x·Wᵀ` over quantized weights, with a kernel chosen per layer;
+//! - [`attention`]: causal GQA attention over cached K/V tiles;
+//! - [`ops`]: RMSNorm, RoPE, SwiGLU;
+//! - [`reference`]: scalar references the optimized kernels are tested against.
+
+pub mod attention;
+pub mod cpu;
+pub mod ggml;
+pub mod linear;
+pub mod ops;
+pub mod reference;

@@ -1,0 +1,9 @@
+//! Elementwise and normalization ops.
+
+pub mod activation;
+pub mod norm;
+pub mod rope;
+
+pub use activation::silu_mul;
+pub use norm::rms_norm;
+pub use rope::Rope;

@@ -1,0 +1,57 @@
+//! One module per `tessera` subcommand, plus shared argument groups.
+
+pub mod generate;
+pub mod inspect;
+pub mod model_path;
+
+use anyhow::{anyhow, Result};
+use clap::Args;
+use tessera_engine::sample::SamplingParams;
+
+/// Sampling flags shared by commands that generate.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Minimum probability relative to the top token (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Repetition penalty over prompt and output (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Presence penalty over output tokens.
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Frequency penalty over output tokens.
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// RNG seed (same seed, same output).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// Validated sampling parameters.
+    pub fn params(&self) -> Result<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            logprobs: None,
+        };
+        p.validate().map_err(|(name, msg)| anyhow!("--{}: {msg}", name.replace('_', "-")))?;
+        Ok(p)
+    }
+}

@@ -1,0 +1,44 @@
+//! Resolving `--model`: an explicit path, `$TESSERA_MODEL`, or the default model
+//! (fetched by `scripts/fetch-default-model.sh` when missing).
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// File name of the default model.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("server/ has a parent").to_path_buf()
+}
+
+/// The model to load: `explicit`, else `$TESSERA_MODEL`, else the default model.
+pub fn resolve(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        if !p.exists() {
+            bail!("model not found: {}", p.display());
+        }
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("TESSERA_MODEL") {
+        return resolve(Some(Path::new(&p)));
+    }
+    let dir = std::env::var_os("TESSERA_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("models"));
+    let path = dir.join(DEFAULT_MODEL_FILE);
+    if path.exists() {
+        return Ok(path);
+    }
+    let script = repo_root().join("scripts/fetch-default-model.sh");
+    if !script.exists() {
+        bail!("default model {} is missing and {} is not available; pass --model", path.display(), script.display());
+    }
+    eprintln!("default model missing; running {}", script.display());
+    let status = Command::new(&script)
+        .env("TESSERA_MODELS_DIR", &dir)
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !status.success() || !path.exists() {
+        bail!("fetching the default model failed ({status})");
+    }
+    Ok(path)
+}

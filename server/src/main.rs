@@ -1,0 +1,41 @@
+//! `tessera`: Tessera's command-line entry point.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Tessera: an LLM serving stack for quantized models.
+#[derive(Parser, Debug)]
+#[command(name = "tessera", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate text from a prompt and report prefill/decode speed.
+    Generate(cli::generate::GenerateArgs),
+    /// Architecture, tensors and the per-layer kernel plan.
+    Inspect(cli::inspect::InspectArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => cli::generate::run(a),
+        Command::Inspect(a) => cli::inspect::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
