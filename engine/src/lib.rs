@@ -13,6 +13,7 @@ pub mod generate;
 pub mod kv;
 mod loaded;
 pub mod model;
+pub mod perplexity;
 pub mod sample;
 pub mod tokenizer;
 

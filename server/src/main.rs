@@ -19,6 +19,8 @@ enum Command {
     Generate(cli::generate::GenerateArgs),
     /// Architecture, tensors and the per-layer kernel plan.
     Inspect(cli::inspect::InspectArgs),
+    /// Perplexity of a text file, llama.cpp's method (ctx windows, second half scored).
+    Perplexity(cli::perplexity::PerplexityArgs),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(a) => cli::generate::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
+        Command::Perplexity(a) => cli::perplexity::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 pub mod generate;
 pub mod inspect;
 pub mod model_path;
+pub mod perplexity;
 
 use anyhow::{anyhow, Result};
 use clap::Args;

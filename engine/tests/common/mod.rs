@@ -1,0 +1,31 @@
+//! Shared helpers: the default model (fetched by the test command) and fixtures.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use tessera_engine::LoadedModel;
+use tessera_kernels::linear::LinearPolicy;
+
+/// Path of the default model; the README's test command fetches it first.
+pub fn default_model_path() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "default model missing: run scripts/fetch-default-model.sh (the test command does)");
+    p
+}
+
+/// A fixture file's path.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// The default model with the default kernel policy, loaded once per test binary.
+pub fn model() -> &'static LoadedModel {
+    static M: OnceLock<LoadedModel> = OnceLock::new();
+    M.get_or_init(|| LoadedModel::load(&default_model_path(), LinearPolicy::DEFAULT).unwrap())
+}
+
+/// The default model with a given policy (separate instance).
+pub fn model_with(policy: LinearPolicy) -> LoadedModel {
+    LoadedModel::load(&default_model_path(), policy).unwrap()
+}

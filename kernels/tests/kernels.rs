@@ -1,0 +1,225 @@
+//! Every optimized kernel against the scalar reference on random data of awkward sizes.
+
+mod common;
+
+use common::{assert_close, randn, random_weights, rng};
+use tessera_kernels::attention::{attention, AttnShape, KvTile};
+use tessera_kernels::cpu::dot::{dot_f32, QuantDot};
+use tessera_kernels::cpu::Isa;
+use tessera_kernels::ggml::act_quant::{quantize_q8, Q8Block};
+use tessera_kernels::ggml::GgmlType;
+use tessera_kernels::linear::{LinearKernel, LinearPolicy, WeightView};
+use tessera_kernels::ops::Rope;
+use tessera_kernels::reference;
+
+fn simd_isas() -> Vec<Isa> {
+    let isas: Vec<Isa> = [Isa::Avx2].into_iter().filter(|i| i.available()).collect();
+    if isas.is_empty() {
+        eprintln!("note: no SIMD ISA available on this CPU; only the scalar path is exercised");
+    }
+    isas
+}
+
+/// SIMD integer dots equal the scalar dot up to f32 summation order
+/// (8-lane partial sums): relative 1e-5 of the sum of |terms|.
+#[test]
+fn quant_dot_simd_matches_scalar() {
+    let mut r = rng(1);
+    for q in [QuantDot::Q4_0, QuantDot::Q4_1, QuantDot::Q8_0] {
+        let ty = match q {
+            QuantDot::Q4_0 => GgmlType::Q4_0,
+            QuantDot::Q4_1 => GgmlType::Q4_1,
+            QuantDot::Q8_0 => GgmlType::Q8_0,
+        };
+        for k in [32, 64, 96, 544, 576, 1536, 32 * 37] {
+            let w = random_weights(&mut r, ty, 1, k);
+            let x = randn(&mut r, k);
+            let mut a = vec![Q8Block::default(); k / 32];
+            quantize_q8(&x, &mut a);
+            let s = q.dot(Isa::Scalar, &w, &a);
+            let scale: f32 = {
+                let mut wf = vec![0f32; k];
+                tessera_kernels::ggml::dequantize_row(ty, &w, &mut wf);
+                wf.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum()
+            };
+            for isa in simd_isas() {
+                let v = q.dot(isa, &w, &a);
+                assert!((v - s).abs() <= 1e-5 * scale + 1e-6, "{} k={k} {:?}: {v} vs {s}", q.name(), isa);
+            }
+        }
+    }
+}
+
+/// The integer dot approximates the float dot within the activation quantization error:
+/// per element at most d_a/2 = amax/254, so |error| <= Σ|w| · amax/254 per block.
+#[test]
+fn quant_dot_scalar_matches_float_reference() {
+    let mut r = rng(2);
+    for (q, ty) in [(QuantDot::Q4_0, GgmlType::Q4_0), (QuantDot::Q4_1, GgmlType::Q4_1), (QuantDot::Q8_0, GgmlType::Q8_0)] {
+        let k = 576;
+        let w = random_weights(&mut r, ty, 1, k);
+        let x = randn(&mut r, k);
+        let mut a = vec![Q8Block::default(); k / 32];
+        quantize_q8(&x, &mut a);
+        let mut wf = vec![0f32; k];
+        tessera_kernels::ggml::dequantize_row(ty, &w, &mut wf);
+        let exact: f64 = wf.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let bound: f64 = wf
+            .chunks(32)
+            .zip(x.chunks(32))
+            .map(|(wb, xb)| {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                // Quantization error, plus the f16 rounding of d and s (2^-11 relative).
+                wb.iter().map(|v| v.abs() as f64).sum::<f64>() * amax * (1.0 / 254.0 + 2.0 / 2048.0)
+            })
+            .sum();
+        let got = q.dot(Isa::Scalar, &w, &a) as f64;
+        assert!((got - exact).abs() <= bound, "{}: {got} vs {exact} (bound {bound})", q.name());
+    }
+}
+
+#[test]
+fn f32_dot_simd_matches_scalar() {
+    let mut r = rng(3);
+    for n in [1, 7, 8, 31, 32, 33, 100, 576, 1537] {
+        let a = randn(&mut r, n);
+        let b = randn(&mut r, n);
+        let s = dot_f32(Isa::Scalar, &a, &b);
+        let mag: f32 = a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum();
+        for isa in simd_isas() {
+            let v = dot_f32(isa, &a, &b);
+            assert!((v - s).abs() <= 1e-5 * mag, "n={n}: {v} vs {s}");
+        }
+    }
+}
+
+const ALL_TYPES: [GgmlType; 14] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Q8K,
+];
+
+/// Panel GEMM (f32 activations) equals the f64 reference up to f32 accumulation:
+/// relative 1e-4 of the row's magnitude, for every type and awkward row counts.
+#[test]
+fn panel_gemm_matches_reference_for_every_type() {
+    let mut r = rng(4);
+    for ty in ALL_TYPES {
+        let k = if ty.block_size() == 256 { 512 } else { 96 };
+        for (rows, m) in [(1, 9), (17, 8), (70, 33)] {
+            let w = random_weights(&mut r, ty, rows, k);
+            let x = randn(&mut r, m * k);
+            let want = reference::linear(ty, &w, rows, k, &x, m);
+            let view = WeightView::new(ty, rows, k, &w).unwrap();
+            let kern = LinearKernel::select(ty, &tessera_kernels::cpu::CpuCaps::detect(), LinearPolicy::ALWAYS_GEMM);
+            let mut y = vec![f32::NAN; m * rows];
+            kern.forward(&view, &x, m, &mut y, rows);
+            let mag = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            assert_close(&y, &want, 1e-4 * mag, 1e-4, &format!("{ty} gemm {rows}x{k} m={m}"));
+        }
+    }
+}
+
+/// The small-batch path (quantized activations or dequant-dot) against the reference, at
+/// every ISA, writing into a wider output (ldy > rows) whose other columns must be untouched.
+#[test]
+fn small_batch_path_matches_reference_for_every_type() {
+    let mut r = rng(5);
+    for ty in ALL_TYPES {
+        let k = if ty.block_size() == 256 { 512 } else { 160 };
+        let (rows, m, ldy) = (37, 3, 41);
+        let w = random_weights(&mut r, ty, rows, k);
+        let x = randn(&mut r, m * k);
+        let want = reference::linear(ty, &w, rows, k, &x, m);
+        let view = WeightView::new(ty, rows, k, &w).unwrap();
+        for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
+            let kern = LinearKernel::with_isa(ty, isa, LinearPolicy::ALWAYS_DOT);
+            let mut y = vec![-7.0f32; m * ldy];
+            kern.forward(&view, &x, m, &mut y, ldy);
+            for i in 0..m {
+                let got = &y[i * ldy..i * ldy + rows];
+                let exp = &want[i * rows..(i + 1) * rows];
+                // Int8 activations: error up to ~1% of the row magnitude (see the bound test above).
+                let mag = exp.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let tol = if QuantDot::for_type(ty).is_some() { 2e-2 * mag } else { 1e-4 * mag };
+                assert_close(got, exp, tol, 1e-4, &format!("{ty} {:?} token {i}", isa));
+                assert!(y[i * ldy + rows..(i + 1) * ldy].iter().all(|&v| v == -7.0), "{ty}: wrote outside its columns");
+            }
+        }
+    }
+}
+
+fn check_attention(shape: AttnShape, m: usize, pos0: usize, tile_lens: &[usize], seed: u64) {
+    let mut r = rng(seed);
+    let kw = shape.kv_width();
+    let q = randn(&mut r, m * shape.q_width());
+    let total: usize = tile_lens.iter().sum();
+    assert!(total >= pos0 + m);
+    let keys = randn(&mut r, total * kw);
+    let values = randn(&mut r, total * kw);
+    let mut tiles = Vec::new();
+    let mut start = 0;
+    for &len in tile_lens {
+        tiles.push(KvTile { start, len, keys: &keys[start * kw..(start + len) * kw], values: &values[start * kw..(start + len) * kw] });
+        start += len;
+    }
+    let want = reference::attention(shape, &q, m, pos0, &tiles);
+    let mut got = vec![f32::NAN; m * shape.q_width()];
+    attention(shape, &q, m, pos0, &tiles, &mut got);
+    // Online vs full softmax in f32: outputs are convex combinations of values (|v| < ~4).
+    assert_close(&got, &want, 2e-5, 1e-4, &format!("attention m={m} pos0={pos0} tiles={tile_lens:?}"));
+}
+
+#[test]
+fn attention_matches_reference() {
+    let gqa = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    check_attention(gqa, 1, 0, &[1], 10);
+    check_attention(gqa, 1, 40, &[41], 11);
+    check_attention(gqa, 7, 0, &[7], 12);
+    check_attention(gqa, 5, 300, &[16, 16, 273], 13); // several tiles, one longer than a sub-tile
+    check_attention(gqa, 300, 0, &[300], 14); // prefill across a sub-tile boundary
+    check_attention(AttnShape { n_heads: 4, n_kv_heads: 4, head_dim: 32 }, 3, 2, &[2, 3, 9], 15); // extra keys beyond the queries are masked
+}
+
+/// RoPE is a rotation: norms are kept, and q·k depends only on the position difference.
+#[test]
+fn rope_is_relative() {
+    let mut r = rng(6);
+    let (hd, rope) = (64, Rope::new(64, 10000.0));
+    let q = randn(&mut r, hd);
+    let k = randn(&mut r, hd);
+    let rot = |v: &[f32], pos: usize| {
+        let mut x = v.to_vec();
+        rope.apply(&mut x, hd, &rope.table(std::iter::once(pos)));
+        x
+    };
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let norm = |a: &[f32]| dot(a, a).sqrt();
+    assert!((norm(&rot(&q, 123)) - norm(&q)).abs() < 1e-4 * norm(&q));
+    let d1 = dot(&rot(&q, 10), &rot(&k, 3));
+    let d2 = dot(&rot(&q, 107), &rot(&k, 100));
+    assert!((d1 - d2).abs() < 1e-3 * norm(&q) * norm(&k), "{d1} vs {d2}");
+    assert!((dot(&rot(&q, 0), &rot(&k, 0)) - dot(&q, &k)).abs() < 1e-5 * norm(&q) * norm(&k));
+}
+
+/// A check that the pairing is rotate-half (i, i + d/2), HF's layout, not interleaved.
+#[test]
+fn rope_pairs_first_and_second_half() {
+    let (hd, rope) = (8, Rope::new(8, 10000.0));
+    let mut x = vec![1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    rope.apply(&mut x, hd, &rope.table(std::iter::once(1)));
+    // Frequency 0 is 1 rad per position: element 0 rotates into element 4.
+    assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[4] - 1f32.sin()).abs() < 1e-6, "{x:?}");
+    assert!(x[1].abs() < 1e-7 && x[5].abs() < 1e-7);
+}

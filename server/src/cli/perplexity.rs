@@ -1,0 +1,96 @@
+//! `tessera perplexity`: llama.cpp's perplexity method over a text file.
+
+use super::model_path;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, ValueEnum};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+use tessera_engine::perplexity::{available_chunks, perplexity, PerplexityOptions};
+use tessera_engine::LoadedModel;
+use tessera_kernels::linear::LinearPolicy;
+
+/// Which arithmetic the linear layers use.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ComputePath {
+    /// Weights dequantized to f32 panels, f32 activations (compare with llama.cpp's F16 figure).
+    Float,
+    /// Activations quantized per token to 8-bit blocks, integer dots (llama.cpp's Q4_1 kernels).
+    Int8Act,
+}
+
+/// Arguments of `tessera perplexity`.
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// GGUF file or Hugging Face directory (default: the project's default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Text file to score.
+    #[arg(long)]
+    file: PathBuf,
+    /// Window length in tokens.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Most windows to score (default: all).
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Tokens per batched forward pass (windows are batched as whole sequences, like llama.cpp's n_batch).
+    #[arg(long, default_value_t = 2048)]
+    batch: usize,
+    /// Arithmetic of the linear layers.
+    #[arg(long, value_enum, default_value_t = ComputePath::Float)]
+    compute: ComputePath,
+}
+
+/// Runs the command.
+pub fn run(args: PerplexityArgs) -> Result<()> {
+    if args.ctx < 4 {
+        bail!("--ctx must be at least 4");
+    }
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let path = model_path::resolve(args.model.as_deref())?;
+    let policy = match args.compute {
+        ComputePath::Float => LinearPolicy::ALWAYS_GEMM,
+        ComputePath::Int8Act => LinearPolicy::ALWAYS_DOT,
+    };
+    let lm = LoadedModel::load(&path, policy)?;
+    if args.ctx > lm.model.config().max_position_embeddings {
+        bail!("--ctx {} exceeds the model's context {}", args.ctx, lm.model.config().max_position_embeddings);
+    }
+    let tokens = lm.tokenizer.encode(&text).map_err(|e| anyhow!("tokenizing: {e}"))?;
+    let avail = available_chunks(tokens.len(), args.ctx);
+    if avail == 0 {
+        bail!("{} tokens is less than one window of {}", tokens.len(), args.ctx);
+    }
+    let n = args.chunks.unwrap_or(avail).min(avail);
+    let special = lm.tokenizer.special();
+    let opts = PerplexityOptions {
+        ctx: args.ctx,
+        chunks: Some(n),
+        seqs_per_batch: (args.batch / args.ctx).max(1),
+        bos: if special.add_bos { special.bos } else { None },
+    };
+    let kernel = lm.model.plan().first().map(|p| p.kernel.clone()).unwrap_or_default();
+    eprintln!(
+        "perplexity: {} tokens, {n} chunks of {} (n_seq {}), compute path {:?} ({kernel})",
+        tokens.len(),
+        args.ctx,
+        opts.seqs_per_batch,
+        args.compute
+    );
+    let t0 = Instant::now();
+    let report = perplexity(&lm.model, &tokens, &opts, |r| {
+        print!("[{}]{:.4},", r.chunks, r.ppl());
+        let _ = std::io::stdout().flush();
+    })?;
+    println!();
+    let secs = t0.elapsed().as_secs_f64();
+    println!("Final estimate: PPL = {:.4} +/- {:.5}", report.ppl(), report.stderr());
+    eprintln!(
+        "scored {} tokens in {:.1} s ({:.1} tok/s evaluated)",
+        report.count,
+        secs,
+        (report.chunks * args.ctx) as f64 / secs
+    );
+    Ok(())
+}
