@@ -5,6 +5,8 @@
 //! the value accumulation are small GEMMs per (head, key sub-tile); the softmax is the
 //! streaming (flash-attention) form, so memory stays bounded by the sub-tile size.
 
+use crate::cpu::dot::dot_f32;
+use crate::cpu::CpuCaps;
 use rayon::prelude::*;
 
 /// Head geometry.
@@ -44,6 +46,9 @@ pub struct KvTile<'a> {
 
 /// Keys scored per inner step.
 const SUB_TILE: usize = 256;
+/// Below this many queries, scores and the value sum use direct dot/axpy loops
+/// (a GEMM call's setup costs more than the work for a decode step).
+const GEMM_MIN_QUERIES: usize = 4;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -64,6 +69,7 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let out_ptr = OutPtr(out.as_mut_ptr());
+    let isa = CpuCaps::detect().best_isa();
     (0..shape.n_heads).into_par_iter().for_each(|h| {
         let out_ptr = out_ptr;
         let kvh = h / group;
@@ -81,15 +87,24 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                 let n = SUB_TILE.min(tile.len - off);
                 let keys = &tile.keys[(off * kw + kvh * hd)..];
                 let values = &tile.values[(off * kw + kvh * hd)..];
-                // SAFETY: s is m x n (row stride n); q rows have stride qw; keys/values rows
-                // have stride kw and n rows remain from `off` (asserted tile shapes).
-                unsafe {
-                    gemm::gemm(
-                        m, n, hd, s.as_mut_ptr(), 1, n as isize, false,
-                        q.as_ptr().add(h * hd), 1, qw as isize,
-                        keys.as_ptr(), kw as isize, 1,
-                        0.0, scale, false, false, false, gemm::Parallelism::None,
-                    );
+                if m < GEMM_MIN_QUERIES {
+                    for i in 0..m {
+                        let qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
+                        for (j, sj) in s[i * n..(i + 1) * n].iter_mut().enumerate() {
+                            *sj = dot_f32(isa, qh, &keys[j * kw..j * kw + hd]) * scale;
+                        }
+                    }
+                } else {
+                    // SAFETY: s is m x n (row stride n); q rows have stride qw; keys/values rows
+                    // have stride kw and n rows remain from `off` (asserted tile shapes).
+                    unsafe {
+                        gemm::gemm(
+                            m, n, hd, s.as_mut_ptr(), 1, n as isize, false,
+                            q.as_ptr().add(h * hd), 1, qw as isize,
+                            keys.as_ptr(), kw as isize, 1,
+                            0.0, scale, false, false, false, gemm::Parallelism::None,
+                        );
+                    }
                 }
                 for i in 0..m {
                     let row = &mut s[i * n..(i + 1) * n];
@@ -114,14 +129,25 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                     }
                 }
                 // acc (m x hd) += P (m x n) · V (n x hd).
-                // SAFETY: shapes as above.
-                unsafe {
-                    gemm::gemm(
-                        m, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
-                        s.as_ptr(), 1, n as isize,
-                        values.as_ptr(), 1, kw as isize,
-                        1.0, 1.0, false, false, false, gemm::Parallelism::None,
-                    );
+                if m < GEMM_MIN_QUERIES {
+                    for i in 0..m {
+                        let a = &mut acc[i * hd..(i + 1) * hd];
+                        for (j, &p) in s[i * n..(i + 1) * n].iter().enumerate() {
+                            if p != 0.0 {
+                                a.iter_mut().zip(&values[j * kw..j * kw + hd]).for_each(|(a, v)| *a += p * v);
+                            }
+                        }
+                    }
+                } else {
+                    // SAFETY: shapes as above.
+                    unsafe {
+                        gemm::gemm(
+                            m, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
+                            s.as_ptr(), 1, n as isize,
+                            values.as_ptr(), 1, kw as isize,
+                            1.0, 1.0, false, false, false, gemm::Parallelism::None,
+                        );
+                    }
                 }
                 off += n;
             }

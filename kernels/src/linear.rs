@@ -110,14 +110,12 @@ impl LinearKernel {
         assert_eq!(w.ty, self.ty, "kernel selected for {} used on {}", self.ty, w.ty);
         assert_eq!(x.len(), m * w.cols, "activation shape");
         assert!(ldy >= w.rows && (m == 0 || y.len() >= (m - 1) * ldy + w.rows), "output shape");
-        if m >= self.policy.gemm_min_tokens {
-            panel_gemm(w, x, m, y, ldy);
-        } else {
-            match self.small {
-                SmallPath::QuantDot(q) => quant_dot(q, self.isa, w, x, m, y, ldy),
-                SmallPath::DequantDot => dequant_dot(self.isa, w, x, m, y, ldy),
-            }
-        }
+        forward_group(&[(self, *w, 0)], x, m, y, ldy);
+    }
+
+    /// Whether a batch of `m` tokens takes the panel-GEMM path.
+    fn uses_gemm(&self, m: usize) -> bool {
+        m >= self.policy.gemm_min_tokens
     }
 
     /// Kernel id for plans, e.g. `cpu.q4_1*q8_1.avx2 | cpu.panel-gemm.f32 (m>=8)`.
@@ -140,7 +138,7 @@ impl fmt::Display for LinearKernel {
     }
 }
 
-/// A raw output pointer shared by workers that write disjoint columns.
+/// A raw output pointer shared by workers that write disjoint rows of the output columns.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: workers write disjoint column ranges of the output; see the callers.
@@ -153,74 +151,127 @@ fn rows_per_task(rows: usize, align: usize) -> usize {
     rows.div_ceil(tasks).next_multiple_of(align).max(align)
 }
 
-fn quant_dot(q: QuantDot, isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
-    let nb = w.cols / Q8_BLOCK;
-    let mut acts = vec![Q8Block::default(); m * nb];
-    for (xs, a) in x.chunks_exact(w.cols).zip(acts.chunks_exact_mut(nb)) {
-        quantize_q8(xs, a);
+/// Runs several matrices that read the same input `x` and write side by side into `y`
+/// (fused Q/K/V or gate/up): `(kernel, weights, first output column)` each.
+///
+/// Small batches quantize `x` once and cover every row of every matrix in one parallel
+/// region; large batches run each matrix's panel GEMM (parallel inside).
+pub fn forward_group(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+    let Some(&(_, first, _)) = parts.first() else { return };
+    let k = first.cols;
+    assert_eq!(x.len(), m * k, "activation shape");
+    for (kern, w, col) in parts {
+        assert_eq!(w.ty, kern.ty, "kernel selected for {} used on {}", kern.ty, w.ty);
+        assert_eq!(w.cols, k, "grouped matrices must share their input width");
+        assert!(col + w.rows <= ldy && (m == 0 || y.len() >= (m - 1) * ldy + col + w.rows), "output shape");
     }
+    if m == 0 {
+        return;
+    }
+    let mut small = Vec::new();
+    for &(kern, w, col) in parts {
+        if kern.uses_gemm(m) {
+            panel_gemm(&w, x, m, &mut y[col..], ldy);
+        } else {
+            small.push((kern, w, col));
+        }
+    }
+    if small.is_empty() {
+        return;
+    }
+    let acts = if small.iter().any(|(kern, _, _)| matches!(kern.small, SmallPath::QuantDot(_))) {
+        let nb = k / Q8_BLOCK;
+        let mut a = vec![Q8Block::default(); m * nb];
+        for (xs, ab) in x.chunks_exact(k).zip(a.chunks_exact_mut(nb)) {
+            quantize_q8(xs, ab);
+        }
+        a
+    } else {
+        Vec::new()
+    };
+    // Tasks are (part, row range) pairs over all parts, sized to balance the pool.
+    let total: usize = small.iter().map(|(_, w, _)| w.rows).sum();
+    let chunk = rows_per_task(total, 8);
+    let tasks: Vec<(usize, usize, usize)> = small
+        .iter()
+        .enumerate()
+        .flat_map(|(p, (_, w, _))| (0..w.rows).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(w.rows))))
+        .collect();
     let out = OutPtr(y.as_mut_ptr());
-    let chunk = rows_per_task(w.rows, 8);
-    (0..w.rows.div_ceil(chunk)).into_par_iter().for_each(|t| {
+    tasks.into_par_iter().for_each(|(p, r0, r1)| {
         let out = out;
-        for r in t * chunk..((t + 1) * chunk).min(w.rows) {
-            let row = w.row(r);
-            for (i, a) in acts.chunks_exact(nb).enumerate() {
-                // SAFETY: (i, r) is in bounds (checked in forward) and each r belongs to one task.
-                unsafe { *out.0.add(i * ldy + r) = q.dot(isa, row, a) };
+        let (kern, w, col) = small[p];
+        match kern.small {
+            SmallPath::QuantDot(q) => {
+                let nb = k / Q8_BLOCK;
+                for r in r0..r1 {
+                    let row = w.row(r);
+                    for (i, a) in acts.chunks_exact(nb).enumerate() {
+                        // SAFETY: (i, col + r) is inside y (asserted above); each (part, row) belongs to one task.
+                        unsafe { *out.0.add(i * ldy + col + r) = q.dot(kern.isa, row, a) };
+                    }
+                }
+            }
+            SmallPath::DequantDot => {
+                let mut buf = vec![0f32; k];
+                for r in r0..r1 {
+                    dequantize_row(w.ty, w.row(r), &mut buf);
+                    for (i, xs) in x.chunks_exact(k).enumerate() {
+                        // SAFETY: as above.
+                        unsafe { *out.0.add(i * ldy + col + r) = dot_f32(kern.isa, &buf, xs) };
+                    }
+                }
             }
         }
     });
 }
 
-fn dequant_dot(isa: Isa, w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
-    let out = OutPtr(y.as_mut_ptr());
-    let chunk = rows_per_task(w.rows, 8);
-    (0..w.rows.div_ceil(chunk)).into_par_iter().for_each(|t| {
-        let out = out;
-        let mut buf = vec![0f32; w.cols];
-        for r in t * chunk..((t + 1) * chunk).min(w.rows) {
-            dequantize_row(w.ty, w.row(r), &mut buf);
-            for (i, xs) in x.chunks_exact(w.cols).enumerate().take(m) {
-                // SAFETY: as in quant_dot.
-                unsafe { *out.0.add(i * ldy + r) = dot_f32(isa, &buf, xs) };
-            }
-        }
-    });
+/// Bytes of f32 weights dequantized per GEMM call: large enough that the GEMM's own cache
+/// blocking and threading work on a real matrix, small enough to stay in L3.
+const GEMM_CHUNK_BYTES: usize = 8 << 20;
+
+thread_local! {
+    /// Reused f32 weight chunk (avoids a multi-MiB allocation and its page faults per call).
+    static CHUNK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Dequantizes panels of weight rows to f32 and multiplies them with a GEMM micro-kernel.
+/// Dequantizes chunks of weight rows to f32 (in parallel) and multiplies each with one
+/// multi-threaded GEMM call.
 fn panel_gemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
-    // Panel height: keep the f32 panel (rows x K) around 128 KiB so it stays in L2.
-    let cache_rows = ((128 << 10) / (4 * w.cols)).clamp(16, 256);
-    let panel = rows_per_task(w.rows, 16).min(cache_rows.next_multiple_of(16));
-    let out = OutPtr(y.as_mut_ptr());
     let k = w.cols;
-    (0..w.rows.div_ceil(panel)).into_par_iter().for_each_init(
-        || vec![0f32; panel * k],
-        |buf, t| {
-            let out = out;
-            let r0 = t * panel;
-            let n = panel.min(w.rows - r0);
-            for (r, dst) in (r0..r0 + n).zip(buf.chunks_exact_mut(k)) {
-                dequantize_row(w.ty, w.row(r), dst);
-            }
+    let chunk_rows = (GEMM_CHUNK_BYTES / (4 * k)).clamp(16, w.rows.max(16));
+    let threads = rayon::current_num_threads();
+    CHUNK.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let need = chunk_rows.min(w.rows) * k;
+        if buf.len() < need {
+            buf.resize(need, 0.0);
+        }
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let n = chunk_rows.min(w.rows - r0);
+            let panel = &mut buf[..n * k];
+            panel.par_chunks_mut(16 * k).enumerate().for_each(|(i, dst)| {
+                for (j, row) in dst.chunks_exact_mut(k).enumerate() {
+                    dequantize_row(w.ty, w.row(r0 + i * 16 + j), row);
+                }
+            });
             // SAFETY: dst is the m x n block at column r0 with row stride ldy, in bounds by the
-            // checks in forward; panels are disjoint column ranges. lhs is x (m x k, row-major),
-            // rhs is the panel transposed (k x n; element (kk, j) at buf[j * k + kk]).
+            // checks in forward. lhs is x (m x k, row-major); rhs is the panel transposed
+            // (k x n; element (kk, j) at panel[j * k + kk]).
             unsafe {
                 gemm::gemm(
                     m,
                     n,
                     k,
-                    out.0.add(r0),
+                    y.as_mut_ptr().add(r0),
                     1,
                     ldy as isize,
                     false,
                     x.as_ptr(),
                     1,
                     k as isize,
-                    buf.as_ptr(),
+                    panel.as_ptr(),
                     k as isize,
                     1,
                     0.0,
@@ -228,9 +279,10 @@ fn panel_gemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize
                     false,
                     false,
                     false,
-                    gemm::Parallelism::None,
+                    if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
                 );
             }
-        },
-    );
+            r0 += n;
+        }
+    });
 }

@@ -15,6 +15,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Prefill (pp) and decode (tg) speed, measured like llama-bench.
+    Bench(cli::bench::BenchArgs),
     /// Generate text from a prompt and report prefill/decode speed.
     Generate(cli::generate::GenerateArgs),
     /// Architecture, tensors and the per-layer kernel plan.
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(a) => cli::bench::run(a),
         Command::Generate(a) => cli::generate::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Perplexity(a) => cli::perplexity::run(a),

@@ -3,7 +3,7 @@
 use crate::checkpoint::{LoadError, TensorBytes, TensorEntry};
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::linear::{LinearKernel, LinearPolicy, WeightView};
+use tessera_kernels::linear::{forward_group, LinearKernel, LinearPolicy, WeightView};
 
 /// One row of the per-layer plan: what a weight is stored as and which kernel runs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,10 +62,28 @@ impl Linear {
         self.rows
     }
 
+    fn view(&self) -> WeightView<'_> {
+        WeightView { ty: self.ty, rows: self.rows, cols: self.cols, data: self.data.bytes() }
+    }
+
     /// `y[i * ldy + j] = Σ_k x[i, k] W[j, k]` for `m` rows of `x`.
     pub fn forward(&self, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
-        let w = WeightView { ty: self.ty, rows: self.rows, cols: self.cols, data: self.data.bytes() };
-        self.kernel.forward(&w, x, m, y, ldy);
+        self.kernel.forward(&self.view(), x, m, y, ldy);
+    }
+
+    /// Several layers reading the same input, writing side by side (`[a | b | c]` per row of
+    /// `y`, row stride `ldy`): one activation quantization and one parallel region.
+    pub fn forward_fused(layers: &[&Linear], x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+        let mut col = 0;
+        let parts: Vec<_> = layers
+            .iter()
+            .map(|l| {
+                let p = (&l.kernel, l.view(), col);
+                col += l.rows;
+                p
+            })
+            .collect();
+        forward_group(&parts, x, m, y, ldy);
     }
 
     /// This layer's plan entry.

@@ -150,7 +150,20 @@ impl LlamaModel {
     }
 
     /// Runs the batch; returns, per sequence, logits rows (`vocab` each) for the requested tokens.
+    ///
+    /// The pass runs on a worker of the kernel thread pool, so the kernels' parallel regions
+    /// are work-stolen by the other workers instead of each blocking the caller on a latch
+    /// (hundreds of regions per decode step).
     pub fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ForwardError> {
+        if rayon::current_thread_index().is_some() {
+            return self.forward_in_pool(batch);
+        }
+        let mut out = None;
+        rayon::scope(|_| out = Some(self.forward_in_pool(batch)));
+        out.expect("scope ran the forward pass")
+    }
+
+    fn forward_in_pool(&self, batch: &mut [SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ForwardError> {
         let c = &self.config;
         let (h, hd, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
         let (qw, kw, ffn) = (self.shape.q_width(), self.shape.kv_width(), c.intermediate_size);
@@ -207,9 +220,7 @@ impl LlamaModel {
         let mut vbuf = Vec::new();
         for (li, b) in self.blocks.iter().enumerate() {
             rms_norm(&x, &b.attn_norm, c.rms_norm_eps, &mut normed);
-            b.wq.forward(&normed, m, &mut qkv, qkv_w);
-            b.wk.forward(&normed, m, &mut qkv[qw..], qkv_w);
-            b.wv.forward(&normed, m, &mut qkv[qw + kw..], qkv_w);
+            Linear::forward_fused(&[&b.wq, &b.wk, &b.wv], &normed, m, &mut qkv, qkv_w);
             for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
                 let cs = &rope_table[t * half..(t + 1) * half];
                 let (qr, rest) = row.split_at_mut(qw);
@@ -232,8 +243,7 @@ impl LlamaModel {
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
 
             rms_norm(&x, &b.ffn_norm, c.rms_norm_eps, &mut normed);
-            b.gate.forward(&normed, m, &mut gu, 2 * ffn);
-            b.up.forward(&normed, m, &mut gu[ffn..], 2 * ffn);
+            Linear::forward_fused(&[&b.gate, &b.up], &normed, m, &mut gu, 2 * ffn);
             silu_mul(&gu, ffn, &mut act);
             b.down.forward(&act, m, &mut tmp, h);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);

@@ -100,21 +100,42 @@ impl Sampler {
         }
     }
 
-    /// Temperature, filters, then a draw.
+    /// Temperature, filters, then a draw. Exact, but avoids sorting the vocabulary: with no
+    /// filter it draws over all tokens directly; top-p sorts a growing prefix of candidates
+    /// until it holds the required mass.
     fn draw(&mut self, l: &mut [f32]) -> u32 {
         let p = &self.params;
-        // Candidates sorted by logit, most likely first; top-k bounds the sort.
-        let k = if p.top_k > 0 { p.top_k.min(l.len()) } else { l.len() };
-        let mut cand = top_n(l, k);
-        let max = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|&(_, v)| (((v - max) / p.temperature) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= total);
-        let mut keep = probs.len();
+        let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let t = p.temperature;
+        let weight = |x: f32| (((x - max) / t) as f64).exp();
+        let v = l.len();
+        let k = if p.top_k > 0 { p.top_k.min(v) } else { v };
+        if k == v && p.top_p >= 1.0 && p.min_p <= 0.0 {
+            let total: f64 = l.iter().map(|&x| weight(x)).sum();
+            return self.pick(l.iter().enumerate().map(|(i, &x)| (i as u32, weight(x))), total).unwrap_or_else(|| argmax(l));
+        }
+        // Candidates by decreasing logit, with their unnormalised weights.
+        let (cand, total) = if k < v {
+            let c = top_n(l, k);
+            let total = c.iter().map(|&(_, x)| weight(x)).sum();
+            (c, total)
+        } else {
+            let total: f64 = l.iter().map(|&x| weight(x)).sum();
+            let mut n = 64.min(v);
+            loop {
+                let c = top_n(l, n);
+                let mass: f64 = c.iter().map(|&(_, x)| weight(x)).sum();
+                if n == v || mass >= p.top_p as f64 * total {
+                    break (c, total);
+                }
+                n = (n * 4).min(v);
+            }
+        };
+        let mut keep = cand.len();
         if p.top_p < 1.0 {
             let mut cum = 0.0;
-            for (i, &x) in probs.iter().enumerate() {
-                cum += x;
+            for (i, &(_, x)) in cand.iter().enumerate() {
+                cum += weight(x) / total;
                 if cum >= p.top_p as f64 {
                     keep = i + 1;
                     break;
@@ -122,20 +143,26 @@ impl Sampler {
             }
         }
         if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
+            // The top candidate has weight 1 (it is the max), so the floor is min_p itself.
+            keep = keep.min(cand.iter().take_while(|&&(_, x)| weight(x) >= p.min_p as f64).count().max(1));
         }
-        cand.truncate(keep);
-        probs.truncate(keep);
-        let total: f64 = probs.iter().sum();
+        let kept = &cand[..keep];
+        let mass: f64 = kept.iter().map(|&(_, x)| weight(x)).sum();
+        self.pick(kept.iter().map(|&(i, x)| (i, weight(x))), mass).unwrap_or(kept[0].0)
+    }
+
+    /// Draws one id from `(id, weight)` pairs whose weights sum to `total`.
+    fn pick(&mut self, items: impl Iterator<Item = (u32, f64)>, total: f64) -> Option<u32> {
         let mut u = self.rng.gen::<f64>() * total;
-        for (&(id, _), &x) in cand.iter().zip(&probs) {
-            if u < x {
-                return id;
+        let mut last = None;
+        for (id, w) in items {
+            if u < w {
+                return Some(id);
             }
-            u -= x;
+            u -= w;
+            last = Some(id).filter(|_| w > 0.0).or(last);
         }
-        cand[keep - 1].0
+        last
     }
 }
 
@@ -148,4 +175,120 @@ pub fn argmax(l: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        // Probabilities at T=1 ∝ e^l: a distinct order with a clear head and a long tail.
+        let mut l: Vec<f32> = (0..50).map(|i| -0.1 * i as f32).collect();
+        l[7] = 3.0;
+        l[3] = 2.5;
+        l[11] = 2.0;
+        l
+    }
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams { seed: Some(7), ..SamplingParams::default() };
+        f(&mut p);
+        p
+    }
+
+    fn draws(p: SamplingParams, n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(p, &[]);
+        (0..n).map(|_| s.sample(&logits()).id).collect()
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax() {
+        assert_eq!(draws(SamplingParams::greedy(), 5), vec![7; 5]);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_other_tokens() {
+        let a = draws(params(|_| {}), 200);
+        assert_eq!(a, draws(params(|_| {}), 200));
+        assert_ne!(a, draws(params(|p| p.seed = Some(8)), 200));
+    }
+
+    #[test]
+    fn top_k_keeps_only_the_k_best() {
+        let d = draws(params(|p| p.top_k = 3), 3000);
+        assert!(d.iter().all(|t| [7, 3, 11].contains(t)));
+        assert!([7, 3, 11].iter().all(|t| d.contains(t)), "all three are drawn");
+        assert!(draws(params(|p| (p.top_k, p.temperature) = (1, 5.0)), 100).iter().all(|&t| t == 7));
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_the_tail() {
+        let probs: Vec<f64> = log_softmax(&logits()).iter().map(|&l| (l as f64).exp()).collect();
+        // Smallest head with mass >= top_p: the first two tokens here.
+        let top_p = (probs[7] + probs[3] * 0.5) as f32;
+        let d = draws(params(|p| p.top_p = top_p), 3000);
+        assert!(d.iter().all(|t| [7, 3].contains(t)) && d.contains(&3));
+        // min_p: keep tokens with p >= min_p * p_max; 0.5 keeps 7 (1.0) and 3 (e^-0.5 = 0.61), not 11 (0.37).
+        let d = draws(params(|p| p.min_p = 0.5), 3000);
+        assert!(d.iter().all(|t| [7, 3].contains(t)) && d.contains(&3));
+    }
+
+    /// Empirical frequencies follow softmax(l / T): within 4 standard errors per token.
+    #[test]
+    fn draws_follow_the_tempered_distribution() {
+        let t = 0.7f32;
+        let n = 20000;
+        let scaled: Vec<f32> = logits().iter().map(|l| l / t).collect();
+        let probs: Vec<f64> = log_softmax(&scaled).iter().map(|&l| (l as f64).exp()).collect();
+        let d = draws(params(|p| p.temperature = t), n);
+        for tok in [7u32, 3, 11, 0] {
+            let p = probs[tok as usize];
+            let f = d.iter().filter(|&&x| x == tok).count() as f64 / n as f64;
+            let se = (p * (1.0 - p) / n as f64).sqrt();
+            assert!((f - p).abs() < 4.0 * se + 1e-4, "token {tok}: frequency {f} vs probability {p}");
+        }
+    }
+
+    #[test]
+    fn penalties_change_the_choice() {
+        // Repetition penalty on a prompt token: 7 (3.0 -> 1.5) falls below 3 (2.5).
+        let mut s = Sampler::new(params(|p| (p.temperature, p.repetition_penalty) = (0.0, 2.0)), &[7]);
+        assert_eq!(s.sample(&logits()).id, 3);
+        // Presence penalty applies to output tokens only: first pick 7, then 3.
+        let mut s = Sampler::new(params(|p| (p.temperature, p.presence_penalty) = (0.0, 1.0)), &[7]);
+        assert_eq!((s.sample(&logits()).id, s.sample(&logits()).id), (7, 3));
+        // Frequency penalty grows with the count: 7, 7 (3.0-0.4), then 3 (2.6 - 0.4 < 2.5).
+        let mut s = Sampler::new(params(|p| (p.temperature, p.frequency_penalty) = (0.0, 0.4)), &[]);
+        let ids: Vec<u32> = (0..3).map(|_| s.sample(&logits()).id).collect();
+        assert_eq!(ids, vec![7, 7, 3]);
+    }
+
+    #[test]
+    fn logprobs_are_raw_and_sorted() {
+        let raw = log_softmax(&logits());
+        let mut s = Sampler::new(params(|p| (p.temperature, p.logprobs, p.repetition_penalty) = (0.0, Some(4), 2.0)), &[7]);
+        let out = s.sample(&logits());
+        assert_eq!(out.id, 3);
+        assert_eq!(out.logprob, raw[3], "logprob from the raw distribution, before penalties");
+        assert_eq!(out.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![7, 3, 11, 0]);
+        assert!(out.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        let total: f64 = raw.iter().map(|&l| (l as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn validation_names_the_parameter() {
+        let bad = [
+            params(|p| p.temperature = -1.0),
+            params(|p| p.top_p = 0.0),
+            params(|p| p.min_p = 1.5),
+            params(|p| p.repetition_penalty = 0.0),
+            params(|p| p.presence_penalty = 3.0),
+            params(|p| p.logprobs = Some(21)),
+            params(|p| p.temperature = f32::NAN),
+        ];
+        let names: Vec<&str> = bad.iter().map(|p| p.validate().unwrap_err().0).collect();
+        assert_eq!(names, ["temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "logprobs", "temperature"]);
+        assert!(SamplingParams::default().validate().is_ok());
+    }
 }

@@ -7,7 +7,7 @@ use std::fmt;
 pub enum Isa {
     /// Portable Rust; the reference every SIMD path is tested against.
     Scalar,
-    /// x86-64 AVX2 + FMA.
+    /// x86-64 AVX2 + FMA + F16C.
     Avx2,
 }
 
@@ -20,11 +20,17 @@ impl Isa {
         }
     }
 
-    /// Whether this machine can run kernels of this level.
+    /// Whether this machine can run kernels of this level (cheap: std caches the CPUID bits).
+    #[inline]
     pub fn available(self) -> bool {
         match self {
             Isa::Scalar => true,
-            Isa::Avx2 => CpuCaps::detect().avx2_fma,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 => false,
         }
     }
 }
@@ -32,7 +38,7 @@ impl Isa {
 /// What the CPU offers, as detected at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuCaps {
-    /// AVX2 and FMA.
+    /// AVX2, FMA and F16C (every AVX2 CPU has F16C).
     pub avx2_fma: bool,
     /// AVX-512 foundation + byte/word.
     pub avx512bw: bool,
@@ -47,7 +53,7 @@ impl CpuCaps {
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         let (avx2_fma, avx512bw, avx512vnni) = (
-            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            Isa::Avx2.available(),
             is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw"),
             is_x86_feature_detected!("avx512vnni"),
         );

@@ -132,30 +132,54 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
 mod avx2 {
     use super::super::simd::hsum;
     use crate::ggml::act_quant::Q8Block;
-    use half::f16;
     use std::arch::x86_64::*;
 
-    #[inline(always)]
-    fn f16le(b: &[u8], i: usize) -> f32 {
-        f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    /// Two consecutive f16 values at `b[0..4]` as f32, converted inline with F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn f16_pair(b: &[u8]) -> (f32, f32) {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    }
+
+    /// One f16 value at `b[0..2]` as f32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn f16_one(b: &[u8]) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32)))
     }
 
     /// Unpacks 16 bytes of nibbles into 32 unsigned bytes (low nibbles first).
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
-        // SAFETY: caller guarantees 16 readable bytes at p.
-        unsafe {
-            let raw = _mm_loadu_si128(p as *const __m128i);
-            let mask = _mm_set1_epi8(0x0F);
-            let lo = _mm_and_si128(raw, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-            _mm256_set_m128i(hi, lo)
-        }
+    fn nibbles(b: &[u8]) -> __m256i {
+        let b: &[u8; 16] = b[..16].try_into().expect("16 bytes");
+        // SAFETY: `b` is 16 readable bytes.
+        let raw = unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) };
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(raw, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// 32 bytes as a vector.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn load32(b: &[u8]) -> __m256i {
+        let b: &[u8; 32] = b[..32].try_into().expect("32 bytes");
+        // SAFETY: `b` is 32 readable bytes.
+        unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn acts(ab: &Q8Block) -> __m256i {
+        // SAFETY: qs is 32 bytes.
+        unsafe { _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i) }
     }
 
     /// Signed i8 x i8 products summed pairwise into 8 i32 lanes.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
         let ax = _mm256_sign_epi8(x, x);
@@ -163,62 +187,69 @@ mod avx2 {
         _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn q4_1(w: &[u8], a: &[Q8Block]) -> f32 {
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = 0f32;
-        for (b, ab) in w.chunks_exact(20).zip(a) {
-            let d = f16le(b, 0) * ab.d;
-            mins += f16le(b, 2) * ab.s;
-            // SAFETY: the block has 16 quant bytes at offset 4; the activation 32 bytes.
-            let (q, x) = unsafe {
-                (nibbles(b.as_ptr().add(4)), _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i))
-            };
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
+    /// Unsigned (weights) x signed (activations) i8 products summed into 8 i32 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn dot_u8_i8(w: __m256i, x: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+    }
+
+    /// Runs `block(weight_block, act_block, acc)` over pairs of blocks with two independent
+    /// accumulators (hides FMA latency), then the odd tail.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn blocks2(w: &[u8], bb: usize, a: &[Q8Block], mut block: impl FnMut(&[u8], &Q8Block, __m256) -> __m256) -> __m256 {
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut wc = w.chunks_exact(2 * bb);
+        let mut ac = a.chunks_exact(2);
+        for (wp, ap) in (&mut wc).zip(&mut ac) {
+            acc0 = block(&wp[..bb], &ap[0], acc0);
+            acc1 = block(&wp[bb..], &ap[1], acc1);
         }
-        // SAFETY: AVX enabled by this function's target features.
+        if let (Some(ab), true) = (ac.remainder().first(), wc.remainder().len() == bb) {
+            acc0 = block(wc.remainder(), ab, acc0);
+        }
+        _mm256_add_ps(acc0, acc1)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn q4_1(w: &[u8], a: &[Q8Block]) -> f32 {
+        let mut mins = 0f32;
+        let acc = blocks2(w, 20, a, |b, ab, acc| {
+            let (d, m) = f16_pair(b);
+            mins += m * ab.s;
+            let p = dot_u8_i8(nibbles(&b[4..]), acts(ab));
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * ab.d), acc)
+        });
+        // SAFETY: AVX is enabled by this function's target features.
         unsafe { hsum(acc) + mins }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn q4_0(w: &[u8], a: &[Q8Block]) -> f32 {
-        let eight = _mm256_set1_epi8(8);
-        let mut acc = _mm256_setzero_ps();
-        for (b, ab) in w.chunks_exact(18).zip(a) {
-            let d = f16le(b, 0) * ab.d;
-            // SAFETY: 16 quant bytes at offset 2; 32 activation bytes.
-            let (q, x) = unsafe {
-                (nibbles(b.as_ptr().add(2)), _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i))
-            };
-            let p = dot_i8(_mm256_sub_epi8(q, eight), x);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
-        }
-        // SAFETY: AVX enabled by this function's target features.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn q4_0(w: &[u8], a: &[Q8Block]) -> f32 {
+        let acc = blocks2(w, 18, a, |b, ab, acc| {
+            let d = f16_one(b);
+            let q = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
+            let p = dot_i8(q, acts(ab));
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * ab.d), acc)
+        });
+        // SAFETY: AVX is enabled by this function's target features.
         unsafe { hsum(acc) }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn q8_0(w: &[u8], a: &[Q8Block]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (b, ab) in w.chunks_exact(34).zip(a) {
-            let d = f16le(b, 0) * ab.d;
-            // SAFETY: 32 quant bytes at offset 2; 32 activation bytes.
-            let (q, x) = unsafe {
-                (
-                    _mm256_loadu_si256(b.as_ptr().add(2) as *const __m256i),
-                    _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i),
-                )
-            };
-            let p = dot_i8(q, x);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d), acc);
-        }
-        // SAFETY: AVX enabled by this function's target features.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn q8_0(w: &[u8], a: &[Q8Block]) -> f32 {
+        let acc = blocks2(w, 34, a, |b, ab, acc| {
+            let d = f16_one(b);
+            let p = dot_i8(load32(&b[2..]), acts(ab));
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * ab.d), acc)
+        });
+        // SAFETY: AVX is enabled by this function's target features.
         unsafe { hsum(acc) }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());

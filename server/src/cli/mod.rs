@@ -1,5 +1,6 @@
 //! One module per `tessera` subcommand, plus shared argument groups.
 
+pub mod bench;
 pub mod generate;
 pub mod inspect;
 pub mod model_path;

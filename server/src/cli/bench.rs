@@ -1,0 +1,98 @@
+//! `tessera bench`: llama-bench's two measurements on this engine, so they compare directly.
+//! `pp N`: one forward pass over N random prompt tokens from an empty cache.
+//! `tg N`: N single-token decode steps (greedy) after one start token.
+//! Each is repeated; mean ± sample standard deviation of tokens/s is reported, and the
+//! process's peak resident memory.
+
+use super::model_path;
+use anyhow::Result;
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::time::Instant;
+use tessera_engine::kv::ContiguousKv;
+use tessera_engine::model::{LlamaModel, SeqInput};
+use tessera_engine::sample::argmax;
+use tessera_engine::LoadedModel;
+use tessera_kernels::linear::LinearPolicy;
+
+/// Arguments of `tessera bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// GGUF file or Hugging Face directory (default: the project's default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt lengths to time (0 to skip).
+    #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
+    pp: Vec<usize>,
+    /// Generation lengths to time (0 to skip).
+    #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
+    tg: Vec<usize>,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    repetitions: usize,
+}
+
+fn cache(m: &LlamaModel) -> ContiguousKv {
+    let c = m.config();
+    ContiguousKv::new(c.num_layers, m.kv_width(), c.max_position_embeddings)
+}
+
+fn time_pp(m: &LlamaModel, n: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
+    let vocab = m.config().vocab_size as u32;
+    let tokens: Vec<u32> = (0..n).map(|_| rng.gen_range(0..vocab)).collect();
+    let mut kv = cache(m);
+    let t = Instant::now();
+    m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(n - 1) }])?;
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+fn time_tg(m: &LlamaModel, n: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
+    let mut kv = cache(m);
+    let mut tok = rng.gen_range(0..m.config().vocab_size as u32);
+    let t = Instant::now();
+    for _ in 0..n {
+        let l = m.forward(&mut [SeqInput { tokens: &[tok], kv: &mut kv, logits_from: Some(0) }])?;
+        tok = argmax(&l[0]);
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+/// Peak resident set size of this process in MiB (Linux `VmHWM`).
+fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
+}
+
+/// Runs the command.
+pub fn run(args: BenchArgs) -> Result<()> {
+    let path = model_path::resolve(args.model.as_deref())?;
+    let lm = LoadedModel::load(&path, LinearPolicy::DEFAULT)?;
+    let m = &lm.model;
+    let file_mib = std::fs::metadata(&path).map(|md| md.len() as f64 / (1 << 20) as f64).unwrap_or(0.0);
+    println!("model: {} ({file_mib:.1} MiB) | threads: {} | cpu: {}", path.display(), rayon::current_num_threads(), lm.caps);
+    println!("| {:<8} | {:>16} |", "test", "t/s");
+    println!("| {:-<8} | {:->16} |", "", "");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let tests = args.pp.iter().filter(|&&n| n > 0).map(|&n| ("pp", n)).chain(args.tg.iter().filter(|&&n| n > 0).map(|&n| ("tg", n)));
+    for (kind, n) in tests {
+        // One warm-up run (page faults, thread pool start), as llama-bench does.
+        let run = |rng: &mut rand::rngs::StdRng| if kind == "pp" { time_pp(m, n, rng) } else { time_tg(m, n, rng) };
+        run(&mut rng)?;
+        let v = (0..args.repetitions.max(1)).map(|_| run(&mut rng)).collect::<Result<Vec<_>>>()?;
+        let (mean, sd) = mean_std(&v);
+        println!("| {:<8} | {:>9.2} ± {:>4.2} |", format!("{kind}{n}"), mean, sd);
+    }
+    if let Some(peak) = peak_rss_mib() {
+        println!("peak RSS: {peak:.1} MiB ({:.2}x the model file)", peak / file_mib.max(1e-9));
+    }
+    Ok(())
+}
