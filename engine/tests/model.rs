@@ -75,28 +75,29 @@ fn logits_match_independent_reference() {
     }
 }
 
-/// Greedy continuation equals the reference's, and repeated runs are identical.
+/// Greedy continuation on the float path equals the reference's for all 10 tokens (its
+/// smallest top-1/top-2 gap is 0.025 logits, far above the float path's ~1e-5 error), and the
+/// default (int8-activation decode) path is deterministic run to run.
 #[test]
 fn greedy_generation_matches_reference_and_is_deterministic() {
-    let lm = model();
+    let float = model_with(LinearPolicy::ALWAYS_GEMM);
+    let greedy = |m: &LlamaModel, prompt: &[u32], n: usize| {
+        let cfg = m.config();
+        let mut kv = ContiguousKv::new(cfg.num_layers, m.kv_width(), cfg.max_position_embeddings);
+        let mut logits =
+            m.forward(&mut [SeqInput { tokens: prompt, kv: &mut kv, logits_from: Some(prompt.len() - 1) }]).unwrap().swap_remove(0);
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let t = argmax(&logits);
+            out.push(t);
+            logits = m.forward(&mut [SeqInput { tokens: &[t], kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0);
+        }
+        out
+    };
     for c in cases().1 {
-        let run = || {
-            let cfg = lm.model.config();
-            let mut kv = ContiguousKv::new(cfg.num_layers, lm.model.kv_width(), cfg.max_position_embeddings);
-            let mut logits =
-                lm.model.forward(&mut [SeqInput { tokens: &c.tokens, kv: &mut kv, logits_from: Some(c.tokens.len() - 1) }]).unwrap().swap_remove(0);
-            let mut out = Vec::new();
-            for _ in 0..c.greedy_continuation.len() {
-                let t = argmax(&logits);
-                out.push(t);
-                logits = lm.model.forward(&mut [SeqInput { tokens: &[t], kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0);
-            }
-            out
-        };
-        let a = run();
-        assert_eq!(a, run(), "greedy output must be deterministic");
-        // Decode uses int8 activations; allow divergence only after the first 4 tokens.
-        assert_eq!(a[..4], c.greedy_continuation[..4], "greedy continuation of {:?}", &c.tokens[..c.tokens.len().min(8)]);
+        assert_eq!(greedy(&float.model, &c.tokens, 10), c.greedy_continuation, "float-path greedy continuation");
+        let a = greedy(&model().model, &c.tokens, 10);
+        assert_eq!(a, greedy(&model().model, &c.tokens, 10), "greedy output must be deterministic");
     }
 }
 
@@ -167,4 +168,21 @@ fn bad_inputs_are_errors_not_panics() {
     let e = m.forward(&mut [SeqInput { tokens: &long, kv: &mut kv, logits_from: None }]).unwrap_err();
     assert!(e.to_string().contains("capacity"), "{e}");
     assert_eq!(kv.len(), 0, "a refused batch leaves the cache untouched");
+}
+
+/// Forward passes from several threads at once (sharing the kernel pool and its scratch
+/// buffers) give exactly the results of running them one by one.
+#[test]
+fn concurrent_forward_passes_do_not_interfere() {
+    let lm = model_with(LinearPolicy::ALWAYS_GEMM);
+    let m = &lm.model;
+    let (_, cs) = cases();
+    let sequential: Vec<Vec<f32>> = cs.iter().map(|c| forward_all(m, &c.tokens)).collect();
+    for _ in 0..3 {
+        let concurrent: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let handles: Vec<_> = cs.iter().map(|c| s.spawn(|| forward_all(m, &c.tokens))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(concurrent, sequential);
+    }
 }

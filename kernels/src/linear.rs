@@ -230,9 +230,29 @@ pub fn forward_group(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32]
 /// blocking and threading work on a real matrix, small enough to stay in L3.
 const GEMM_CHUNK_BYTES: usize = 8 << 20;
 
-thread_local! {
-    /// Reused f32 weight chunk (avoids a multi-MiB allocation and its page faults per call).
-    static CHUNK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+/// Reusable f32 chunk buffers (avoids a multi-MiB allocation and its page faults per call).
+/// A pool, not a thread-local: a worker waiting inside one GEMM may steal and run another.
+static CHUNKS: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
+
+/// A buffer taken from [`CHUNKS`], returned on drop.
+struct Chunk(Vec<f32>);
+
+impl Chunk {
+    fn take(len: usize) -> Self {
+        let mut v = CHUNKS.lock().map(|mut p| p.pop()).ok().flatten().unwrap_or_default();
+        if v.len() < len {
+            v.resize(len, 0.0);
+        }
+        Chunk(v)
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        if let Ok(mut p) = CHUNKS.lock() {
+            p.push(std::mem::take(&mut self.0));
+        }
+    }
 }
 
 /// Dequantizes chunks of weight rows to f32 (in parallel) and multiplies each with one
@@ -241,16 +261,12 @@ fn panel_gemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize
     let k = w.cols;
     let chunk_rows = (GEMM_CHUNK_BYTES / (4 * k)).clamp(16, w.rows.max(16));
     let threads = rayon::current_num_threads();
-    CHUNK.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        let need = chunk_rows.min(w.rows) * k;
-        if buf.len() < need {
-            buf.resize(need, 0.0);
-        }
+    {
+        let mut buf = Chunk::take(chunk_rows.min(w.rows) * k);
         let mut r0 = 0;
         while r0 < w.rows {
             let n = chunk_rows.min(w.rows - r0);
-            let panel = &mut buf[..n * k];
+            let panel = &mut buf.0[..n * k];
             panel.par_chunks_mut(16 * k).enumerate().for_each(|(i, dst)| {
                 for (j, row) in dst.chunks_exact_mut(k).enumerate() {
                     dequantize_row(w.ty, w.row(r0 + i * 16 + j), row);
@@ -284,5 +300,5 @@ fn panel_gemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize
             }
             r0 += n;
         }
-    });
+    }
 }
