@@ -1,0 +1,194 @@
+//! Hugging Face directory loading: the default model's first two layers exported as a sharded
+//! safetensors checkpoint (F32 linears, F16 embedding, BF16 norms) with config.json,
+//! tokenizer.json and tokenizer_config.json, loaded back and run against the GGUF model cut to
+//! the same two layers; and malformed directories failing with the name of what is wrong.
+
+mod common;
+
+use common::default_model_path;
+use half::{bf16, f16};
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::Path;
+use tessera_engine::checkpoint::{Checkpoint, TensorEntry};
+use tessera_engine::kv::ContiguousKv;
+use tessera_engine::model::{LlamaModel, SeqInput};
+use tessera_engine::sample::argmax;
+use tessera_engine::tokenizer::Tokenizer;
+use tessera_kernels::cpu::CpuCaps;
+use tessera_kernels::ggml::dequantize_row;
+use tessera_kernels::linear::LinearPolicy;
+
+const LAYERS: usize = 2;
+
+fn floats(t: &TensorEntry) -> Vec<f32> {
+    let n: usize = t.shape.iter().product();
+    let mut out = vec![0f32; n];
+    dequantize_row(t.ty, t.data.bytes(), &mut out);
+    out
+}
+
+fn encode(v: &[f32], dtype: Dtype) -> Vec<u8> {
+    match dtype {
+        Dtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Dtype::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+        Dtype::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
+        _ => unreachable!(),
+    }
+}
+
+fn hf_name(canon: &str) -> Option<String> {
+    Some(match canon {
+        "token_embd.weight" => "model.embed_tokens.weight".into(),
+        "output_norm.weight" => "model.norm.weight".into(),
+        _ => {
+            let rest = canon.strip_prefix("blk.")?;
+            let (i, s) = rest.split_once('.')?;
+            if i.parse::<usize>().ok()? >= LAYERS {
+                return None;
+            }
+            let suffix = match s {
+                "attn_norm.weight" => "input_layernorm.weight",
+                "ffn_norm.weight" => "post_attention_layernorm.weight",
+                "attn_q.weight" => "self_attn.q_proj.weight",
+                "attn_k.weight" => "self_attn.k_proj.weight",
+                "attn_v.weight" => "self_attn.v_proj.weight",
+                "attn_output.weight" => "self_attn.o_proj.weight",
+                "ffn_gate.weight" => "mlp.gate_proj.weight",
+                "ffn_up.weight" => "mlp.up_proj.weight",
+                "ffn_down.weight" => "mlp.down_proj.weight",
+                _ => return None,
+            };
+            format!("model.layers.{i}.{suffix}")
+        }
+    })
+}
+
+/// Writes the export; returns the GGUF checkpoint cut to `LAYERS` layers.
+fn export(dir: &Path) -> Checkpoint {
+    let mut ck = Checkpoint::open(&default_model_path()).unwrap();
+    ck.config.num_layers = LAYERS;
+    let c = &ck.config;
+    let mut shards: [Vec<(String, Dtype, Vec<usize>, Vec<u8>)>; 2] = [Vec::new(), Vec::new()];
+    for (canon, t) in &ck.tensors {
+        let Some(name) = hf_name(canon) else { continue };
+        let dtype = if canon == "token_embd.weight" {
+            Dtype::F16
+        } else if t.shape.len() == 1 {
+            Dtype::BF16
+        } else {
+            Dtype::F32
+        };
+        let shard = usize::from(name.contains("layers.1."));
+        shards[shard].push((name, dtype, t.shape.clone(), encode(&floats(t), dtype)));
+    }
+    let mut weight_map = BTreeMap::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", i + 1);
+        let views: Vec<(String, TensorView<'_>)> =
+            shard.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+        safetensors::serialize_to_file(views, &None, &dir.join(&file)).unwrap();
+        for (n, ..) in shard {
+            weight_map.insert(n.clone(), file.clone());
+        }
+    }
+    let write = |name: &str, v: serde_json::Value| std::fs::write(dir.join(name), serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    write("model.safetensors.index.json", json!({ "metadata": {}, "weight_map": weight_map }));
+    write(
+        "config.json",
+        json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": LAYERS, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+            "rope_theta": c.rope_theta, "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_position_embeddings,
+            "tie_word_embeddings": true, "rope_scaling": null, "torch_dtype": "bfloat16",
+            "bos_token_id": 1, "eos_token_id": 2
+        }),
+    );
+    write(
+        "tokenizer_config.json",
+        json!({ "add_bos_token": false, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": "{{ messages }}" }),
+    );
+    write("generation_config.json", json!({ "eos_token_id": [2] }));
+    Tokenizer::from_checkpoint(&ck).unwrap().inner().save(dir.join("tokenizer.json"), false).unwrap();
+    ck
+}
+
+fn logits(m: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
+    let cfg = m.config();
+    let mut kv = ContiguousKv::new(cfg.num_layers, m.kv_width(), 512);
+    m.forward(&mut [SeqInput { tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0)
+}
+
+#[test]
+fn hf_directory_runs_like_the_gguf_it_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = export(dir.path());
+    let hf = Checkpoint::open(dir.path()).unwrap();
+    assert_eq!(hf.config, gguf.config);
+    assert_eq!(hf.special.eos, vec![2], "eos from generation_config.json (and <|im_end|> is id 2)");
+    assert_eq!(hf.special.bos, Some(1));
+    assert!(!hf.special.add_bos);
+    assert_eq!(hf.special.chat_template.as_deref(), Some("{{ messages }}"));
+    assert_eq!(hf.tensors["blk.1.ffn_down.weight"].source_name, "model.layers.1.mlp.down_proj.weight");
+
+    let text = "It is a truth universally acknowledged, that a single man";
+    let (tg, th) = (Tokenizer::from_checkpoint(&gguf).unwrap(), Tokenizer::from_checkpoint(&hf).unwrap());
+    let tokens = tg.encode(text).unwrap();
+    assert_eq!(th.encode(text).unwrap(), tokens, "tokenizer.json round trip");
+
+    let caps = CpuCaps::detect();
+    let a = logits(&LlamaModel::load(&gguf, &caps, LinearPolicy::ALWAYS_GEMM).unwrap(), &tokens);
+    let b = logits(&LlamaModel::load(&hf, &caps, LinearPolicy::ALWAYS_GEMM).unwrap(), &tokens);
+    // Only the F16 embedding and BF16 norms round the weights (2^-11 and 2^-8 relative);
+    // measured max |diff| <= 3e-4 of the logit spread, bound 1e-2.
+    let vocab = gguf.config.vocab_size;
+    for (ra, rb) in a.chunks(vocab).zip(b.chunks(vocab)) {
+        let spread = ra.iter().cloned().fold(f32::MIN, f32::max) - ra.iter().cloned().fold(f32::MAX, f32::min);
+        let err = ra.iter().zip(rb).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / spread;
+        eprintln!("hf vs gguf: max |diff| / spread = {err:.2e}");
+        assert!(err < 1e-2, "relative error {err}");
+        assert_eq!(argmax(ra), argmax(rb));
+    }
+}
+
+#[test]
+fn malformed_directories_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    export(dir.path());
+    let cfg_path = dir.path().join("config.json");
+    let good_cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let with_cfg = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = good_cfg.clone();
+        f(&mut c);
+        std::fs::write(&cfg_path, c.to_string()).unwrap();
+        Checkpoint::open(dir.path()).err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    assert!(with_cfg(&|c| c["quantization_config"] = json!({"quant_method": "gptq"})).contains("quantization_config"));
+    assert!(with_cfg(&|c| c["model_type"] = json!("qwen3_moe")).contains("qwen3_moe"));
+    assert!(with_cfg(&|c| c.as_object_mut().unwrap().remove("hidden_size").map(|_| ()).unwrap()).contains("hidden_size"));
+    assert!(with_cfg(&|c| c["num_key_value_heads"] = json!(4)).contains("num_kv_heads"));
+    assert!(with_cfg(&|c| c["rope_scaling"] = json!({"type": "yarn"})).contains("rope_scaling"));
+    // A layer count beyond the exported tensors: the missing tensor is named at model load.
+    with_cfg(&|c| c["num_hidden_layers"] = json!(3));
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    let e = LlamaModel::load(&ck, &CpuCaps::detect(), LinearPolicy::DEFAULT).err().unwrap().to_string();
+    assert!(e.contains("blk.2.attn_norm.weight") && e.contains("missing"), "{e}");
+    std::fs::write(&cfg_path, good_cfg.to_string()).unwrap();
+
+    // An integer tensor in a plain checkpoint, and an unknown tensor name.
+    let bad = dir.path().join("model-00002-of-00002.safetensors");
+    let bytes = vec![1u8; 16];
+    let views = vec![("model.layers.1.mlp.up_proj.weight".to_string(), TensorView::new(Dtype::I8, vec![4, 4], &bytes).unwrap())];
+    safetensors::serialize_to_file(views, &None, &bad).unwrap();
+    let e = Checkpoint::open(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("I8"), "{e}");
+    let views = vec![("model.layers.1.mlp.experts.0.w1".to_string(), TensorView::new(Dtype::F32, vec![2, 2], &bytes).unwrap())];
+    safetensors::serialize_to_file(views, &None, &bad).unwrap();
+    let e = Checkpoint::open(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("model.layers.1.mlp.experts.0.w1") && e.contains("not a Llama tensor name"), "{e}");
+    std::fs::write(&bad, b"not safetensors").unwrap();
+    assert!(Checkpoint::open(dir.path()).unwrap_err().to_string().contains("invalid safetensors"));
+}
