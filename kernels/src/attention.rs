@@ -45,14 +45,16 @@ pub struct KvTile<'a> {
 }
 
 /// Keys scored per inner step.
-const SUB_TILE: usize = 256;
+const SUB_TILE: usize = 128;
+/// Queries per task.
+const QUERY_BLOCK: usize = 64;
 /// Below this many queries, scores and the value sum use direct dot/axpy loops
 /// (a GEMM call's setup costs more than the work for a decode step).
 const GEMM_MIN_QUERIES: usize = 4;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: each head task writes only its own head's columns of the output.
+// SAFETY: each (head, query block) task writes only its own rows of its head's columns.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
@@ -70,45 +72,53 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
     let scale = 1.0 / (hd as f32).sqrt();
     let out_ptr = OutPtr(out.as_mut_ptr());
     let isa = CpuCaps::detect().best_isa();
-    (0..shape.n_heads).into_par_iter().for_each(|h| {
+    // Tasks are (head, block of queries): balances the pool, and each block stops at the keys
+    // its last query can see (half the work of masking a full square for a causal prefill).
+    let blocks = m.div_ceil(QUERY_BLOCK);
+    (0..shape.n_heads * blocks).into_par_iter().for_each(|task| {
         let out_ptr = out_ptr;
+        let (h, qb) = (task / blocks, task % blocks);
+        let i0 = qb * QUERY_BLOCK;
+        let mq = QUERY_BLOCK.min(m - i0);
+        let q0 = pos0 + i0; // position of this block's first query
         let kvh = h / group;
-        let mut row_max = vec![f32::NEG_INFINITY; m];
-        let mut row_sum = vec![0f32; m];
-        let mut acc = vec![0f32; m * hd];
-        let mut s = vec![0f32; m * SUB_TILE];
+        let mut row_max = vec![f32::NEG_INFINITY; mq];
+        let mut row_sum = vec![0f32; mq];
+        let mut acc = vec![0f32; mq * hd];
+        let mut s = vec![0f32; mq * SUB_TILE];
+        let qp = &q[i0 * qw..];
         for tile in tiles {
             let mut off = 0;
             while off < tile.len {
                 let start = tile.start + off;
-                if start > pos0 + m - 1 {
+                if start > q0 + mq - 1 {
                     break;
                 }
                 let n = SUB_TILE.min(tile.len - off);
                 let keys = &tile.keys[(off * kw + kvh * hd)..];
                 let values = &tile.values[(off * kw + kvh * hd)..];
-                if m < GEMM_MIN_QUERIES {
-                    for i in 0..m {
-                        let qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
+                if mq < GEMM_MIN_QUERIES {
+                    for i in 0..mq {
+                        let qh = &qp[i * qw + h * hd..i * qw + (h + 1) * hd];
                         for (j, sj) in s[i * n..(i + 1) * n].iter_mut().enumerate() {
                             *sj = dot_f32(isa, qh, &keys[j * kw..j * kw + hd]) * scale;
                         }
                     }
                 } else {
-                    // SAFETY: s is m x n (row stride n); q rows have stride qw; keys/values rows
+                    // SAFETY: s is mq x n (row stride n); q rows have stride qw; keys/values rows
                     // have stride kw and n rows remain from `off` (asserted tile shapes).
                     unsafe {
                         gemm::gemm(
-                            m, n, hd, s.as_mut_ptr(), 1, n as isize, false,
-                            q.as_ptr().add(h * hd), 1, qw as isize,
+                            mq, n, hd, s.as_mut_ptr(), 1, n as isize, false,
+                            qp.as_ptr().add(h * hd), 1, qw as isize,
                             keys.as_ptr(), kw as isize, 1,
                             0.0, scale, false, false, false, gemm::Parallelism::None,
                         );
                     }
                 }
-                for i in 0..m {
+                for i in 0..mq {
                     let row = &mut s[i * n..(i + 1) * n];
-                    let visible = (pos0 + i + 1).saturating_sub(start).min(n);
+                    let visible = (q0 + i + 1).saturating_sub(start).min(n);
                     if visible == 0 {
                         row.fill(0.0);
                         continue;
@@ -128,9 +138,9 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                         acc[i * hd..(i + 1) * hd].iter_mut().for_each(|a| *a *= corr);
                     }
                 }
-                // acc (m x hd) += P (m x n) · V (n x hd).
-                if m < GEMM_MIN_QUERIES {
-                    for i in 0..m {
+                // acc (mq x hd) += P (mq x n) · V (n x hd).
+                if mq < GEMM_MIN_QUERIES {
+                    for i in 0..mq {
                         let a = &mut acc[i * hd..(i + 1) * hd];
                         for (j, &p) in s[i * n..(i + 1) * n].iter().enumerate() {
                             if p != 0.0 {
@@ -142,7 +152,7 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                     // SAFETY: shapes as above.
                     unsafe {
                         gemm::gemm(
-                            m, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
+                            mq, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
                             s.as_ptr(), 1, n as isize,
                             values.as_ptr(), 1, kw as isize,
                             1.0, 1.0, false, false, false, gemm::Parallelism::None,
@@ -152,11 +162,11 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                 off += n;
             }
         }
-        for i in 0..m {
+        for i in 0..mq {
             let inv = if row_sum[i] > 0.0 { 1.0 / row_sum[i] } else { 0.0 };
             for d in 0..hd {
-                // SAFETY: (i, h*hd + d) is inside out (m x qw); head h's columns belong to this task.
-                unsafe { *out_ptr.0.add(i * qw + h * hd + d) = acc[i * hd + d] * inv };
+                // SAFETY: (i0 + i, h*hd + d) is inside out (m x qw); each (head, block) belongs to one task.
+                unsafe { *out_ptr.0.add((i0 + i) * qw + h * hd + d) = acc[i * hd + d] * inv };
             }
         }
     });

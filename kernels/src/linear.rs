@@ -272,32 +272,46 @@ fn panel_gemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize
                     dequantize_row(w.ty, w.row(r0 + i * 16 + j), row);
                 }
             });
-            // SAFETY: dst is the m x n block at column r0 with row stride ldy, in bounds by the
-            // checks in forward. lhs is x (m x k, row-major); rhs is the panel transposed
-            // (k x n; element (kk, j) at panel[j * k + kk]).
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    y.as_mut_ptr().add(r0),
-                    1,
-                    ldy as isize,
-                    false,
-                    x.as_ptr(),
-                    1,
-                    k as isize,
-                    panel.as_ptr(),
-                    k as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
-                );
-            }
+            // Split the tokens across the pool; each part is a single-threaded GEMM over the
+            // shared chunk (rows of x and y are disjoint between parts).
+            let parts = if m >= 64 { threads } else { 1 };
+            let rows_per = m.div_ceil(parts);
+            let out = OutPtr(y.as_mut_ptr());
+            let panel: &[f32] = panel;
+            (0..parts).into_par_iter().for_each(|p| {
+                let out = out;
+                let i0 = p * rows_per;
+                let mi = rows_per.min(m.saturating_sub(i0));
+                if mi == 0 {
+                    return;
+                }
+                // SAFETY: dst is the mi x n block at (i0, r0) with row stride ldy, in bounds by the
+                // checks in forward and disjoint between parts. lhs is rows i0.. of x (row-major,
+                // k wide); rhs is the panel transposed (k x n; element (kk, j) at panel[j * k + kk]).
+                unsafe {
+                    gemm::gemm(
+                        mi,
+                        n,
+                        k,
+                        out.0.add(i0 * ldy + r0),
+                        1,
+                        ldy as isize,
+                        false,
+                        x.as_ptr().add(i0 * k),
+                        1,
+                        k as isize,
+                        panel.as_ptr(),
+                        k as isize,
+                        1,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        if parts == 1 && threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
+                    );
+                }
+            });
             r0 += n;
         }
     }

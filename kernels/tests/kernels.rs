@@ -188,7 +188,8 @@ fn attention_matches_reference() {
     check_attention(gqa, 1, 40, &[41], 11);
     check_attention(gqa, 7, 0, &[7], 12);
     check_attention(gqa, 5, 300, &[16, 16, 273], 13); // several tiles, one longer than a sub-tile
-    check_attention(gqa, 300, 0, &[300], 14); // prefill across a sub-tile boundary
+    check_attention(gqa, 300, 0, &[300], 14); // prefill across sub-tile and query-block boundaries
+    check_attention(gqa, 130, 20, &[16, 16, 118], 16); // a later chunk over several tiles
     check_attention(AttnShape { n_heads: 4, n_kv_heads: 4, head_dim: 32 }, 3, 2, &[2, 3, 9], 15); // extra keys beyond the queries are masked
 }
 
