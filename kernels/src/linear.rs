@@ -113,6 +113,15 @@ impl LinearKernel {
         forward_group(&[(self, *w, 0)], x, m, y, ldy);
     }
 
+    /// The large-batch path: the AVX2 dequantizing micro-kernel, or the portable `gemm` crate.
+    fn gemm(&self, w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => crate::cpu::sgemm::dequant_sgemm(w, x, m, y, ldy),
+            _ => panel_gemm(w, x, m, y, ldy),
+        }
+    }
+
     /// Whether a batch of `m` tokens takes the panel-GEMM path.
     fn uses_gemm(&self, m: usize) -> bool {
         m >= self.policy.gemm_min_tokens
@@ -130,10 +139,14 @@ impl fmt::Display for LinearKernel {
             SmallPath::QuantDot(q) => format!("cpu.{}.{}", q.name(), self.isa.name()),
             SmallPath::DequantDot => format!("cpu.dequant-dot.{}.{}", self.ty.name().to_lowercase(), self.isa.name()),
         };
+        let large = match self.isa {
+            Isa::Avx2 => "cpu.dequant-sgemm.6x16.avx2",
+            Isa::Scalar => "cpu.panel-gemm.f32",
+        };
         match self.policy.gemm_min_tokens {
             usize::MAX => f.write_str(&small),
-            1 => write!(f, "cpu.panel-gemm.f32"),
-            t => write!(f, "{small} (m<{t}) | cpu.panel-gemm.f32 (m>={t})"),
+            1 => f.write_str(large),
+            t => write!(f, "{small} (m<{t}) | {large} (m>={t})"),
         }
     }
 }
@@ -171,7 +184,7 @@ pub fn forward_group(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32]
     let mut small = Vec::new();
     for &(kern, w, col) in parts {
         if kern.uses_gemm(m) {
-            panel_gemm(&w, x, m, &mut y[col..], ldy);
+            kern.gemm(&w, x, m, &mut y[col..], ldy);
         } else {
             small.push((kern, w, col));
         }
