@@ -70,7 +70,7 @@ fn token_id(f: &GgufFile, key: &str, vocab: usize) -> Result<Option<u32>, LoadEr
 
 /// Loads a GGUF checkpoint.
 pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
-    let f = GgufFile::open(path).map_err(|source| LoadError::Gguf { path: path.into(), source })?;
+    let f = GgufFile::open(path).map_err(|error| LoadError::Gguf { path: path.into(), error })?;
     let arch_name = meta(&f, "general.architecture")?
         .as_str()
         .ok_or_else(|| LoadError::Config { key: "general.architecture".into(), msg: "expected a string".into() })?

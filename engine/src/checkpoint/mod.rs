@@ -31,12 +31,12 @@ pub enum LoadError {
         msg: String,
     },
     /// The GGUF container is malformed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Gguf {
         /// File at fault.
         path: PathBuf,
         /// Parse error.
-        source: GgufError,
+        error: GgufError,
     },
     /// A required or malformed configuration value.
     #[error("config {key}: {msg}")]

@@ -188,16 +188,20 @@ fn q3_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// The 8 sub-block `(scale, min)` pairs of a Q4_K / Q5_K super-block (d, dmin, scales at 0..16).
+fn k4_sub_blocks(b: &[u8]) -> [(f32, f32); 8] {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    std::array::from_fn(|j| {
+        let (s, m) = scale_min_k4(j, &b[4..16]);
+        (d * s as f32, dmin * m as f32)
+    })
+}
+
 fn q4_k(b: &[u8], y: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let dmin = f16_at(b, 2);
-    let scales = &b[4..16];
+    let sub = k4_sub_blocks(b);
     let qs = &b[16..144];
     for j in 0..4 {
-        let (s1, m1) = scale_min_k4(2 * j, scales);
-        let (s2, m2) = scale_min_k4(2 * j + 1, scales);
-        let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
-        let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
+        let ((d1, m1), (d2, m2)) = (sub[2 * j], sub[2 * j + 1]);
         let q = &qs[j * 32..j * 32 + 32];
         let o = &mut y[j * 64..j * 64 + 64];
         for l in 0..32 {
@@ -208,16 +212,11 @@ fn q4_k(b: &[u8], y: &mut [f32]) {
 }
 
 fn q5_k(b: &[u8], y: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let dmin = f16_at(b, 2);
-    let scales = &b[4..16];
+    let sub = k4_sub_blocks(b);
     let qh = &b[16..48];
     let qs = &b[48..176];
     for j in 0..4 {
-        let (s1, m1) = scale_min_k4(2 * j, scales);
-        let (s2, m2) = scale_min_k4(2 * j + 1, scales);
-        let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
-        let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
+        let ((d1, m1), (d2, m2)) = (sub[2 * j], sub[2 * j + 1]);
         let (u1, u2) = (1u8 << (2 * j), 2u8 << (2 * j));
         let q = &qs[j * 32..j * 32 + 32];
         let o = &mut y[j * 64..j * 64 + 64];

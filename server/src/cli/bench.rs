@@ -4,24 +4,21 @@
 //! Each is repeated; mean ± sample standard deviation of tokens/s is reported, and the
 //! process's peak resident memory.
 
-use super::model_path;
+use super::model_path::ModelArg;
 use anyhow::Result;
 use clap::Args;
 use rand::{Rng, SeedableRng};
-use std::path::PathBuf;
 use std::time::Instant;
 use tessera_engine::kv::ContiguousKv;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
-use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
 /// Arguments of `tessera bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// GGUF file or Hugging Face directory (default: the project's default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArg,
     /// Prompt lengths to time (0 to skip).
     #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
     pp: Vec<usize>,
@@ -74,8 +71,8 @@ fn peak_rss_mib() -> Option<f64> {
 
 /// Runs the command.
 pub fn run(args: BenchArgs) -> Result<()> {
-    let path = model_path::resolve(args.model.as_deref())?;
-    let lm = LoadedModel::load(&path, LinearPolicy::DEFAULT)?;
+    let path = args.model.path()?;
+    let lm = args.model.load(LinearPolicy::DEFAULT)?;
     let m = &lm.model;
     let file_mib = std::fs::metadata(&path).map(|md| md.len() as f64 / (1 << 20) as f64).unwrap_or(0.0);
     println!("model: {} ({file_mib:.1} MiB) | threads: {} | cpu: {}", path.display(), rayon::current_num_threads(), lm.caps);

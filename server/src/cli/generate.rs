@@ -1,22 +1,19 @@
 //! `tessera generate`: one prompt, streamed text, then prefill and decode speed.
 
-use super::model_path;
+use super::model_path::ModelArg;
 use super::SamplingArgs;
 use anyhow::{anyhow, Result};
 use clap::Args;
 use std::io::Write;
-use std::path::PathBuf;
 use tessera_engine::generate::{generate, GenerateOptions};
 use tessera_engine::sample::Sampler;
-use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
 /// Arguments of `tessera generate`.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// GGUF file or Hugging Face directory (default: the project's default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArg,
     /// Prompt text (special tokens such as <|im_start|> are recognised).
     #[arg(long)]
     prompt: String,
@@ -35,8 +32,7 @@ pub struct GenerateArgs {
 
 /// Runs the command.
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let path = model_path::resolve(args.model.as_deref())?;
-    let lm = LoadedModel::load(&path, LinearPolicy::DEFAULT)?;
+    let lm = args.model.load(LinearPolicy::DEFAULT)?;
     let params = args.sampling.params()?;
     let prompt = lm.tokenizer.encode(&args.prompt).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?;
     if prompt.is_empty() {

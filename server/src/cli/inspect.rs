@@ -1,18 +1,15 @@
 //! `tessera inspect`: architecture, tensors with their storage types, and the kernel plan.
 
-use super::model_path;
+use super::model_path::ModelArg;
 use anyhow::Result;
 use clap::Args;
-use std::path::PathBuf;
-use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
 /// Arguments of `tessera inspect`.
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// GGUF file or Hugging Face directory (default: the project's default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArg,
     /// Also list every tensor.
     #[arg(long)]
     tensors: bool,
@@ -20,8 +17,7 @@ pub struct InspectArgs {
 
 /// Runs the command.
 pub fn run(args: InspectArgs) -> Result<()> {
-    let path = model_path::resolve(args.model.as_deref())?;
-    let lm = LoadedModel::load(&path, LinearPolicy::DEFAULT)?;
+    let lm = args.model.load(LinearPolicy::DEFAULT)?;
     let ck = &lm.checkpoint;
     let c = &ck.config;
     println!("model: {} ({:?}, {})", ck.name, ck.format, ck.path.display());

@@ -2,8 +2,31 @@
 //! (fetched by `scripts/fetch-default-model.sh` when missing).
 
 use anyhow::{bail, Context, Result};
+use clap::Args;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tessera_engine::LoadedModel;
+use tessera_kernels::linear::LinearPolicy;
+
+/// The `--model` flag shared by every command that loads a model.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArg {
+    /// GGUF file or Hugging Face directory (default: $TESSERA_MODEL, else the project's default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+impl ModelArg {
+    /// The resolved path (fetching the default model when it is missing).
+    pub fn path(&self) -> Result<PathBuf> {
+        resolve(self.model.as_deref())
+    }
+
+    /// Resolves and loads the model with a kernel policy.
+    pub fn load(&self, policy: LinearPolicy) -> Result<LoadedModel> {
+        Ok(LoadedModel::load(&self.path()?, policy)?)
+    }
+}
 
 /// File name of the default model.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -13,7 +36,7 @@ fn repo_root() -> PathBuf {
 }
 
 /// The model to load: `explicit`, else `$TESSERA_MODEL`, else the default model.
-pub fn resolve(explicit: Option<&Path>) -> Result<PathBuf> {
+fn resolve(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = explicit {
         if !p.exists() {
             bail!("model not found: {}", p.display());

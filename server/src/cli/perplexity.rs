@@ -1,13 +1,12 @@
 //! `tessera perplexity`: llama.cpp's perplexity method over a text file.
 
-use super::model_path;
+use super::model_path::ModelArg;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 use tessera_engine::perplexity::{available_chunks, perplexity, PerplexityOptions};
-use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
 /// Which arithmetic the linear layers use.
@@ -22,9 +21,8 @@ pub enum ComputePath {
 /// Arguments of `tessera perplexity`.
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
-    /// GGUF file or Hugging Face directory (default: the project's default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArg,
     /// Text file to score.
     #[arg(long)]
     file: PathBuf,
@@ -48,12 +46,11 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         bail!("--ctx must be at least 4");
     }
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let path = model_path::resolve(args.model.as_deref())?;
     let policy = match args.compute {
         ComputePath::Float => LinearPolicy::ALWAYS_GEMM,
         ComputePath::Int8Act => LinearPolicy::ALWAYS_DOT,
     };
-    let lm = LoadedModel::load(&path, policy)?;
+    let lm = args.model.load(policy)?;
     if args.ctx > lm.model.config().max_position_embeddings {
         bail!("--ctx {} exceeds the model's context {}", args.ctx, lm.model.config().max_position_embeddings);
     }

@@ -1,0 +1,46 @@
+//! Linear-layer paths on a Q4_1 1536x576 matrix (SmolLM2's gate/up shape) at several batch
+//! sizes: int8-activation dots (decode path), the AVX2 dequantizing micro-kernel, and the
+//! portable gemm-crate panel path. This is the data behind `LinearPolicy::DEFAULT`'s switch.
+//! Run: `cargo bench -p tessera-kernels --bench linear`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_kernels::cpu::Isa;
+use tessera_kernels::ggml::GgmlType;
+use tessera_kernels::linear::{LinearKernel, LinearPolicy, WeightView};
+
+fn q4_1_weights(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..rows * cols / 32 * 20).map(|_| r.gen()).collect();
+    for blk in b.chunks_exact_mut(20) {
+        blk[0..2].copy_from_slice(&half::f16::from_f32(r.gen_range(0.01..0.1)).to_le_bytes());
+        blk[2..4].copy_from_slice(&half::f16::from_f32(r.gen_range(-0.5..0.0)).to_le_bytes());
+    }
+    b
+}
+
+fn linear(c: &mut Criterion) {
+    let (rows, cols) = (1536, 576);
+    let mut r = ChaCha8Rng::seed_from_u64(1);
+    let w = q4_1_weights(&mut r, rows, cols);
+    let view = WeightView::new(GgmlType::Q4_1, rows, cols, &w).unwrap();
+    let mut paths = vec![("gemm-crate", LinearKernel::with_isa(GgmlType::Q4_1, Isa::Scalar, LinearPolicy::ALWAYS_GEMM))];
+    if Isa::Avx2.available() {
+        paths.push(("int8-dot", LinearKernel::with_isa(GgmlType::Q4_1, Isa::Avx2, LinearPolicy::ALWAYS_DOT)));
+        paths.push(("sgemm-6x16", LinearKernel::with_isa(GgmlType::Q4_1, Isa::Avx2, LinearPolicy::ALWAYS_GEMM)));
+    }
+    let mut g = c.benchmark_group("q4_1_1536x576");
+    g.sample_size(10).measurement_time(std::time::Duration::from_secs(2));
+    for m in [1usize, 4, 8, 16, 32, 64, 512] {
+        let x: Vec<f32> = (0..m * cols).map(|_| r.gen_range(-1.0..1.0)).collect();
+        let mut y = vec![0f32; m * rows];
+        g.throughput(Throughput::Elements((m * rows * cols) as u64));
+        for (name, k) in &paths {
+            g.bench_with_input(BenchmarkId::new(*name, m), &m, |b, &m| b.iter(|| k.forward(&view, &x, m, &mut y, rows)));
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, linear);
+criterion_main!(benches);
