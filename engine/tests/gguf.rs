@@ -155,17 +155,17 @@ impl Builder {
 }
 
 fn err(bytes: &[u8]) -> GgufError {
-    parse_bytes(bytes).err().expect("malformed file must be rejected")
+    parse_bytes(bytes).expect_err("malformed file must be rejected")
 }
 
 #[test]
 fn a_valid_built_file_parses() {
     // Q4_1 64x2: 2 rows of 2 blocks of 20 bytes.
     let bytes = Builder::new().tensor("w", &[64, 2], 3, 0).tensor("n", &[64], 0, 96).data(96 + 256).build();
-    let (v, meta, tensors, align) = parse_bytes(&bytes).unwrap();
-    assert_eq!((v, align, tensors.len()), (3, 32, 2));
-    assert_eq!(meta["general.architecture"].as_str(), Some("llama"));
-    assert_eq!(tensors[0].nbytes, 80);
+    let h = parse_bytes(&bytes).unwrap();
+    assert_eq!((h.version, h.alignment, h.tensors.len()), (3, 32, 2));
+    assert_eq!(h.metadata["general.architecture"].as_str(), Some("llama"));
+    assert_eq!(h.tensors[0].nbytes, 80);
 }
 
 #[test]

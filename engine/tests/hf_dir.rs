@@ -66,12 +66,15 @@ fn hf_name(canon: &str) -> Option<String> {
     })
 }
 
+/// One exported tensor: HF name, dtype, shape, bytes.
+type Exported = (String, Dtype, Vec<usize>, Vec<u8>);
+
 /// Writes the export; returns the GGUF checkpoint cut to `LAYERS` layers.
 fn export(dir: &Path) -> Checkpoint {
     let mut ck = Checkpoint::open(&default_model_path()).unwrap();
     ck.config.num_layers = LAYERS;
     let c = &ck.config;
-    let mut shards: [Vec<(String, Dtype, Vec<usize>, Vec<u8>)>; 2] = [Vec::new(), Vec::new()];
+    let mut shards: [Vec<Exported>; 2] = [Vec::new(), Vec::new()];
     for (canon, t) in &ck.tensors {
         let Some(name) = hf_name(canon) else { continue };
         let dtype = if canon == "token_embd.weight" {

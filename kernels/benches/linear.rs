@@ -3,6 +3,8 @@
 //! portable gemm-crate panel path. This is the data behind `LinearPolicy::DEFAULT`'s switch.
 //! Run: `cargo bench -p tessera-kernels --bench linear`.
 
+#![allow(missing_docs)] // criterion's macros generate undocumented functions
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -10,6 +12,7 @@ use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::{LinearKernel, LinearPolicy, WeightView};
 
+/// Random Q4_1 blocks with realistic scales and mins.
 fn q4_1_weights(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Vec<u8> {
     let mut b: Vec<u8> = (0..rows * cols / 32 * 20).map(|_| r.gen()).collect();
     for blk in b.chunks_exact_mut(20) {
@@ -19,6 +22,7 @@ fn q4_1_weights(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Vec<u8> {
     b
 }
 
+/// Every path at every batch size.
 fn linear(c: &mut Criterion) {
     let (rows, cols) = (1536, 576);
     let mut r = ChaCha8Rng::seed_from_u64(1);

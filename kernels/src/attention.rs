@@ -6,7 +6,7 @@
 //! streaming (flash-attention) form, so memory stays bounded by the sub-tile size.
 
 use crate::cpu::dot::dot_f32;
-use crate::cpu::CpuCaps;
+use crate::cpu::{CpuCaps, SyncPtr};
 use rayon::prelude::*;
 
 /// Head geometry.
@@ -52,17 +52,12 @@ const QUERY_BLOCK: usize = 64;
 /// (a GEMM call's setup costs more than the work for a decode step).
 const GEMM_MIN_QUERIES: usize = 4;
 
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: each (head, query block) task writes only its own rows of its head's columns.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
 
 /// Attention for `m` query rows at positions `pos0..pos0 + m` (query `i` sees keys at
 /// positions `<= pos0 + i`). `q` and `out` are `m × q_width`.
 pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[KvTile<'_>], out: &mut [f32]) {
     let (hd, qw, kw) = (shape.head_dim, shape.q_width(), shape.kv_width());
-    assert!(shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0);
+    assert!(shape.n_kv_heads > 0 && shape.n_heads.is_multiple_of(shape.n_kv_heads));
     assert_eq!(q.len(), m * qw);
     assert_eq!(out.len(), m * qw);
     for t in tiles {
@@ -70,13 +65,12 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
     }
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = SyncPtr::new(out.as_mut_ptr());
     let isa = CpuCaps::detect().best_isa();
     // Tasks are (head, block of queries): balances the pool, and each block stops at the keys
     // its last query can see (half the work of masking a full square for a causal prefill).
     let blocks = m.div_ceil(QUERY_BLOCK);
     (0..shape.n_heads * blocks).into_par_iter().for_each(|task| {
-        let out_ptr = out_ptr;
         let (h, qb) = (task / blocks, task % blocks);
         let i0 = qb * QUERY_BLOCK;
         let mq = QUERY_BLOCK.min(m - i0);
@@ -166,7 +160,7 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
             let inv = if row_sum[i] > 0.0 { 1.0 / row_sum[i] } else { 0.0 };
             for d in 0..hd {
                 // SAFETY: (i0 + i, h*hd + d) is inside out (m x qw); each (head, block) belongs to one task.
-                unsafe { *out_ptr.0.add((i0 + i) * qw + h * hd + d) = acc[i * hd + d] * inv };
+                unsafe { *out_ptr.get().add((i0 + i) * qw + h * hd + d) = acc[i * hd + d] * inv };
             }
         }
     });

@@ -221,7 +221,7 @@ impl GgufFile {
 
     /// Parses and validates GGUF bytes.
     pub fn parse(map: Arc<Mmap>) -> Result<Self, GgufError> {
-        let (version, metadata, tensors, alignment) = parse_bytes(&map)?;
+        let GgufHeader { version, metadata, tensors, alignment } = parse_bytes(&map)?;
         Ok(GgufFile { version, metadata, tensors, alignment, map })
     }
 
@@ -241,10 +241,21 @@ impl GgufFile {
     }
 }
 
+/// Everything before the tensor data, validated against the file's length.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgufHeader {
+    /// Format version (2 or 3).
+    pub version: u32,
+    /// Metadata in key order.
+    pub metadata: BTreeMap<String, MetaValue>,
+    /// Tensors in file order.
+    pub tensors: Vec<GgufTensor>,
+    /// Data alignment.
+    pub alignment: usize,
+}
+
 /// Parses GGUF from a byte slice (the memory map, or test buffers).
-pub fn parse_bytes(
-    buf: &[u8],
-) -> Result<(u32, BTreeMap<String, MetaValue>, Vec<GgufTensor>, usize), GgufError> {
+pub fn parse_bytes(buf: &[u8]) -> Result<GgufHeader, GgufError> {
     let mut r = Reader { buf, pos: 0 };
     let magic: [u8; 4] = r.bytes(4, "magic")?.try_into().expect("4 bytes");
     if &magic != b"GGUF" {
@@ -362,7 +373,7 @@ pub fn parse_bytes(
             ));
         }
     }
-    Ok((version, metadata, tensors, alignment))
+    Ok(GgufHeader { version, metadata, tensors, alignment })
 }
 
 /// Bounds-checked little-endian cursor.
@@ -444,7 +455,7 @@ impl<'a> Reader<'a> {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
                     4..=6 => 4,
-                    8 | 9 | 10..=12 => 8,
+                    8..=12 => 8,
                     t => return Err(GgufError::Metadata { key: key.into(), msg: format!("unknown array element type {t}") }),
                 };
                 let n = self.count(&format!("array length of {key:?}"), min)?;

@@ -127,7 +127,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
         let is_k = t.name.ends_with(".attn_k.weight");
         let data = if is_q || is_k {
             let rows = shape[0];
-            if shape.len() != 2 || rows % config.head_dim != 0 {
+            if shape.len() != 2 || !rows.is_multiple_of(config.head_dim) {
                 return Err(LoadError::Tensor {
                     name: t.name.clone(),
                     msg: format!("shape {shape:?} is not whole heads of {}", config.head_dim),

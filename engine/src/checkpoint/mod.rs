@@ -116,10 +116,10 @@ impl ModelConfig {
                 return bad(k, format!("{v} is out of range"));
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad("num_kv_heads", format!("{} does not divide num_heads {}", self.num_kv_heads, self.num_heads));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad("head_dim", format!("{} is odd", self.head_dim));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {

@@ -83,9 +83,9 @@ impl QuantDot {
                 QuantDot::Q4_0 => {
                     let qs = &b[2..18];
                     let mut s = 0i32;
-                    for j in 0..Q8_BLOCK / 2 {
-                        s += ((qs[j] & 0x0F) as i32 - 8) * ab.qs[j] as i32;
-                        s += ((qs[j] >> 4) as i32 - 8) * ab.qs[j + 16] as i32;
+                    let (lo, hi) = ab.qs.split_at(Q8_BLOCK / 2);
+                    for ((&q, &a0), &a1) in qs.iter().zip(lo).zip(hi) {
+                        s += ((q & 0x0F) as i32 - 8) * a0 as i32 + ((q >> 4) as i32 - 8) * a1 as i32;
                     }
                     sum += s as f32 * d * ab.d;
                 }
@@ -93,9 +93,9 @@ impl QuantDot {
                     let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
                     let qs = &b[4..20];
                     let mut s = 0i32;
-                    for j in 0..Q8_BLOCK / 2 {
-                        s += (qs[j] & 0x0F) as i32 * ab.qs[j] as i32;
-                        s += (qs[j] >> 4) as i32 * ab.qs[j + 16] as i32;
+                    let (lo, hi) = ab.qs.split_at(Q8_BLOCK / 2);
+                    for ((&q, &a0), &a1) in qs.iter().zip(lo).zip(hi) {
+                        s += (q & 0x0F) as i32 * a0 as i32 + (q >> 4) as i32 * a1 as i32;
                     }
                     sum += s as f32 * d * ab.d + m * ab.s;
                 }

@@ -7,3 +7,25 @@ pub mod sgemm;
 pub(crate) mod simd;
 
 pub use caps::{CpuCaps, Isa};
+
+/// A raw output pointer shared by parallel tasks that each write a disjoint part of one buffer.
+/// Tasks reach the pointer through [`SyncPtr::get`], so closures capture the wrapper (which is
+/// `Send + Sync`), not the bare pointer.
+#[derive(Clone, Copy)]
+pub(crate) struct SyncPtr(*mut f32);
+
+// SAFETY: every user documents why its tasks' writes are disjoint and in bounds.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// Wraps the start of a buffer.
+    pub(crate) fn new(p: *mut f32) -> Self {
+        SyncPtr(p)
+    }
+
+    /// The pointer.
+    pub(crate) fn get(&self) -> *mut f32 {
+        self.0
+    }
+}

@@ -6,6 +6,7 @@
 //! broadcasts per step) sweeps the activation rows over each group of slivers, so a packed
 //! group is reused by every token while it sits in L2.
 
+use crate::cpu::SyncPtr;
 use crate::ggml::dequantize_row;
 use crate::linear::WeightView;
 use rayon::prelude::*;
@@ -16,11 +17,6 @@ pub const NR: usize = 16;
 /// Activation rows per micro-tile.
 pub const MR: usize = 6;
 
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint column ranges of the output.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
 
 /// Dequantizes weight rows `r0..r0 + n` (n <= 16) into a zero-padded `k × 16` sliver.
 fn pack_sliver(w: &WeightView<'_>, r0: usize, n: usize, row: &mut [f32], sliver: &mut [f32]) {
@@ -78,6 +74,7 @@ unsafe fn micro<const R: usize>(x: *const f32, ldx: usize, b: *const f32, k: usi
 /// # Safety
 /// As [`micro`], with `rows <= MR`.
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)] // a BLAS-style micro-kernel signature: pointers, strides, sizes
 unsafe fn micro_rows(rows: usize, x: *const f32, ldx: usize, b: *const f32, k: usize, y: *mut f32, ldy: usize, ncols: usize) {
     // SAFETY: forwarded contract.
     unsafe {
@@ -106,11 +103,10 @@ pub fn dequant_sgemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy
     // Slivers per task: enough tasks to balance the pool, and a packed group <= 256 KiB (L2).
     let by_cache = ((256 << 10) / (k * NR * 4)).max(1);
     let group = slivers.div_ceil(rayon::current_num_threads() * 4).clamp(1, by_cache);
-    let out = OutPtr(y.as_mut_ptr());
+    let out = SyncPtr::new(y.as_mut_ptr());
     (0..slivers.div_ceil(group)).into_par_iter().for_each_init(
         || (vec![0f32; k], vec![0f32; group * k * NR]),
         |(row, packed), t| {
-            let out = out;
             let s0 = t * group;
             let s1 = (s0 + group).min(slivers);
             for s in s0..s1 {
@@ -134,7 +130,7 @@ pub fn dequant_sgemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy
                             k,
                             packed.as_ptr().add((s - s0) * k * NR),
                             k,
-                            out.0.add(i0 * ldy + r0),
+                            out.get().add(i0 * ldy + r0),
                             ldy,
                             n,
                         );

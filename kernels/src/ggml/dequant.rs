@@ -19,7 +19,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
     let bs = ty.block_size();
     let ts = ty.type_size();
-    assert!(out.len() % bs == 0, "{} row of {} values is not whole blocks", ty, out.len());
+    assert!(out.len().is_multiple_of(bs), "{} row of {} values is not whole blocks", ty, out.len());
     assert_eq!(src.len(), out.len() / bs * ts, "{} row byte length", ty);
     match ty {
         GgmlType::F32 => {
