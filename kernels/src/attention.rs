@@ -5,7 +5,7 @@
 //! the value accumulation are small GEMMs per (head, key sub-tile); the softmax is the
 //! streaming (flash-attention) form, so memory stays bounded by the sub-tile size.
 
-use crate::cpu::dot::dot_f32;
+use crate::cpu::dot::{axpy_f32, dot_f32};
 use crate::cpu::{CpuCaps, SyncPtr};
 use rayon::prelude::*;
 
@@ -48,9 +48,11 @@ pub struct KvTile<'a> {
 const SUB_TILE: usize = 128;
 /// Queries per task.
 const QUERY_BLOCK: usize = 64;
-/// Below this many queries, scores and the value sum use direct dot/axpy loops
-/// (a GEMM call's setup costs more than the work for a decode step).
+/// Below this many queries (decode steps) attention uses [`decode_attention`]: direct
+/// dot/axpy loops split over the keys (a GEMM call's setup costs more than the work).
 const GEMM_MIN_QUERIES: usize = 4;
+/// Keys per decode task.
+const DECODE_SPLIT: usize = 256;
 
 
 /// Attention for `m` query rows at positions `pos0..pos0 + m` (query `i` sees keys at
@@ -65,8 +67,10 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
     }
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
+    if m < GEMM_MIN_QUERIES {
+        return decode_attention(shape, q, m, pos0, tiles, out);
+    }
     let out_ptr = SyncPtr::new(out.as_mut_ptr());
-    let isa = CpuCaps::detect().best_isa();
     // Tasks are (head, block of queries): balances the pool, and each block stops at the keys
     // its last query can see (half the work of masking a full square for a causal prefill).
     let blocks = m.div_ceil(QUERY_BLOCK);
@@ -91,14 +95,7 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                 let n = SUB_TILE.min(tile.len - off);
                 let keys = &tile.keys[(off * kw + kvh * hd)..];
                 let values = &tile.values[(off * kw + kvh * hd)..];
-                if mq < GEMM_MIN_QUERIES {
-                    for i in 0..mq {
-                        let qh = &qp[i * qw + h * hd..i * qw + (h + 1) * hd];
-                        for (j, sj) in s[i * n..(i + 1) * n].iter_mut().enumerate() {
-                            *sj = dot_f32(isa, qh, &keys[j * kw..j * kw + hd]) * scale;
-                        }
-                    }
-                } else {
+                {
                     // SAFETY: s is mq x n (row stride n); q rows have stride qw; keys/values rows
                     // have stride kw and n rows remain from `off` (asserted tile shapes).
                     unsafe {
@@ -133,16 +130,7 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                     }
                 }
                 // acc (mq x hd) += P (mq x n) · V (n x hd).
-                if mq < GEMM_MIN_QUERIES {
-                    for i in 0..mq {
-                        let a = &mut acc[i * hd..(i + 1) * hd];
-                        for (j, &p) in s[i * n..(i + 1) * n].iter().enumerate() {
-                            if p != 0.0 {
-                                a.iter_mut().zip(&values[j * kw..j * kw + hd]).for_each(|(a, v)| *a += p * v);
-                            }
-                        }
-                    }
-                } else {
+                {
                     // SAFETY: shapes as above.
                     unsafe {
                         gemm::gemm(
@@ -164,4 +152,88 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
             }
         }
     });
+}
+
+/// One task's partial softmax state for every (query row, head of the group).
+struct Partial {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+/// Flash-decoding for a few queries: tasks are (KV head, range of keys); each task scores all
+/// query heads sharing the KV head against each key it reads (the cache is read once per KV
+/// head, not once per query head), and the partial softmax states are merged at the end.
+fn decode_attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[KvTile<'_>], out: &mut [f32]) {
+    let (hd, qw, kw) = (shape.head_dim, shape.q_width(), shape.kv_width());
+    let group = shape.n_heads / shape.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let isa = CpuCaps::detect().best_isa();
+    let end = pos0 + m; // keys at positions < end can be visible
+    // Key ranges: (tile index, offset, len), at most DECODE_SPLIT keys each.
+    let mut ranges = Vec::new();
+    for (ti, t) in tiles.iter().enumerate() {
+        let visible = end.saturating_sub(t.start).min(t.len);
+        ranges.extend((0..visible).step_by(DECODE_SPLIT).map(|o| (ti, o, DECODE_SPLIT.min(visible - o))));
+    }
+    let rows = m * group;
+    let tasks: Vec<(usize, usize)> = (0..shape.n_kv_heads).flat_map(|g| (0..ranges.len()).map(move |r| (g, r))).collect();
+    let partials: Vec<Partial> = tasks
+        .par_iter()
+        .map(|&(g, r)| {
+            let (ti, off, len) = ranges[r];
+            let tile = &tiles[ti];
+            let mut p = Partial { max: vec![f32::NEG_INFINITY; rows], sum: vec![0.0; rows], acc: vec![0.0; rows * hd] };
+            let mut scores = vec![0f32; rows];
+            for j in off..off + len {
+                let pos = tile.start + j;
+                let key = &tile.keys[j * kw + g * hd..j * kw + (g + 1) * hd];
+                let value = &tile.values[j * kw + g * hd..j * kw + (g + 1) * hd];
+                for i in 0..m {
+                    if pos > pos0 + i {
+                        scores[i * group..(i + 1) * group].fill(f32::NEG_INFINITY);
+                        continue;
+                    }
+                    for hh in 0..group {
+                        let h = g * group + hh;
+                        scores[i * group + hh] = dot_f32(isa, &q[i * qw + h * hd..i * qw + (h + 1) * hd], key) * scale;
+                    }
+                }
+                for (row, &sc) in scores.iter().enumerate() {
+                    if sc == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let acc = &mut p.acc[row * hd..(row + 1) * hd];
+                    if sc > p.max[row] {
+                        let corr = (p.max[row] - sc).exp();
+                        p.sum[row] *= corr;
+                        acc.iter_mut().for_each(|a| *a *= corr);
+                        p.max[row] = sc;
+                    }
+                    let w = (sc - p.max[row]).exp();
+                    p.sum[row] += w;
+                    axpy_f32(isa, w, value, acc);
+                }
+            }
+            p
+        })
+        .collect();
+    for g in 0..shape.n_kv_heads {
+        for row in 0..rows {
+            let (i, hh) = (row / group, row % group);
+            let h = g * group + hh;
+            let parts = &partials[g * ranges.len()..(g + 1) * ranges.len()];
+            let mx = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.max[row]));
+            let dst = &mut out[i * qw + h * hd..i * qw + (h + 1) * hd];
+            dst.fill(0.0);
+            let mut total = 0f32;
+            for p in parts.iter().filter(|p| p.max[row] > f32::NEG_INFINITY) {
+                let c = (p.max[row] - mx).exp();
+                total += p.sum[row] * c;
+                dst.iter_mut().zip(&p.acc[row * hd..(row + 1) * hd]).for_each(|(d, a)| *d += a * c);
+            }
+            let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+            dst.iter_mut().for_each(|d| *d *= inv);
+        }
+    }
 }

@@ -4,7 +4,7 @@ mod common;
 
 use common::{assert_close, randn, random_weights, rng};
 use tessera_kernels::attention::{attention, AttnShape, KvTile};
-use tessera_kernels::cpu::dot::{dot_f32, QuantDot};
+use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, QuantDot};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, Q8Block};
 use tessera_kernels::ggml::GgmlType;
@@ -75,6 +75,23 @@ fn quant_dot_scalar_matches_float_reference() {
             .sum();
         let got = q.dot(Isa::Scalar, &w, &a) as f64;
         assert!((got - exact).abs() <= bound, "{}: {got} vs {exact} (bound {bound})", q.name());
+    }
+}
+
+#[test]
+fn f32_axpy_simd_matches_scalar() {
+    let mut r = rng(7);
+    for n in [1, 7, 8, 9, 64, 67] {
+        let x = randn(&mut r, n);
+        let y0 = randn(&mut r, n);
+        let mut want = y0.clone();
+        axpy_f32(Isa::Scalar, 0.37, &x, &mut want);
+        for isa in simd_isas() {
+            let mut got = y0.clone();
+            axpy_f32(isa, 0.37, &x, &mut got);
+            // One FMA vs multiply-then-add: at most one rounding apart.
+            assert_close(&got, &want, 1e-6, 1e-6, &format!("axpy n={n}"));
+        }
     }
 }
 
@@ -184,6 +201,12 @@ fn attention_matches_reference() {
     check_attention(gqa, 5, 300, &[16, 16, 273], 13); // several tiles, one longer than a sub-tile
     check_attention(gqa, 300, 0, &[300], 14); // prefill across sub-tile and query-block boundaries
     check_attention(gqa, 130, 20, &[16, 16, 118], 16); // a later chunk over several tiles
+    // Decode steps (flash-decoding path): several key splits, tiles that straddle them,
+    // and keys past the last query that must stay invisible.
+    check_attention(gqa, 1, 700, &[701], 17);
+    check_attention(gqa, 2, 600, &[100, 300, 250, 16], 18);
+    check_attention(gqa, 3, 257, &[260, 40], 19);
+    check_attention(AttnShape { n_heads: 8, n_kv_heads: 8, head_dim: 32 }, 1, 0, &[5], 20);
     check_attention(AttnShape { n_heads: 4, n_kv_heads: 4, head_dim: 32 }, 3, 2, &[2, 3, 9], 15); // extra keys beyond the queries are masked
 }
 

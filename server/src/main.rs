@@ -25,7 +25,20 @@ enum Command {
     Perplexity(cli::perplexity::PerplexityArgs),
 }
 
+/// Pins glibc's mmap threshold at 1 MiB. By default glibc raises the threshold to the size of
+/// each freed mmapped block, so after one long prefill its multi-MiB activation buffers are
+/// served from, and kept in, the heap; pinned, they go back to the OS when freed and resident
+/// memory tracks the model plus the KV cache.
+fn pin_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt is called once, before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 fn main() -> ExitCode {
+    pin_mmap_threshold();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

@@ -39,6 +39,9 @@ pub trait SequenceKv: Send {
     fn truncate(&mut self, len: usize);
 }
 
+/// Tokens added per growth step of a [`ContiguousKv`].
+const GROW_TOKENS: usize = 256;
+
 /// A contiguous f32 cache for one sequence, grown on demand up to `capacity` tokens.
 #[derive(Debug, Clone)]
 pub struct ContiguousKv {
@@ -71,9 +74,13 @@ impl SequenceKv for ContiguousKv {
         if needed > self.capacity {
             return Err(KvError::Capacity { needed, capacity: self.capacity });
         }
+        // Grow in exact steps of GROW_TOKENS (not Vec's doubling), never past the capacity,
+        // so memory tracks the sequence length.
+        let target = needed.next_multiple_of(GROW_TOKENS).min(self.capacity) * self.kv_width;
         for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
             if buf.len() < needed * self.kv_width {
-                buf.resize(needed * self.kv_width, 0.0);
+                buf.reserve_exact(target - buf.len());
+                buf.resize(target, 0.0);
             }
         }
         Ok(())
@@ -96,5 +103,38 @@ impl SequenceKv for ContiguousKv {
 
     fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grows_in_exact_steps_and_respects_capacity() {
+        let mut kv = ContiguousKv::new(2, 4, 600);
+        kv.reserve(10).unwrap();
+        assert_eq!(kv.allocated_bytes(), 2 * 2 * 256 * 4 * 4);
+        kv.advance(10);
+        kv.reserve(300).unwrap();
+        assert_eq!(kv.allocated_bytes(), 2 * 2 * 512 * 4 * 4);
+        kv.advance(300);
+        kv.reserve(290).unwrap();
+        assert_eq!(kv.allocated_bytes(), 2 * 2 * 600 * 4 * 4, "capped at capacity");
+        assert_eq!(kv.reserve(291), Err(KvError::Capacity { needed: 601, capacity: 600 }));
+    }
+
+    #[test]
+    fn writes_land_at_their_positions_and_truncate_forgets() {
+        let mut kv = ContiguousKv::new(1, 2, 8);
+        kv.reserve(3).unwrap();
+        kv.write(0, 0, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]);
+        kv.write(0, 2, &[9.0, 10.0], &[11.0, 12.0]);
+        kv.advance(3);
+        let t = kv.tiles(0, 3);
+        assert_eq!(t[0].keys, &[1.0, 2.0, 3.0, 4.0, 9.0, 10.0]);
+        assert_eq!(t[0].values, &[5.0, 6.0, 7.0, 8.0, 11.0, 12.0]);
+        kv.truncate(1);
+        assert_eq!(kv.len(), 1);
     }
 }

@@ -128,6 +128,24 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// `y += a · x`.
+pub fn axpy_f32(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len());
+    match isa {
+        Isa::Scalar => y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x),
+        Isa::Avx2 => {
+            assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2+FMA presence checked above; equal lengths checked above.
+            unsafe {
+                avx2::f32_axpy(a, x, y)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::super::simd::hsum;
@@ -247,6 +265,24 @@ mod avx2 {
         });
         // SAFETY: AVX is enabled by this function's target features.
         unsafe { hsum(acc) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f32_axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        let n = x.len();
+        let av = _mm256_set1_ps(a);
+        let mut i = 0;
+        // SAFETY: every access is within 0..n, checked by the loop bounds.
+        unsafe {
+            while i + 8 <= n {
+                let v = _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(y.as_ptr().add(i)));
+                _mm256_storeu_ps(y.as_mut_ptr().add(i), v);
+                i += 8;
+            }
+        }
+        for j in i..n {
+            y[j] += a * x[j];
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
