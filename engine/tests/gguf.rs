@@ -254,3 +254,45 @@ fn common_model() -> Option<std::path::PathBuf> {
     assert!(p.exists(), "default model missing: run scripts/fetch-default-model.sh (the test command does)");
     Some(p)
 }
+
+/// Random damage to a valid file (byte flips, truncations, inflated counts and lengths) is
+/// always either accepted or rejected with an error: the reader never panics and never
+/// allocates from an unchecked count (an absurd allocation would abort the test).
+#[test]
+fn random_corruptions_never_panic() {
+    use rand::{Rng, SeedableRng};
+    let good = std::fs::read(fixture("gguf/independent.gguf")).unwrap();
+    let header_end = 3072; // data_offset in independent.json: damage the header, where parsing happens
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99);
+    let (mut accepted, mut rejected) = (0, 0);
+    for _ in 0..3000 {
+        let mut b = good.clone();
+        match rng.gen_range(0..4) {
+            0 => {
+                for _ in 0..rng.gen_range(1..8) {
+                    let i = rng.gen_range(0..header_end);
+                    b[i] ^= 1 << rng.gen_range(0..8);
+                }
+            }
+            1 => b.truncate(rng.gen_range(0..good.len())),
+            2 => {
+                // A u64 somewhere in the header set to a huge value (a count, length or dimension).
+                let i = rng.gen_range(0..header_end - 8);
+                b[i..i + 8].copy_from_slice(&(u64::MAX >> rng.gen_range(0..40)).to_le_bytes());
+            }
+            _ => {
+                let i = rng.gen_range(0..header_end);
+                b[i] = rng.gen();
+            }
+        }
+        match std::panic::catch_unwind(|| parse_bytes(&b)) {
+            Ok(Ok(_)) => accepted += 1,
+            Ok(Err(e)) => {
+                assert!(!e.to_string().is_empty());
+                rejected += 1;
+            }
+            Err(_) => panic!("parser panicked on a corrupted file"),
+        }
+    }
+    assert!(rejected > 1000, "most corruptions are detected ({accepted} accepted, {rejected} rejected)");
+}

@@ -111,7 +111,7 @@ impl LlamaModel {
             });
         }
         let head_name = if c.tie_word_embeddings { "token_embd.weight" } else { "output.weight" };
-        Ok(LlamaModel {
+        let model = LlamaModel {
             final_norm: norm_weights(ckpt.tensor("output_norm.weight")?, h)?,
             lm_head: lin(head_name, c.vocab_size, h)?,
             rope: Rope::new(c.head_dim, c.rope_theta),
@@ -119,7 +119,22 @@ impl LlamaModel {
             embed,
             blocks,
             config: c,
-        })
+        };
+        model.log_plan();
+        Ok(model)
+    }
+
+    /// Logs the kernel plan: one line per distinct (storage, kernel) at info, every layer at debug.
+    fn log_plan(&self) {
+        let plan = self.plan();
+        let mut counts = std::collections::BTreeMap::new();
+        for e in &plan {
+            tracing::debug!(tensor = %e.tensor, storage = %e.storage, shape = ?e.shape, kernel = %e.kernel, "linear layer");
+            *counts.entry((e.storage.name(), e.kernel.clone())).or_insert(0usize) += 1;
+        }
+        for ((storage, kernel), n) in counts {
+            tracing::info!(layers = n, %storage, %kernel, "kernel plan");
+        }
     }
 
     /// Hyper-parameters.
