@@ -184,35 +184,40 @@ fn decode_attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &
             let (ti, off, len) = ranges[r];
             let tile = &tiles[ti];
             let mut p = Partial { max: vec![f32::NEG_INFINITY; rows], sum: vec![0.0; rows], acc: vec![0.0; rows * hd] };
-            let mut scores = vec![0f32; rows];
-            for j in off..off + len {
-                let pos = tile.start + j;
-                let key = &tile.keys[j * kw + g * hd..j * kw + (g + 1) * hd];
-                let value = &tile.values[j * kw + g * hd..j * kw + (g + 1) * hd];
-                for i in 0..m {
-                    if pos > pos0 + i {
-                        scores[i * group..(i + 1) * group].fill(f32::NEG_INFINITY);
-                        continue;
-                    }
-                    for hh in 0..group {
-                        let h = g * group + hh;
-                        scores[i * group + hh] = dot_f32(isa, &q[i * qw + h * hd..i * qw + (h + 1) * hd], key) * scale;
+            // Pass 1: all scores of this range (row-major: query row x key), masked keys -inf.
+            let mut scores = vec![f32::NEG_INFINITY; rows * len];
+            for i in 0..m {
+                let visible = (pos0 + i + 1).saturating_sub(tile.start + off).min(len);
+                for hh in 0..group {
+                    let h = g * group + hh;
+                    let qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
+                    let row = &mut scores[(i * group + hh) * len..(i * group + hh) * len + visible];
+                    for (jj, sc) in row.iter_mut().enumerate() {
+                        let j = off + jj;
+                        *sc = dot_f32(isa, qh, &tile.keys[j * kw + g * hd..j * kw + (g + 1) * hd]) * scale;
                     }
                 }
-                for (row, &sc) in scores.iter().enumerate() {
-                    if sc == f32::NEG_INFINITY {
-                        continue;
+            }
+            // Pass 2: one max and one exp per score, then the weighted sum of values.
+            for row in 0..rows {
+                let sc = &mut scores[row * len..(row + 1) * len];
+                let mx = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                if mx == f32::NEG_INFINITY {
+                    continue;
+                }
+                let mut sum = 0f32;
+                for v in sc.iter_mut() {
+                    *v = (*v - mx).exp();
+                    sum += *v;
+                }
+                p.max[row] = mx;
+                p.sum[row] = sum;
+                let acc = &mut p.acc[row * hd..(row + 1) * hd];
+                for (jj, &w) in sc.iter().enumerate() {
+                    if w != 0.0 {
+                        let j = off + jj;
+                        axpy_f32(isa, w, &tile.values[j * kw + g * hd..j * kw + (g + 1) * hd], acc);
                     }
-                    let acc = &mut p.acc[row * hd..(row + 1) * hd];
-                    if sc > p.max[row] {
-                        let corr = (p.max[row] - sc).exp();
-                        p.sum[row] *= corr;
-                        acc.iter_mut().for_each(|a| *a *= corr);
-                        p.max[row] = sc;
-                    }
-                    let w = (sc - p.max[row]).exp();
-                    p.sum[row] += w;
-                    axpy_f32(isa, w, value, acc);
                 }
             }
             p

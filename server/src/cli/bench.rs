@@ -1,6 +1,7 @@
 //! `tessera bench`: llama-bench's two measurements on this engine, so they compare directly.
 //! `pp N`: one forward pass over N random prompt tokens from an empty cache.
 //! `tg N`: N single-token decode steps (greedy) after one start token.
+//! With `--depth D`, each test starts from a cache already holding D tokens (llama-bench's `-d`).
 //! Each is repeated; mean ± sample standard deviation of tokens/s is reported, and the
 //! process's peak resident memory.
 
@@ -25,27 +26,38 @@ pub struct BenchArgs {
     /// Generation lengths to time (0 to skip).
     #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
     tg: Vec<usize>,
+    /// Context depth: tokens already in the cache (prefilled, untimed) before each test, as llama-bench's `-d`.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    depth: usize,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
 }
 
-fn cache(m: &LlamaModel) -> ContiguousKv {
+/// A cache already holding `depth` random tokens.
+fn cache(m: &LlamaModel, depth: usize, rng: &mut rand::rngs::StdRng) -> Result<ContiguousKv> {
     let c = m.config();
-    ContiguousKv::new(c.num_layers, m.kv_width(), c.max_position_embeddings)
+    let mut kv = ContiguousKv::new(c.num_layers, m.kv_width(), c.max_position_embeddings);
+    if depth > 0 {
+        let tokens: Vec<u32> = (0..depth).map(|_| rng.gen_range(0..c.vocab_size as u32)).collect();
+        for chunk in tokens.chunks(512) {
+            m.forward(&mut [SeqInput { tokens: chunk, kv: &mut kv, logits_from: None }])?;
+        }
+    }
+    Ok(kv)
 }
 
-fn time_pp(m: &LlamaModel, n: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
+fn time_pp(m: &LlamaModel, n: usize, depth: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
     let vocab = m.config().vocab_size as u32;
+    let mut kv = cache(m, depth, rng)?;
     let tokens: Vec<u32> = (0..n).map(|_| rng.gen_range(0..vocab)).collect();
-    let mut kv = cache(m);
     let t = Instant::now();
     m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(n - 1) }])?;
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
-fn time_tg(m: &LlamaModel, n: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
-    let mut kv = cache(m);
+fn time_tg(m: &LlamaModel, n: usize, depth: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
+    let mut kv = cache(m, depth, rng)?;
     let mut tok = rng.gen_range(0..m.config().vocab_size as u32);
     let t = Instant::now();
     for _ in 0..n {
@@ -76,17 +88,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let m = &lm.model;
     let file_mib = std::fs::metadata(&path).map(|md| md.len() as f64 / (1 << 20) as f64).unwrap_or(0.0);
     println!("model: {} ({file_mib:.1} MiB) | threads: {} | cpu: {}", path.display(), rayon::current_num_threads(), lm.caps);
-    println!("| {:<8} | {:>16} |", "test", "t/s");
-    println!("| {:-<8} | {:->16} |", "", "");
+    println!("| {:<13} | {:>16} |", "test", "t/s");
+    println!("| {:-<13} | {:->16} |", "", "");
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let tests = args.pp.iter().filter(|&&n| n > 0).map(|&n| ("pp", n)).chain(args.tg.iter().filter(|&&n| n > 0).map(|&n| ("tg", n)));
     for (kind, n) in tests {
         // One warm-up run (page faults, thread pool start), as llama-bench does.
-        let run = |rng: &mut rand::rngs::StdRng| if kind == "pp" { time_pp(m, n, rng) } else { time_tg(m, n, rng) };
+        let d = args.depth;
+        let run = |rng: &mut rand::rngs::StdRng| if kind == "pp" { time_pp(m, n, d, rng) } else { time_tg(m, n, d, rng) };
         run(&mut rng)?;
         let v = (0..args.repetitions.max(1)).map(|_| run(&mut rng)).collect::<Result<Vec<_>>>()?;
         let (mean, sd) = mean_std(&v);
-        println!("| {:<8} | {:>9.2} ± {:>4.2} |", format!("{kind}{n}"), mean, sd);
+        let name = if d > 0 { format!("{kind}{n} @ d{d}") } else { format!("{kind}{n}") };
+        println!("| {name:<13} | {mean:>9.2} ± {sd:>4.2} |");
     }
     if let Some(peak) = peak_rss_mib() {
         println!("peak RSS: {peak:.1} MiB ({:.2}x the model file)", peak / file_mib.max(1e-9));
