@@ -113,7 +113,7 @@ impl LinearKernel {
         assert_eq!(w.ty, self.ty, "kernel selected for {} used on {}", self.ty, w.ty);
         assert_eq!(x.len(), m * w.cols, "activation shape");
         assert!(ldy >= w.rows && (m == 0 || y.len() >= (m - 1) * ldy + w.rows), "output shape");
-        forward_group(&[(self, *w, 0)], x, m, y, ldy);
+        forward_group(&[(self, *w, 0)], x, &[m], y, ldy);
     }
 
     /// The large-batch path: the AVX2 dequantizing micro-kernel, or the portable `gemm` crate.
@@ -164,60 +164,86 @@ fn rows_per_task(rows: usize, align: usize) -> usize {
 /// Runs several matrices that read the same input `x` and write side by side into `y`
 /// (fused Q/K/V or gate/up): `(kernel, weights, first output column)` each.
 ///
-/// Small batches quantize `x` once and cover every row of every matrix in one parallel
-/// region; large batches run each matrix's panel GEMM (parallel inside).
-pub fn forward_group(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
-    let Some(&(_, first, _)) = parts.first() else { return };
+/// `segments` are the token counts of the sequences whose rows make up `x`, in order. Each
+/// segment takes the path its own length selects (int8 dots for short ones, the GEMM for
+/// long ones), and both paths compute every output row independently of the others, so a
+/// sequence's results are bit-identical whatever it is batched with.
+pub fn forward_group(
+    parts: &[(&LinearKernel, WeightView<'_>, usize)],
+    x: &[f32],
+    segments: &[usize],
+    y: &mut [f32],
+    ldy: usize,
+) {
+    let Some(&(first_kern, first, _)) = parts.first() else { return };
     let k = first.cols;
+    let m: usize = segments.iter().sum();
     assert_eq!(x.len(), m * k, "activation shape");
     for (kern, w, col) in parts {
         assert_eq!(w.ty, kern.ty, "kernel selected for {} used on {}", kern.ty, w.ty);
         assert_eq!(w.cols, k, "grouped matrices must share their input width");
+        assert_eq!(kern.policy, first_kern.policy, "grouped matrices must share their path policy");
         assert!(col + w.rows <= ldy && (m == 0 || y.len() >= (m - 1) * ldy + col + w.rows), "output shape");
     }
-    if m == 0 {
-        return;
+    let (mut gemm_rows, mut dot_rows) = (Vec::new(), Vec::new());
+    let mut r = 0;
+    for &len in segments {
+        if first_kern.uses_gemm(len) { &mut gemm_rows } else { &mut dot_rows }.extend(r..r + len);
+        r += len;
     }
-    let mut small = Vec::new();
-    for &(kern, w, col) in parts {
-        if kern.uses_gemm(m) {
+    if gemm_rows.len() == m {
+        for &(kern, w, col) in parts {
             kern.gemm(&w, x, m, &mut y[col..], ldy);
-        } else {
-            small.push((kern, w, col));
+        }
+    } else if !gemm_rows.is_empty() {
+        let gm = gemm_rows.len();
+        let xg: Vec<f32> = gemm_rows.iter().flat_map(|&i| x[i * k..(i + 1) * k].iter().copied()).collect();
+        for &(kern, w, col) in parts {
+            let mut yg = vec![0f32; gm * w.rows];
+            kern.gemm(&w, &xg, gm, &mut yg, w.rows);
+            for (t, &i) in gemm_rows.iter().enumerate() {
+                y[i * ldy + col..i * ldy + col + w.rows].copy_from_slice(&yg[t * w.rows..(t + 1) * w.rows]);
+            }
         }
     }
-    if small.is_empty() {
-        return;
+    if !dot_rows.is_empty() {
+        dot_path(parts, x, &dot_rows, y, ldy);
     }
-    let acts = if small.iter().any(|(kern, _, _)| matches!(kern.small, SmallPath::QuantDot(_))) {
-        let nb = k / Q8_BLOCK;
-        let mut a = vec![Q8Block::default(); m * nb];
-        for (xs, ab) in x.chunks_exact(k).zip(a.chunks_exact_mut(nb)) {
-            quantize_q8(xs, ab);
+}
+
+/// The small-batch path over the given rows of `x`: one activation quantization, one
+/// parallel region over every weight row of every part.
+fn dot_path(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32], rows: &[usize], y: &mut [f32], ldy: usize) {
+    let k = parts[0].1.cols;
+    let nb = k / Q8_BLOCK;
+    let acts = if parts.iter().any(|(kern, _, _)| matches!(kern.small, SmallPath::QuantDot(_))) {
+        let mut a = vec![Q8Block::default(); rows.len() * nb];
+        for (&i, ab) in rows.iter().zip(a.chunks_exact_mut(nb)) {
+            quantize_q8(&x[i * k..(i + 1) * k], ab);
         }
         a
     } else {
         Vec::new()
     };
-    // Tasks are (part, row range) pairs over all parts, sized to balance the pool.
-    let total: usize = small.iter().map(|(_, w, _)| w.rows).sum();
+    // Tasks are (part, weight-row range) pairs over all parts, sized to balance the pool.
+    let total: usize = parts.iter().map(|(_, w, _)| w.rows).sum();
     let chunk = rows_per_task(total, 8);
-    let tasks: Vec<(usize, usize, usize)> = small
+    let tasks: Vec<(usize, usize, usize)> = parts
         .iter()
         .enumerate()
         .flat_map(|(p, (_, w, _))| (0..w.rows).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(w.rows))))
         .collect();
     let out = SyncPtr::new(y.as_mut_ptr());
     tasks.into_par_iter().for_each(|(p, r0, r1)| {
-        let (kern, w, col) = small[p];
+        let (kern, w, col) = parts[p];
         match kern.small {
             SmallPath::QuantDot(q) => {
-                let nb = k / Q8_BLOCK;
                 for r in r0..r1 {
-                    let row = w.row(r);
-                    for (i, a) in acts.chunks_exact(nb).enumerate() {
-                        // SAFETY: (i, col + r) is inside y (asserted above); each (part, row) belongs to one task.
-                        unsafe { *out.get().add(i * ldy + col + r) = q.dot(kern.isa, row, a) };
+                    let wr = w.row(r);
+                    for (&i, a) in rows.iter().zip(acts.chunks_exact(nb)) {
+                        // SAFETY: (i, col + r) is inside y (asserted by the caller); each (part,
+                        // weight row) belongs to one task.
+                        unsafe { *out.get().add(i * ldy + col + r) = q.dot(kern.isa, wr, a) };
                     }
                 }
             }
@@ -225,9 +251,9 @@ pub fn forward_group(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32]
                 let mut buf = vec![0f32; k];
                 for r in r0..r1 {
                     dequantize_row(w.ty, w.row(r), &mut buf);
-                    for (i, xs) in x.chunks_exact(k).enumerate() {
+                    for &i in rows {
                         // SAFETY: as above.
-                        unsafe { *out.get().add(i * ldy + col + r) = dot_f32(kern.isa, &buf, xs) };
+                        unsafe { *out.get().add(i * ldy + col + r) = dot_f32(kern.isa, &buf, &x[i * k..(i + 1) * k]) };
                     }
                 }
             }

@@ -66,14 +66,15 @@ impl Linear {
         WeightView { ty: self.ty, rows: self.rows, cols: self.cols, data: self.data.bytes() }
     }
 
-    /// `y[i * ldy + j] = Σ_k x[i, k] W[j, k]` for `m` rows of `x`.
-    pub fn forward(&self, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
-        self.kernel.forward(&self.view(), x, m, y, ldy);
+    /// `y[i * ldy + j] = Σ_k x[i, k] W[j, k]` for the rows of `x`, which belong to sequences
+    /// of `segments` tokens (each segment picks its kernel path by its own length).
+    pub fn forward(&self, x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
+        Self::forward_fused(&[self], x, segments, y, ldy);
     }
 
     /// Several layers reading the same input, writing side by side (`[a | b | c]` per row of
     /// `y`, row stride `ldy`): one activation quantization and one parallel region.
-    pub fn forward_fused(layers: &[&Linear], x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+    pub fn forward_fused(layers: &[&Linear], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
         let mut col = 0;
         let parts: Vec<_> = layers
             .iter()
@@ -83,7 +84,7 @@ impl Linear {
                 p
             })
             .collect();
-        forward_group(&parts, x, m, y, ldy);
+        forward_group(&parts, x, segments, y, ldy);
     }
 
     /// This layer's plan entry.

@@ -214,6 +214,7 @@ impl LlamaModel {
                 .collect()
         };
         let m: usize = spans.iter().map(|s| s.1).sum();
+        let segments: Vec<usize> = spans.iter().map(|s| s.1).collect();
         let rope_table = self.rope.table(spans.iter().flat_map(|&(_, n, p0)| p0..p0 + n));
         let half = self.rope.half_dim();
 
@@ -235,7 +236,7 @@ impl LlamaModel {
         let mut vbuf = Vec::new();
         for (li, b) in self.blocks.iter().enumerate() {
             rms_norm(&x, &b.attn_norm, c.rms_norm_eps, &mut normed);
-            Linear::forward_fused(&[&b.wq, &b.wk, &b.wv], &normed, m, &mut qkv, qkv_w);
+            Linear::forward_fused(&[&b.wq, &b.wk, &b.wv], &normed, &segments, &mut qkv, qkv_w);
             for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
                 let cs = &rope_table[t * half..(t + 1) * half];
                 let (qr, rest) = row.split_at_mut(qw);
@@ -254,31 +255,41 @@ impl LlamaModel {
                 let tiles = s.kv.tiles(li, p0 + n);
                 attention(self.shape, &q[r0 * qw..(r0 + n) * qw], n, p0, &tiles, &mut attn[r0 * qw..(r0 + n) * qw]);
             }
-            b.wo.forward(&attn, m, &mut tmp, h);
+            b.wo.forward(&attn, &segments, &mut tmp, h);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
 
             rms_norm(&x, &b.ffn_norm, c.rms_norm_eps, &mut normed);
-            Linear::forward_fused(&[&b.gate, &b.up], &normed, m, &mut gu, 2 * ffn);
+            Linear::forward_fused(&[&b.gate, &b.up], &normed, &segments, &mut gu, 2 * ffn);
             silu_mul(&gu, ffn, &mut act);
-            b.down.forward(&act, m, &mut tmp, h);
+            b.down.forward(&act, &segments, &mut tmp, h);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
         }
         for (s, &(_, n, _)) in batch.iter_mut().zip(&spans) {
             s.kv.advance(n);
         }
 
+        // All requested rows of all sequences through the output head in one call (one pass
+        // over its weights), each sequence's rows a segment.
+        let wanted: Vec<(usize, usize)> = batch
+            .iter()
+            .zip(&spans)
+            .map(|(s, &(r0, n, _))| s.logits_from.map_or((r0, 0), |from| (r0 + from, n - from)))
+            .collect();
+        let rows: usize = wanted.iter().map(|w| w.1).sum();
+        let mut hn = vec![0f32; rows * h];
+        let mut at = 0;
+        for &(r, n) in &wanted {
+            rms_norm(&x[r * h..(r + n) * h], &self.final_norm, c.rms_norm_eps, &mut hn[at * h..(at + n) * h]);
+            at += n;
+        }
+        let mut logits = vec![0f32; rows * vocab];
+        let segments: Vec<usize> = wanted.iter().map(|w| w.1).filter(|&n| n > 0).collect();
+        self.lm_head.forward(&hn, &segments, &mut logits, vocab);
         let mut out = Vec::with_capacity(batch.len());
-        for (s, &(r0, n, _)) in batch.iter().zip(&spans) {
-            let Some(from) = s.logits_from else {
-                out.push(Vec::new());
-                continue;
-            };
-            let rows = n - from;
-            let mut hn = vec![0f32; rows * h];
-            rms_norm(&x[(r0 + from) * h..(r0 + n) * h], &self.final_norm, c.rms_norm_eps, &mut hn);
-            let mut logits = vec![0f32; rows * vocab];
-            self.lm_head.forward(&hn, rows, &mut logits, vocab);
-            out.push(logits);
+        let mut at = 0;
+        for &(_, n) in &wanted {
+            out.push(logits[at * vocab..(at + n) * vocab].to_vec());
+            at += n;
         }
         Ok(out)
     }
