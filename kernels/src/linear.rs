@@ -13,7 +13,7 @@
 
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::SyncPtr;
-use crate::cpu::dot::{dot_f32, QuantDot};
+use crate::cpu::dot::{dot_f32, QuantDot, MULTI_TOKENS};
 use crate::ggml::act_quant::{quantize_q8, Q8Block, Q8_BLOCK};
 use crate::ggml::{dequantize_row, GgmlType};
 use rayon::prelude::*;
@@ -238,12 +238,20 @@ fn dot_path(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32], rows: &
         let (kern, w, col) = parts[p];
         match kern.small {
             SmallPath::QuantDot(q) => {
+                let mut res = [0f32; MULTI_TOKENS];
                 for r in r0..r1 {
                     let wr = w.row(r);
-                    for (&i, a) in rows.iter().zip(acts.chunks_exact(nb)) {
-                        // SAFETY: (i, col + r) is inside y (asserted by the caller); each (part,
-                        // weight row) belongs to one task.
-                        unsafe { *out.get().add(i * ldy + col + r) = q.dot(kern.isa, wr, a) };
+                    for (ids, ab) in rows.chunks(MULTI_TOKENS).zip(acts.chunks(MULTI_TOKENS * nb)) {
+                        let mut a: [&[Q8Block]; MULTI_TOKENS] = [&[]; MULTI_TOKENS];
+                        for (slot, row_acts) in a.iter_mut().zip(ab.chunks_exact(nb)) {
+                            *slot = row_acts;
+                        }
+                        q.dot_multi(kern.isa, wr, &a[..ids.len()], &mut res[..ids.len()]);
+                        for (&i, &v) in ids.iter().zip(&res) {
+                            // SAFETY: (i, col + r) is inside y (asserted by the caller); each
+                            // (part, weight row) belongs to one task.
+                            unsafe { *out.get().add(i * ldy + col + r) = v };
+                        }
                     }
                 }
             }

@@ -74,6 +74,34 @@ impl QuantDot {
         }
     }
 
+    /// `out[t] = self.dot(isa, w, acts[t])` for up to [`MULTI_TOKENS`] activation rows, each
+    /// weight block unpacked once for all of them. Bit-identical to calling [`Self::dot`] per
+    /// row (same operations in the same order per row), so batching never changes a result.
+    pub fn dot_multi(self, isa: Isa, w: &[u8], acts: &[&[Q8Block]], out: &mut [f32]) {
+        assert!(acts.len() <= MULTI_TOKENS && out.len() == acts.len());
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx2 && self != QuantDot::Q4_0 {
+            assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+            for a in acts {
+                assert_eq!(w.len(), a.len() * self.block_bytes(), "{} row length", self.name());
+            }
+            // SAFETY: AVX2+FMA presence and lengths checked above.
+            unsafe {
+                match acts.len() {
+                    4 => out.copy_from_slice(&avx2::multi::<4>(self, w, acts.try_into().expect("4"))),
+                    3 => out.copy_from_slice(&avx2::multi::<3>(self, w, acts.try_into().expect("3"))),
+                    2 => out.copy_from_slice(&avx2::multi::<2>(self, w, acts.try_into().expect("2"))),
+                    1 => out[0] = self.dot(isa, w, acts[0]),
+                    _ => {}
+                }
+            }
+            return;
+        }
+        for (o, a) in out.iter_mut().zip(acts) {
+            *o = self.dot(isa, w, a);
+        }
+    }
+
     fn dot_scalar(self, w: &[u8], a: &[Q8Block]) -> f32 {
         let bb = self.block_bytes();
         let mut sum = 0f32;
@@ -109,6 +137,9 @@ impl QuantDot {
         sum
     }
 }
+
+/// Most activation rows [`QuantDot::dot_multi`] takes at once.
+pub const MULTI_TOKENS: usize = 4;
 
 /// `Σ a·b` in f32.
 pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
@@ -242,6 +273,60 @@ mod avx2 {
         });
         // SAFETY: AVX is enabled by this function's target features.
         unsafe { hsum(acc) + mins }
+    }
+
+    /// Q4_1 or Q8_0 weights against T activation rows; per row the exact operation sequence of
+    /// [`q4_1`] / [`q8_0`] (two accumulators alternating by block parity, mins summed in block order).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn multi<const T: usize>(kind: super::QuantDot, w: &[u8], a: [&[Q8Block]; T]) -> [f32; T] {
+        let bb = kind.block_bytes();
+        let nb = w.len() / bb;
+        let q4_1 = kind == super::QuantDot::Q4_1;
+        let mut mins = [0f32; T];
+        let mut acc0 = [_mm256_setzero_ps(); T];
+        let mut acc1 = [_mm256_setzero_ps(); T];
+        // Block `$bi` against every row into accumulator set `$acc`; a macro so that both
+        // accumulator sets stay in registers (a helper function or closure is not inlined).
+        macro_rules! block {
+            ($bi:expr, $acc:ident) => {{
+                let bi = $bi;
+                let b = &w[bi * bb..(bi + 1) * bb];
+                if q4_1 {
+                    let (d, m) = f16_pair(b);
+                    let q = nibbles(&b[4..]);
+                    for t in 0..T {
+                        let ab = &a[t][bi];
+                        mins[t] += m * ab.s;
+                        let p = dot_u8_i8(q, acts(ab));
+                        $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * ab.d), $acc[t]);
+                    }
+                } else {
+                    let d = f16_one(b);
+                    let q = load32(&b[2..]);
+                    for t in 0..T {
+                        let ab = &a[t][bi];
+                        let p = dot_i8(q, acts(ab));
+                        $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * ab.d), $acc[t]);
+                    }
+                }
+            }};
+        }
+        let mut bi = 0;
+        while bi + 1 < nb {
+            block!(bi, acc0);
+            block!(bi + 1, acc1);
+            bi += 2;
+        }
+        if bi < nb {
+            block!(bi, acc0);
+        }
+        let mut out = [0f32; T];
+        for t in 0..T {
+            // SAFETY: AVX is enabled by this function's target features.
+            let h = unsafe { hsum(_mm256_add_ps(acc0[t], acc1[t])) };
+            out[t] = if q4_1 { h + mins[t] } else { h };
+        }
+        out
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -1,7 +1,8 @@
 //! `tessera bench`: llama-bench's two measurements on this engine, so they compare directly.
 //! `pp N`: one forward pass over N random prompt tokens from an empty cache.
 //! `tg N`: N single-token decode steps (greedy) after one start token.
-//! With `--depth D`, each test starts from a cache already holding D tokens (llama-bench's `-d`).
+//! With `--depth D`, each test starts from a cache already holding D tokens (llama-bench's `-d`);
+//! with `--batch B`, tg runs B sequences in lockstep through the batched forward pass.
 //! Each is repeated; mean ± sample standard deviation of tokens/s is reported, and the
 //! process's peak resident memory.
 
@@ -29,6 +30,9 @@ pub struct BenchArgs {
     /// Context depth: tokens already in the cache (prefilled, untimed) before each test, as llama-bench's `-d`.
     #[arg(short = 'd', long, default_value_t = 0)]
     depth: usize,
+    /// Sequences decoding together in tg tests (aggregate tokens/s is reported).
+    #[arg(short = 'b', long, default_value_t = 1)]
+    batch: usize,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
@@ -56,15 +60,21 @@ fn time_pp(m: &LlamaModel, n: usize, depth: usize, rng: &mut rand::rngs::StdRng)
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
-fn time_tg(m: &LlamaModel, n: usize, depth: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
-    let mut kv = cache(m, depth, rng)?;
-    let mut tok = rng.gen_range(0..m.config().vocab_size as u32);
+/// `n` decode steps of `batch` sequences in lockstep; aggregate tokens/s.
+fn time_tg(m: &LlamaModel, n: usize, depth: usize, batch: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
+    let mut kvs = (0..batch).map(|_| cache(m, depth, rng)).collect::<Result<Vec<_>>>()?;
+    let mut toks: Vec<u32> = (0..batch).map(|_| rng.gen_range(0..m.config().vocab_size as u32)).collect();
     let t = Instant::now();
     for _ in 0..n {
-        let l = m.forward(&mut [SeqInput { tokens: &[tok], kv: &mut kv, logits_from: Some(0) }])?;
-        tok = argmax(&l[0]);
+        let mut inputs: Vec<SeqInput<'_>> = toks
+            .iter()
+            .zip(kvs.iter_mut())
+            .map(|(tok, kv)| SeqInput { tokens: std::slice::from_ref(tok), kv, logits_from: Some(0) })
+            .collect();
+        let logits = m.forward(&mut inputs)?;
+        toks = logits.iter().map(|l| argmax(l)).collect();
     }
-    Ok(n as f64 / t.elapsed().as_secs_f64())
+    Ok((n * batch) as f64 / t.elapsed().as_secs_f64())
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -94,12 +104,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let tests = args.pp.iter().filter(|&&n| n > 0).map(|&n| ("pp", n)).chain(args.tg.iter().filter(|&&n| n > 0).map(|&n| ("tg", n)));
     for (kind, n) in tests {
         // One warm-up run (page faults, thread pool start), as llama-bench does.
-        let d = args.depth;
-        let run = |rng: &mut rand::rngs::StdRng| if kind == "pp" { time_pp(m, n, d, rng) } else { time_tg(m, n, d, rng) };
+        let (d, b) = (args.depth, args.batch.max(1));
+        let run = |rng: &mut rand::rngs::StdRng| if kind == "pp" { time_pp(m, n, d, rng) } else { time_tg(m, n, d, b, rng) };
         run(&mut rng)?;
         let v = (0..args.repetitions.max(1)).map(|_| run(&mut rng)).collect::<Result<Vec<_>>>()?;
         let (mean, sd) = mean_std(&v);
-        let name = if d > 0 { format!("{kind}{n} @ d{d}") } else { format!("{kind}{n}") };
+        let mut name = if d > 0 { format!("{kind}{n} @ d{d}") } else { format!("{kind}{n}") };
+        if kind == "tg" && b > 1 {
+            name = format!("{name} x{b}");
+        }
         println!("| {name:<13} | {mean:>9.2} ± {sd:>4.2} |");
     }
     if let Some(peak) = peak_rss_mib() {
