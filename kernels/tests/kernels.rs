@@ -4,7 +4,7 @@ mod common;
 
 use common::{assert_close, randn, random_weights, rng};
 use tessera_kernels::attention::{attention, AttnShape, KvTile};
-use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, QuantDot};
+use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, QuantDot, MULTI_TOKENS};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, Q8Block};
 use tessera_kernels::ggml::GgmlType;
@@ -45,6 +45,35 @@ fn quant_dot_simd_matches_scalar() {
             for isa in simd_isas() {
                 let v = q.dot(isa, &w, &a);
                 assert!((v - s).abs() <= 1e-5 * scale + 1e-6, "{} k={k} {:?}: {v} vs {s}", q.name(), isa);
+            }
+        }
+    }
+}
+
+/// The multi-token dot is bit-identical to the single-token dot for every row, at every ISA
+/// and row count (what makes batched decode give the same tokens as decode alone).
+#[test]
+fn multi_token_dot_is_bit_identical_to_single() {
+    let mut r = rng(8);
+    for (q, ty) in [(QuantDot::Q4_0, GgmlType::Q4_0), (QuantDot::Q4_1, GgmlType::Q4_1), (QuantDot::Q8_0, GgmlType::Q8_0)] {
+        for k in [32, 64, 96, 576] {
+            let w = random_weights(&mut r, ty, 1, k);
+            let acts: Vec<Vec<Q8Block>> = (0..MULTI_TOKENS)
+                .map(|_| {
+                    let mut a = vec![Q8Block::default(); k / 32];
+                    quantize_q8(&randn(&mut r, k), &mut a);
+                    a
+                })
+                .collect();
+            for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
+                for n in 1..=MULTI_TOKENS {
+                    let refs: Vec<&[Q8Block]> = acts[..n].iter().map(|a| a.as_slice()).collect();
+                    let mut out = vec![f32::NAN; n];
+                    q.dot_multi(isa, &w, &refs, &mut out);
+                    for (t, a) in refs.iter().enumerate() {
+                        assert_eq!(out[t].to_bits(), q.dot(isa, &w, a).to_bits(), "{} {isa:?} k={k} n={n} row {t}", q.name());
+                    }
+                }
             }
         }
     }
