@@ -1,12 +1,13 @@
 //! Linear layers `y = x · Wᵀ` over weights kept in their GGML storage type.
 //!
-//! Two paths, chosen per call by the batch size:
-//! - **small batches (decode)**: activations are quantized per token to 8-bit blocks and
-//!   dotted with the weight blocks using integer SIMD (llama.cpp's method); types without
-//!   an integer kernel dequantize each weight row and use an f32 dot.
-//! - **large batches (prefill)**: weight rows are dequantized panel by panel into a
-//!   cache-resident f32 buffer and multiplied with a GEMM micro-kernel (`gemm` crate),
-//!   activations stay f32.
+//! Two paths, chosen per sequence segment by its token count (see [`LinearPolicy`]):
+//! - **short segments (decode)**: activations are quantized per token to 8-bit blocks and
+//!   dotted with the weight blocks using integer SIMD (llama.cpp's method), up to four tokens
+//!   per pass over a weight row; types without an integer kernel dequantize each weight row
+//!   and use an f32 dot.
+//! - **long segments (prefill)**: weight rows are dequantized into packed, cache-resident f32
+//!   slivers and multiplied with a GEMM micro-kernel (`cpu::sgemm` on AVX2, the `gemm`
+//!   crate's elsewhere); activations stay f32.
 //!
 //! A [`LinearKernel`] is selected once per layer at load and prints as a kernel id, so the
 //! per-layer plan is data.
@@ -130,7 +131,7 @@ impl LinearKernel {
         m >= self.policy.gemm_min_tokens
     }
 
-    /// Kernel id for plans, e.g. `cpu.q4_1*q8_1.avx2 | cpu.panel-gemm.f32 (m>=8)`.
+    /// Kernel id for plans, e.g. `cpu.q4_1*q8_1.avx2 (m<32) | cpu.dequant-sgemm.6x16.avx2 (m>=32)`.
     pub fn id(&self) -> String {
         self.to_string()
     }
