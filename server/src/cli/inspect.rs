@@ -1,4 +1,4 @@
-//! `tessera inspect`: architecture, tensors with their storage types, and the kernel plan.
+//! `tessera inspect`: architecture, every tensor with its storage type, and the kernel plan.
 
 use super::model_path::ModelArg;
 use anyhow::Result;
@@ -10,9 +10,9 @@ use tessera_kernels::linear::LinearPolicy;
 pub struct InspectArgs {
     #[command(flatten)]
     model: ModelArg,
-    /// Also list every tensor.
+    /// Only the summary and the kernel plan, not every tensor.
     #[arg(long)]
-    tensors: bool,
+    brief: bool,
 }
 
 /// Runs the command.
@@ -37,7 +37,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         bytes += t.data.bytes().len();
     }
     println!("tensors: {} ({:.1} MiB): {:?}", ck.tensors.len(), bytes as f64 / (1 << 20) as f64, counts);
-    if args.tensors {
+    if !args.brief {
         for (name, t) in &ck.tensors {
             println!("  {name:<28} {:<5} {:?}", t.ty.name(), t.shape);
         }
