@@ -238,6 +238,15 @@ fn dot_path(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32], rows: &
     tasks.into_par_iter().for_each(|(p, r0, r1)| {
         let (kern, w, col) = parts[p];
         match kern.small {
+            SmallPath::QuantDot(q) if rows.len() == 1 => {
+                // One token (the common decode step): a plain loop, no per-row dispatch.
+                let i = rows[0];
+                for r in r0..r1 {
+                    // SAFETY: (i, col + r) is inside y (asserted by the caller); each (part,
+                    // weight row) belongs to one task.
+                    unsafe { *out.get().add(i * ldy + col + r) = q.dot(kern.isa, w.row(r), &acts) };
+                }
+            }
             SmallPath::QuantDot(q) => {
                 let mut res = [0f32; MULTI_TOKENS];
                 for r in r0..r1 {
