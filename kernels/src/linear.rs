@@ -239,13 +239,14 @@ fn dot_path(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32], rows: &
         let (kern, w, col) = parts[p];
         match kern.small {
             SmallPath::QuantDot(q) if rows.len() == 1 => {
-                // One token (the common decode step): a plain loop, no per-row dispatch.
+                // One token (the common decode step): all of this task's weight rows in one call,
+                // straight into their (contiguous) output columns.
                 let i = rows[0];
-                for r in r0..r1 {
-                    // SAFETY: (i, col + r) is inside y (asserted by the caller); each (part,
-                    // weight row) belongs to one task.
-                    unsafe { *out.get().add(i * ldy + col + r) = q.dot(kern.isa, w.row(r), &acts) };
-                }
+                let rb = w.data.len() / w.rows;
+                // SAFETY: columns col + r0..col + r1 of output row i are inside y (asserted by the
+                // caller) and belong to this task alone.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(i * ldy + col + r0), r1 - r0) };
+                q.dot_rows(kern.isa, &w.data[r0 * rb..r1 * rb], &acts, dst);
             }
             SmallPath::QuantDot(q) => {
                 let mut res = [0f32; MULTI_TOKENS];

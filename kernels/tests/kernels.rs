@@ -50,7 +50,7 @@ fn quant_dot_simd_matches_scalar() {
     }
 }
 
-/// The multi-token dot is bit-identical to the single-token dot for every row, at every ISA
+/// The multi-token and multi-row dots are bit-identical to the single dot for every row, at every ISA
 /// and row count (what makes batched decode give the same tokens as decode alone).
 #[test]
 fn multi_token_dot_is_bit_identical_to_single() {
@@ -67,6 +67,11 @@ fn multi_token_dot_is_bit_identical_to_single() {
                 .collect();
             for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
                 for n in 1..=MULTI_TOKENS {
+                    let w3: Vec<u8> = w.iter().chain(&w).chain(&w).copied().collect();
+                    let mut rows_out = [f32::NAN; 3];
+                    q.dot_rows(isa, &w3, &acts[0], &mut rows_out);
+                    let single = q.dot(isa, &w, &acts[0]).to_bits();
+                    assert!(rows_out.iter().all(|v| v.to_bits() == single), "{} {isa:?} dot_rows", q.name());
                     let refs: Vec<&[Q8Block]> = acts[..n].iter().map(|a| a.as_slice()).collect();
                     let mut out = vec![f32::NAN; n];
                     q.dot_multi(isa, &w, &refs, &mut out);

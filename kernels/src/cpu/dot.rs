@@ -74,6 +74,27 @@ impl QuantDot {
         }
     }
 
+    /// `out[j] = self.dot(isa, row j of w, a)` for `out.len()` consecutive rows stored
+    /// back to back in `w`: checks once, then runs the same per-row kernel (bit-identical to
+    /// [`Self::dot`]) without per-row dispatch.
+    pub fn dot_rows(self, isa: Isa, w: &[u8], a: &[Q8Block], out: &mut [f32]) {
+        let rb = a.len() * self.block_bytes();
+        assert_eq!(w.len(), rb * out.len(), "{} rows length", self.name());
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+                // SAFETY: AVX2+FMA presence and lengths checked above.
+                unsafe { avx2::rows(self, w, rb, a, out) }
+            }
+            _ => {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(rb)) {
+                    *o = self.dot_scalar(row, a);
+                }
+            }
+        }
+    }
+
     /// `out[t] = self.dot(isa, w, acts[t])` for up to [`MULTI_TOKENS`] activation rows, each
     /// weight block unpacked once for all of them. Bit-identical to calling [`Self::dot`] per
     /// row (same operations in the same order per row), so batching never changes a result.
@@ -273,6 +294,17 @@ mod avx2 {
         });
         // SAFETY: AVX is enabled by this function's target features.
         unsafe { hsum(acc) + mins }
+    }
+
+    /// Consecutive weight rows of `rb` bytes against one activation row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn rows(kind: super::QuantDot, w: &[u8], rb: usize, a: &[Q8Block], out: &mut [f32]) {
+        let rows = w.chunks_exact(rb);
+        match kind {
+            super::QuantDot::Q4_1 => out.iter_mut().zip(rows).for_each(|(o, r)| *o = q4_1(r, a)),
+            super::QuantDot::Q4_0 => out.iter_mut().zip(rows).for_each(|(o, r)| *o = q4_0(r, a)),
+            super::QuantDot::Q8_0 => out.iter_mut().zip(rows).for_each(|(o, r)| *o = q8_0(r, a)),
+        }
     }
 
     /// Q4_1 or Q8_0 weights against T activation rows; per row the exact operation sequence of
