@@ -6,7 +6,7 @@
 
 use crate::kv::ContiguousKv;
 use crate::model::{ForwardError, LlamaModel, SeqInput};
-use crate::sample::log_softmax;
+use crate::sample::logsumexp;
 
 /// Evaluation settings.
 #[derive(Clone, Debug)]
@@ -97,7 +97,7 @@ pub fn perplexity(
             for j in first..ctx - 1 {
                 let row = &rows[(j - first) * vocab..(j - first + 1) * vocab];
                 let target = tokens[start + j + 1] as usize;
-                let nll = -(log_softmax(row)[target] as f64);
+                let nll = -((row[target] as f64 - logsumexp(row)) as f32 as f64);
                 report.nll += nll;
                 report.nll2 += nll * nll;
                 report.count += 1;

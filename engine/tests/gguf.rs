@@ -1,14 +1,12 @@
 //! GGUF reader: a file written by an independent writer (Python `gguf`, see
 //! scripts/fixtures/make_gguf_fixture.py) and corrupted files built by this test.
 
+mod common;
+
+use common::{default_model_path, fixture};
 use serde_json::Value;
-use std::path::Path;
 use tessera_engine::checkpoint::gguf::{parse_bytes, GgufError, GgufFile, MetaValue};
 use tessera_kernels::ggml::dequantize_row;
-
-fn fixture(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
 
 /// Compares a value with the fixture's entry; floats by their exact bit pattern (`bits`).
 fn json_matches(v: &MetaValue, ty: &str, want: &Value, bits: Option<&Value>) -> bool {
@@ -241,19 +239,13 @@ fn corrupted_files_give_their_error() {
 
 #[test]
 fn default_model_parses_with_expected_types() {
-    let Some(path) = common_model() else { return };
-    let f = GgufFile::open(&path).unwrap();
+    let f = GgufFile::open(&default_model_path()).unwrap();
     assert_eq!(f.version, 3);
     assert_eq!(f.tensors.len(), 272);
     let embd = f.tensors.iter().find(|t| t.name == "token_embd.weight").unwrap();
     assert_eq!((embd.ty.name(), embd.dims.as_slice()), ("Q8_0", &[576usize, 49152][..]));
 }
 
-fn common_model() -> Option<std::path::PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "default model missing: run scripts/fetch-default-model.sh (the test command does)");
-    Some(p)
-}
 
 /// Random damage to a valid file (byte flips, truncations, inflated counts and lengths) is
 /// always either accepted or rejected with an error: the reader never panics and never

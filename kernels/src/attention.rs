@@ -95,17 +95,15 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                 let n = SUB_TILE.min(tile.len - off);
                 let keys = &tile.keys[(off * kw + kvh * hd)..];
                 let values = &tile.values[(off * kw + kvh * hd)..];
-                {
-                    // SAFETY: s is mq x n (row stride n); q rows have stride qw; keys/values rows
-                    // have stride kw and n rows remain from `off` (asserted tile shapes).
-                    unsafe {
-                        gemm::gemm(
-                            mq, n, hd, s.as_mut_ptr(), 1, n as isize, false,
-                            qp.as_ptr().add(h * hd), 1, qw as isize,
-                            keys.as_ptr(), kw as isize, 1,
-                            0.0, scale, false, false, false, gemm::Parallelism::None,
-                        );
-                    }
+                // SAFETY: s is mq x n (row stride n); q rows have stride qw; keys/values rows
+                // have stride kw and n rows remain from `off` (asserted tile shapes).
+                unsafe {
+                    gemm::gemm(
+                        mq, n, hd, s.as_mut_ptr(), 1, n as isize, false,
+                        qp.as_ptr().add(h * hd), 1, qw as isize,
+                        keys.as_ptr(), kw as isize, 1,
+                        0.0, scale, false, false, false, gemm::Parallelism::None,
+                    );
                 }
                 for i in 0..mq {
                     let row = &mut s[i * n..(i + 1) * n];
@@ -130,16 +128,14 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                     }
                 }
                 // acc (mq x hd) += P (mq x n) · V (n x hd).
-                {
-                    // SAFETY: shapes as above.
-                    unsafe {
-                        gemm::gemm(
-                            mq, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
-                            s.as_ptr(), 1, n as isize,
-                            values.as_ptr(), 1, kw as isize,
-                            1.0, 1.0, false, false, false, gemm::Parallelism::None,
-                        );
-                    }
+                // SAFETY: shapes as above.
+                unsafe {
+                    gemm::gemm(
+                        mq, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
+                        s.as_ptr(), 1, n as isize,
+                        values.as_ptr(), 1, kw as isize,
+                        1.0, 1.0, false, false, false, gemm::Parallelism::None,
+                    );
                 }
                 off += n;
             }

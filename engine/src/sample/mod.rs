@@ -20,7 +20,7 @@ use std::collections::HashMap;
 pub struct Sampled {
     /// Token id.
     pub id: u32,
-    /// Its log-probability under the raw distribution (always computed; cheap).
+    /// Its log-probability under the raw distribution.
     pub logprob: f32,
     /// Top alternatives `(id, logprob)`, most likely first, when logprobs were asked for.
     pub top: Vec<(u32, f32)>,
@@ -35,11 +35,16 @@ pub struct Sampler {
     output_counts: HashMap<u32, u32>,
 }
 
-/// `log_softmax(logits)[i]` for every i, in f64 for the normaliser.
-pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+/// `log Σ exp(logits)`, in f64 (one pass, no allocation); `logits[i] - lse` is a logprob.
+pub fn logsumexp(logits: &[f32]) -> f64 {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    let lse = max as f64 + sum.ln();
+    max as f64 + sum.ln()
+}
+
+/// `log_softmax(logits)[i]` for every i.
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let lse = logsumexp(logits);
     logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
 }
 
@@ -75,14 +80,16 @@ impl Sampler {
 
     /// Chooses the next token from `logits` (one vocabulary row) and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
-        let raw = log_softmax(logits);
+        let lse = logsumexp(logits);
+        let logprob = |l: f32| (l as f64 - lse) as f32;
         let mut l = logits.to_vec();
         self.apply_penalties(&mut l);
         let id = if self.params.temperature == 0.0 { argmax(&l) } else { self.draw(&mut l) };
-        let top = self.params.logprobs.map(|n| top_n(&raw, n)).unwrap_or_default();
+        // log_softmax is monotonic: the top logits are the top logprobs, in the same order.
+        let top = self.params.logprobs.map(|n| top_n(logits, n).into_iter().map(|(i, v)| (i, logprob(v))).collect()).unwrap_or_default();
         *self.seen.entry(id).or_insert(0) += 1;
         *self.output_counts.entry(id).or_insert(0) += 1;
-        Sampled { id, logprob: raw[id as usize], top }
+        Sampled { id, logprob: logprob(logits[id as usize]), top }
     }
 
     fn apply_penalties(&self, l: &mut [f32]) {
