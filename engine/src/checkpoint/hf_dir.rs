@@ -238,7 +238,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint, LoadError> {
         name,
         config,
         tensors,
-        tokenizer: TokenizerSource::HfJson(tok_path),
+        tokenizer: TokenizerSource::HfJson(Box::new(tok)),
         special,
     })
 }

@@ -180,8 +180,8 @@ impl TensorEntry {
 pub enum TokenizerSource {
     /// Vocabulary embedded in GGUF metadata.
     Gguf(Box<gguf_model::GgufVocab>),
-    /// A Hugging Face `tokenizer.json`.
-    HfJson(PathBuf),
+    /// A Hugging Face `tokenizer.json`, parsed at load (special tokens are resolved with it).
+    HfJson(Box<tokenizers::Tokenizer>),
 }
 
 /// Special tokens and template from the checkpoint.

@@ -26,8 +26,7 @@ impl Tokenizer {
     pub fn from_checkpoint(ckpt: &Checkpoint) -> Result<Self, LoadError> {
         let inner = match &ckpt.tokenizer {
             TokenizerSource::Gguf(v) => gguf_vocab::build(v)?,
-            TokenizerSource::HfJson(p) => tokenizers::Tokenizer::from_file(p)
-                .map_err(|e| LoadError::Tokenizer(format!("{}: {e}", p.display())))?,
+            TokenizerSource::HfJson(t) => (**t).clone(),
         };
         Ok(Tokenizer { inner, special: ckpt.special.clone() })
     }
