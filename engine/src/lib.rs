@@ -15,6 +15,7 @@ mod loaded;
 pub mod model;
 pub mod perplexity;
 pub mod sample;
+pub mod serve;
 pub mod tokenizer;
 
 pub use loaded::LoadedModel;

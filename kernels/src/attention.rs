@@ -166,33 +166,51 @@ fn decode_attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &
     let scale = 1.0 / (hd as f32).sqrt();
     let isa = CpuCaps::detect().best_isa();
     let end = pos0 + m; // keys at positions < end can be visible
-    // Key ranges: (tile index, offset, len), at most DECODE_SPLIT keys each.
-    let mut ranges = Vec::new();
+    // Key ranges of at most DECODE_SPLIT keys, each a list of tile pieces (tile index,
+    // offset, len): a range spans tile boundaries, so a paged cache's small blocks cost no
+    // extra tasks and the arithmetic matches a contiguous cache's exactly.
+    let mut ranges: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new()];
+    let mut filled = 0;
     for (ti, t) in tiles.iter().enumerate() {
         let visible = end.saturating_sub(t.start).min(t.len);
-        ranges.extend((0..visible).step_by(DECODE_SPLIT).map(|o| (ti, o, DECODE_SPLIT.min(visible - o))));
+        let mut off = 0;
+        while off < visible {
+            if filled == DECODE_SPLIT {
+                ranges.push(Vec::new());
+                filled = 0;
+            }
+            let n = (DECODE_SPLIT - filled).min(visible - off);
+            ranges.last_mut().expect("non-empty").push((ti, off, n));
+            filled += n;
+            off += n;
+        }
     }
     let rows = m * group;
     let tasks: Vec<(usize, usize)> = (0..shape.n_kv_heads).flat_map(|g| (0..ranges.len()).map(move |r| (g, r))).collect();
     let partials: Vec<Partial> = tasks
         .par_iter()
         .map(|&(g, r)| {
-            let (ti, off, len) = ranges[r];
-            let tile = &tiles[ti];
+            let pieces = &ranges[r];
+            let len: usize = pieces.iter().map(|p| p.2).sum();
             let mut p = Partial { max: vec![f32::NEG_INFINITY; rows], sum: vec![0.0; rows], acc: vec![0.0; rows * hd] };
             // Pass 1: all scores of this range (row-major: query row x key), masked keys -inf.
             let mut scores = vec![f32::NEG_INFINITY; rows * len];
-            for i in 0..m {
-                let visible = (pos0 + i + 1).saturating_sub(tile.start + off).min(len);
-                for hh in 0..group {
-                    let h = g * group + hh;
-                    let qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
-                    let row = &mut scores[(i * group + hh) * len..(i * group + hh) * len + visible];
-                    for (jj, sc) in row.iter_mut().enumerate() {
-                        let j = off + jj;
-                        *sc = dot_f32(isa, qh, &tile.keys[j * kw + g * hd..j * kw + (g + 1) * hd]) * scale;
+            let mut base = 0;
+            for &(ti, off, n) in pieces {
+                let tile = &tiles[ti];
+                for i in 0..m {
+                    let visible = (pos0 + i + 1).saturating_sub(tile.start + off).min(n);
+                    for hh in 0..group {
+                        let h = g * group + hh;
+                        let qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
+                        let row0 = (i * group + hh) * len + base;
+                        for (jj, sc) in scores[row0..row0 + visible].iter_mut().enumerate() {
+                            let j = off + jj;
+                            *sc = dot_f32(isa, qh, &tile.keys[j * kw + g * hd..j * kw + (g + 1) * hd]) * scale;
+                        }
                     }
                 }
+                base += n;
             }
             // Pass 2: one max and one exp per score, then the weighted sum of values.
             for row in 0..rows {
@@ -209,11 +227,16 @@ fn decode_attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &
                 p.max[row] = mx;
                 p.sum[row] = sum;
                 let acc = &mut p.acc[row * hd..(row + 1) * hd];
-                for (jj, &w) in sc.iter().enumerate() {
-                    if w != 0.0 {
-                        let j = off + jj;
-                        axpy_f32(isa, w, &tile.values[j * kw + g * hd..j * kw + (g + 1) * hd], acc);
+                let mut base = 0;
+                for &(ti, off, n) in pieces {
+                    let tile = &tiles[ti];
+                    for (jj, &w) in sc[base..base + n].iter().enumerate() {
+                        if w != 0.0 {
+                            let j = off + jj;
+                            axpy_f32(isa, w, &tile.values[j * kw + g * hd..j * kw + (g + 1) * hd], acc);
+                        }
                     }
+                    base += n;
                 }
             }
             p

@@ -4,6 +4,12 @@
 //! cached tokens as [`KvTile`]s, so a paged cache (blocks of tokens) slots in behind the
 //! same [`SequenceKv`] trait as the contiguous one here.
 
+mod block_manager;
+mod block_pool;
+
+pub use block_manager::{BlockManager, PrefixHit};
+pub use block_pool::{BlockPool, PagedSeqKv, PoolShape};
+
 use tessera_kernels::attention::KvTile;
 
 /// Why a KV write failed.

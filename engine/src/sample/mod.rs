@@ -80,10 +80,21 @@ impl Sampler {
 
     /// Chooses the next token from `logits` (one vocabulary row) and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        self.sample_banning(logits, &[])
+    }
+
+    /// As [`Sampler::sample`], but never picks a `banned` id (e.g. EOS before `min_tokens`);
+    /// logprobs still come from the unmodified distribution.
+    pub fn sample_banning(&mut self, logits: &[f32], banned: &[u32]) -> Sampled {
         let lse = logsumexp(logits);
         let logprob = |l: f32| (l as f64 - lse) as f32;
         let mut l = logits.to_vec();
         self.apply_penalties(&mut l);
+        for &b in banned {
+            if let Some(v) = l.get_mut(b as usize) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
         let id = if self.params.temperature == 0.0 { argmax(&l) } else { self.draw(&mut l) };
         // log_softmax is monotonic: the top logits are the top logprobs, in the same order.
         let top = self.params.logprobs.map(|n| top_n(logits, n).into_iter().map(|(i, v)| (i, logprob(v))).collect()).unwrap_or_default();
@@ -268,6 +279,14 @@ mod tests {
         let mut s = Sampler::new(params(|p| (p.temperature, p.frequency_penalty) = (0.0, 0.4)), &[]);
         let ids: Vec<u32> = (0..3).map(|_| s.sample(&logits()).id).collect();
         assert_eq!(ids, vec![7, 7, 3]);
+    }
+
+    #[test]
+    fn banned_ids_are_never_drawn() {
+        let mut s = Sampler::new(params(|p| p.temperature = 0.0), &[]);
+        assert_eq!(s.sample_banning(&logits(), &[7]).id, 3);
+        let mut s = Sampler::new(params(|p| p.top_k = 1), &[]);
+        assert!((0..500).all(|_| s.sample_banning(&logits(), &[7]).id == 3), "the best non-banned token is the only top-1 candidate");
     }
 
     #[test]

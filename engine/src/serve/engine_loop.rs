@@ -1,0 +1,295 @@
+//! The engine thread: receive commands, schedule a step, run one batched forward pass,
+//! sample, and stream each request's results.
+
+use super::metrics::Metrics;
+use super::scheduler::{Scheduler, Work};
+use super::sequence::Sequence;
+use super::{Event, FinishReason, StopReason, TokenLogprob, Usage};
+use crate::kv::{BlockPool, PagedSeqKv};
+use crate::model::SeqInput;
+use crate::sample::{logsumexp, top_n, Sampled};
+use crate::tokenizer::Tokenizer;
+use crate::LoadedModel;
+use std::collections::HashMap;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the handle asks of the engine thread.
+pub(crate) enum Command {
+    /// Queue a new sequence.
+    Submit(Box<Sequence>),
+    /// Drop a request (client gone); unknown keys are ignored.
+    Abort(u64),
+    /// Stop admitting; abort what is left at the deadline, then exit.
+    Shutdown(Instant),
+}
+
+/// The engine thread's state.
+pub(crate) struct EngineLoop {
+    /// The model.
+    pub model: Arc<LoadedModel>,
+    /// KV storage.
+    pub pool: BlockPool,
+    /// Queues and blocks.
+    pub sched: Scheduler,
+    /// Every live sequence by key.
+    pub seqs: HashMap<u64, Sequence>,
+    /// Commands from handles.
+    pub rx: Receiver<Command>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Longest prompt + output.
+    pub max_model_len: usize,
+    /// Set once shutdown was asked for.
+    pub deadline: Option<Instant>,
+}
+
+impl EngineLoop {
+    /// Runs until shut down or until every handle is gone.
+    pub fn run(mut self) {
+        loop {
+            if self.sched.is_idle() {
+                if self.deadline.is_some() {
+                    break;
+                }
+                match self.rx.recv() {
+                    Ok(c) => self.command(c),
+                    Err(_) => break,
+                }
+            }
+            while let Ok(c) = self.rx.try_recv() {
+                self.command(c);
+            }
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            if !self.sched.is_idle() {
+                self.step();
+            }
+            self.update_gauges();
+        }
+        let keys: Vec<u64> = self.seqs.keys().copied().collect();
+        for key in keys {
+            self.finish(key, FinishReason::Abort, None);
+        }
+        self.update_gauges();
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::Submit(seq) => {
+                self.sched.waiting.push_back(seq.key);
+                self.seqs.insert(seq.key, *seq);
+            }
+            Command::Abort(key) => {
+                if self.seqs.contains_key(&key) {
+                    tracing::debug!(seq = key, "aborted");
+                    self.finish(key, FinishReason::Abort, None);
+                }
+            }
+            Command::Shutdown(deadline) => self.deadline = Some(deadline),
+        }
+    }
+
+    fn update_gauges(&self) {
+        let m = &self.metrics;
+        m.running.set(self.sched.running.len() as i64);
+        m.waiting.set(self.sched.waiting.len() as i64);
+        m.set_kv(self.sched.blocks.num_used(), self.sched.blocks.num_blocks());
+    }
+
+    /// One iteration: schedule, forward, sample, stream.
+    fn step(&mut self) {
+        let t0 = Instant::now();
+        let work = self.sched.schedule(&mut self.seqs, &self.metrics);
+        if work.is_empty() {
+            // Nothing fits although nothing runs: the head request can never be served.
+            if self.sched.running.is_empty() {
+                if let Some(&key) = self.sched.waiting.front() {
+                    self.fail(key, "the request does not fit in the KV cache".into());
+                }
+            }
+            return;
+        }
+        let t_fwd = Instant::now();
+        let result = {
+            let mut views: Vec<PagedSeqKv<'_>> = work
+                .iter()
+                .map(|w| {
+                    let s = &self.seqs[&w.key];
+                    PagedSeqKv::new(&self.pool, &s.blocks, s.computed, s.shared)
+                })
+                .collect();
+            let mut inputs: Vec<SeqInput<'_>> = work
+                .iter()
+                .zip(views.iter_mut())
+                .map(|(w, kv)| {
+                    let s = &self.seqs[&w.key];
+                    let end = s.computed + w.tokens == s.tokens.len();
+                    let logits_from = if s.wants_prompt_logprobs() {
+                        Some(0)
+                    } else {
+                        end.then(|| w.tokens - 1)
+                    };
+                    SeqInput { tokens: &s.tokens[s.computed..s.computed + w.tokens], kv, logits_from }
+                })
+                .collect();
+            self.model.model.forward(&mut inputs)
+        };
+        let forward_secs = t_fwd.elapsed().as_secs_f64();
+        match result {
+            Ok(logits) => {
+                for (w, l) in work.iter().zip(logits) {
+                    self.after_forward(*w, &l);
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "forward pass failed");
+                for w in &work {
+                    self.fail(w.key, format!("forward pass failed: {e}"));
+                }
+            }
+        }
+        let m = &self.metrics;
+        m.batch_size.observe(work.len() as f64);
+        m.step_tokens.observe(work.iter().map(|w| w.tokens).sum::<usize>() as f64);
+        m.step_forward.observe(forward_secs);
+        m.step_overhead.observe((t0.elapsed().as_secs_f64() - forward_secs).max(0.0));
+    }
+
+    /// Commits a sequence's computed tokens and, at the end of its tokens, samples the next.
+    fn after_forward(&mut self, w: Work, logits: &[f32]) {
+        let tok = &self.model.tokenizer;
+        let vocab = self.model.model.config().vocab_size;
+        let bs = self.sched.blocks.block_size();
+        let s = self.seqs.get_mut(&w.key).expect("scheduled sequences exist");
+        let start = s.computed;
+        s.computed += w.tokens;
+        while (s.registered + 1) * bs <= s.computed {
+            let b = s.registered;
+            s.chain = self.sched.blocks.register(s.blocks[b], s.chain, &s.tokens[b * bs..(b + 1) * bs]);
+            s.registered += 1;
+        }
+        if s.wants_prompt_logprobs() {
+            record_prompt_logprobs(s, tok, logits, vocab, start);
+            if !s.wants_prompt_logprobs() {
+                let _ = s.tx.send(Event::PromptLogprobs(s.prompt_logprobs.clone()));
+            }
+        }
+        if s.computed < s.tokens.len() {
+            return;
+        }
+        if s.req.max_tokens == 0 {
+            return self.finish(w.key, FinishReason::Length, None);
+        }
+        let last = &logits[logits.len() - vocab..];
+        let mut banned = Vec::new();
+        if s.generated() < s.req.min_tokens {
+            banned.extend(&s.req.stop_token_ids);
+            if !s.req.ignore_eos {
+                banned.extend(&self.model.checkpoint.special.eos);
+            }
+        }
+        let sampled = s.sampler.sample_banning(last, &banned);
+        let id = sampled.id;
+        s.tokens.push(id);
+        let now = Instant::now();
+        match s.last_token {
+            None => self.metrics.ttft.observe((now - s.req.arrival).as_secs_f64()),
+            Some(t) => self.metrics.inter_token.observe((now - t).as_secs_f64()),
+        }
+        s.first_token.get_or_insert(now);
+        s.last_token = Some(now);
+        self.metrics.generation_tokens.inc();
+
+        let info = token_info(s.req.sampling.logprobs.is_some(), tok, &sampled);
+        let stop_token = s.req.stop_token_ids.contains(&id) || (!s.req.ignore_eos && self.model.checkpoint.special.eos.contains(&id));
+        let check_stop = s.generated() >= s.req.min_tokens;
+        let (text, finish) = if stop_token {
+            (s.output.finish(tok, false).0, Some((FinishReason::Stop, Some(StopReason::Token(id)))))
+        } else {
+            match s.output.push(tok, id, check_stop) {
+                (text, Some(st)) => (text, Some((FinishReason::Stop, Some(StopReason::Text(st))))),
+                (mut text, None) if s.generated() >= s.req.max_tokens || s.tokens.len() >= self.max_model_len => {
+                    let (rest, hit) = s.output.finish(tok, check_stop);
+                    text.push_str(&rest);
+                    let end = match hit {
+                        Some(st) => (FinishReason::Stop, Some(StopReason::Text(st))),
+                        None => (FinishReason::Length, None),
+                    };
+                    (text, Some(end))
+                }
+                (text, None) => (text, None),
+            }
+        };
+        let _ = s.tx.send(Event::Delta { text, tokens: vec![info] });
+        if let Some((reason, why)) = finish {
+            self.finish(w.key, reason, why);
+        }
+    }
+
+    /// Ends a request: final event, metrics, blocks freed.
+    fn finish(&mut self, key: u64, reason: FinishReason, stop_reason: Option<StopReason>) {
+        let Some(mut s) = self.seqs.remove(&key) else { return };
+        self.sched.remove(&mut s);
+        let m = &self.metrics;
+        m.success.with_label_values(&[reason.as_str()]).inc();
+        m.e2e.observe(s.req.arrival.elapsed().as_secs_f64());
+        let n = s.generated();
+        if let (Some(a), Some(b)) = (s.first_token, s.last_token) {
+            if n > 1 {
+                m.tpot.observe((b - a).as_secs_f64() / (n - 1) as f64);
+            }
+        }
+        let usage = Usage { prompt_tokens: s.req.prompt.len(), completion_tokens: n, cached_tokens: s.cached_tokens };
+        // Gauges first: a client that sees the end also sees the blocks freed.
+        self.update_gauges();
+        let _ = s.tx.send(Event::Finished { reason, stop_reason, usage });
+    }
+
+    /// Ends a request with an error.
+    fn fail(&mut self, key: u64, msg: String) {
+        let Some(mut s) = self.seqs.remove(&key) else { return };
+        self.sched.remove(&mut s);
+        self.update_gauges();
+        let _ = s.tx.send(Event::Error(msg));
+    }
+}
+
+/// The logprob record for a sampled token (text and logprobs only when asked for).
+fn token_info(with_logprobs: bool, tok: &Tokenizer, s: &Sampled) -> TokenLogprob {
+    if !with_logprobs {
+        return TokenLogprob { id: s.id, text: String::new(), logprob: None, top: Vec::new() };
+    }
+    TokenLogprob {
+        id: s.id,
+        text: tok.decode(&[s.id]),
+        logprob: Some(s.logprob),
+        top: s.top.iter().map(|&(i, l)| (tok.decode(&[i]), l)).collect(),
+    }
+}
+
+/// Adds the logprobs of the prompt tokens that `logits` (rows for positions `start..`) predict.
+fn record_prompt_logprobs(s: &mut Sequence, tok: &Tokenizer, logits: &[f32], vocab: usize, start: usize) {
+    let n_top = s.req.prompt_logprobs.unwrap_or(0);
+    let prompt = &s.req.prompt;
+    if s.prompt_logprobs.is_empty() {
+        s.prompt_logprobs.push(TokenLogprob { id: prompt[0], text: tok.decode(&prompt[..1]), logprob: None, top: Vec::new() });
+    }
+    for (i, row) in logits.chunks_exact(vocab).enumerate() {
+        let target = start + i + 1;
+        if target != s.prompt_logprobs.len() || target >= prompt.len() {
+            continue;
+        }
+        let lse = logsumexp(row);
+        let lp = |v: f32| (v as f64 - lse) as f32;
+        let id = prompt[target];
+        s.prompt_logprobs.push(TokenLogprob {
+            id,
+            text: tok.decode(&[id]),
+            logprob: Some(lp(row[id as usize])),
+            top: top_n(row, n_top).into_iter().map(|(i, v)| (tok.decode(&[i]), lp(v))).collect(),
+        });
+    }
+}

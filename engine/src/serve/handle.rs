@@ -1,0 +1,269 @@
+//! The engine handle: submit requests, read their events, shut down.
+
+use super::engine_loop::{Command, EngineLoop};
+use super::metrics::Metrics;
+use super::scheduler::{Limits, Scheduler};
+use super::sequence::Sequence;
+use super::{EngineConfig, EngineInfo, Event, FinishReason, GenRequest, Usage};
+use crate::kv::{BlockManager, BlockPool, PoolShape};
+use crate::LoadedModel;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Why a request was refused at submission (nothing was queued).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The waiting queue is full (HTTP 503 / 429).
+    #[error("the server is overloaded: {waiting} requests are already waiting")]
+    QueueFull {
+        /// Requests waiting.
+        waiting: usize,
+    },
+    /// Prompt plus `max_tokens` exceeds the context.
+    #[error("This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt} in the prompt, {max_tokens} for the completion). Please reduce the length of the prompt or completion.", prompt + max_tokens)]
+    TooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Requested output tokens.
+        max_tokens: usize,
+        /// The limit.
+        max_model_len: usize,
+    },
+    /// The prompt has no tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// A prompt token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// A sampling parameter out of range.
+    #[error("{msg}")]
+    Invalid {
+        /// The parameter's name.
+        param: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// The engine is shutting down or has stopped.
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+struct Inner {
+    model: Arc<LoadedModel>,
+    info: EngineInfo,
+    metrics: Arc<Metrics>,
+    tx: Sender<Command>,
+    accepting: AtomicBool,
+    queued: Arc<AtomicUsize>,
+    next_key: AtomicU64,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A running engine (cheap to clone; all clones drive the same engine thread).
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// Weight storage types of a plan, most common first.
+fn quantization_summary(model: &LoadedModel) -> String {
+    let mut counts = BTreeMap::new();
+    for e in model.model.plan() {
+        *counts.entry(e.storage.name().to_lowercase()).or_insert(0usize) += 1;
+    }
+    let mut v: Vec<(String, usize)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.into_iter().map(|(n, _)| n).collect::<Vec<_>>().join(",")
+}
+
+impl Engine {
+    /// Sizes the KV-cache pool, starts the engine thread and returns its handle.
+    pub fn start(model: Arc<LoadedModel>, config: EngineConfig) -> Result<Engine, String> {
+        let c = &config;
+        if c.max_num_seqs == 0 || c.block_size == 0 || c.max_waiting == 0 {
+            return Err("max_num_seqs, block_size and max_waiting must be at least 1".into());
+        }
+        if c.max_num_batched_tokens <= c.max_num_seqs {
+            return Err(format!(
+                "max_num_batched_tokens ({}) must exceed max_num_seqs ({}): a prefill chunk of the difference runs beside one decode per sequence",
+                c.max_num_batched_tokens, c.max_num_seqs
+            ));
+        }
+        let mc = model.model.config();
+        let shape = PoolShape { layers: mc.num_layers, kv_width: model.model.kv_width(), block_size: c.block_size };
+        let num_blocks = c.kv_cache_bytes / shape.block_bytes();
+        if num_blocks == 0 {
+            return Err(format!("kv_cache_bytes {} holds no block of {} bytes", c.kv_cache_bytes, shape.block_bytes()));
+        }
+        let max_model_len = c.max_model_len.unwrap_or(usize::MAX).min(mc.max_position_embeddings).min(num_blocks * c.block_size);
+        let info = EngineInfo {
+            max_model_len,
+            vocab_size: mc.vocab_size,
+            kv_cache_type: "f32".into(),
+            block_size: c.block_size,
+            num_blocks,
+            quantization: quantization_summary(&model),
+            plan: model.model.plan(),
+            config: config.clone(),
+        };
+        let model_name = model.checkpoint.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let metrics = Arc::new(
+            Metrics::new(&[("model", &model_name), ("quantization", &info.quantization), ("kv_cache_type", &info.kv_cache_type)])
+                .map_err(|e| format!("metrics: {e}"))?,
+        );
+        metrics.set_kv(0, num_blocks);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let limits = Limits { max_seqs: c.max_num_seqs, max_tokens: c.max_num_batched_tokens, chunk: c.max_num_batched_tokens - c.max_num_seqs };
+        let sched = Scheduler::new(limits, BlockManager::new(num_blocks, c.block_size, c.prefix_caching), queued.clone());
+        let (tx, rx) = channel();
+        let engine_loop = EngineLoop {
+            model: model.clone(),
+            pool: BlockPool::new(shape, num_blocks),
+            sched,
+            seqs: HashMap::new(),
+            rx,
+            metrics: metrics.clone(),
+            max_model_len,
+            deadline: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("tessera-engine".into())
+            .spawn(move || engine_loop.run())
+            .map_err(|e| format!("engine thread: {e}"))?;
+        tracing::info!(num_blocks, block_bytes = shape.block_bytes(), max_model_len, "KV-cache pool");
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                model,
+                info,
+                metrics,
+                tx,
+                accepting: AtomicBool::new(true),
+                queued,
+                next_key: AtomicU64::new(1),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// What the engine serves.
+    pub fn info(&self) -> &EngineInfo {
+        &self.inner.info
+    }
+
+    /// The model (tokenizer, chat template, special tokens).
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.inner.model
+    }
+
+    /// The Prometheus registry holding the engine's `tessera_*` metrics.
+    pub fn registry(&self) -> &prometheus::Registry {
+        &self.inner.metrics.registry
+    }
+
+    /// Checks a request against the engine's limits.
+    fn validate(&self, req: &GenRequest) -> Result<(), SubmitError> {
+        let info = &self.inner.info;
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
+            return Err(SubmitError::TokenOutOfRange { id, vocab: info.vocab_size });
+        }
+        req.sampling.validate().map_err(|(param, msg)| SubmitError::Invalid { param, msg })?;
+        if req.prompt_logprobs.is_some_and(|n| n > 20) {
+            return Err(SubmitError::Invalid { param: "logprobs", msg: "logprobs must be in [0, 20]".into() });
+        }
+        if req.prompt.len() + req.max_tokens > info.max_model_len {
+            return Err(SubmitError::TooLong { prompt: req.prompt.len(), max_tokens: req.max_tokens, max_model_len: info.max_model_len });
+        }
+        Ok(())
+    }
+
+    /// Queues a request; its events arrive on the returned stream.
+    pub fn submit(&self, req: GenRequest) -> Result<RequestStream, SubmitError> {
+        let inner = &self.inner;
+        if !inner.accepting.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        self.validate(&req)?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let key = inner.next_key.fetch_add(1, Ordering::Relaxed);
+        let stream = RequestStream { rx, key, engine: inner.tx.clone(), done: false };
+        if req.max_tokens == 0 && req.prompt_logprobs.is_none() {
+            // Nothing to compute.
+            let usage = Usage { prompt_tokens: req.prompt.len(), completion_tokens: 0, cached_tokens: 0 };
+            let _ = tx.send(Event::Finished { reason: FinishReason::Length, stop_reason: None, usage });
+            return Ok(stream);
+        }
+        let cap = inner.info.config.max_waiting;
+        inner
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| (q < cap).then_some(q + 1))
+            .map_err(|waiting| SubmitError::QueueFull { waiting })?;
+        let seq = Sequence::new(key, req, tx);
+        if inner.tx.send(Command::Submit(Box::new(seq))).is_err() {
+            inner.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::ShuttingDown);
+        }
+        Ok(stream)
+    }
+
+    /// Stops admitting requests, lets running ones finish for up to `grace`, aborts the rest
+    /// (their streams get `Finished { reason: Abort }`), and stops the engine thread.
+    /// Blocks until the thread has exited; later calls return at once.
+    pub fn shutdown(&self, grace: Duration) {
+        self.inner.accepting.store(false, Ordering::Release);
+        let _ = self.inner.tx.send(Command::Shutdown(Instant::now() + grace));
+        let thread = self.inner.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The events of one request. Dropping it before the request finished aborts the request
+/// (its KV blocks are freed within one engine step).
+pub struct RequestStream {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    key: u64,
+    engine: Sender<Command>,
+    done: bool,
+}
+
+impl RequestStream {
+    fn seen(&mut self, e: Option<Event>) -> Option<Event> {
+        if matches!(e, None | Some(Event::Finished { .. } | Event::Error(_))) {
+            self.done = true;
+        }
+        e
+    }
+
+    /// The next event; `None` after `Finished`/`Error`.
+    pub async fn next(&mut self) -> Option<Event> {
+        let e = self.rx.recv().await;
+        self.seen(e)
+    }
+
+    /// The next event, blocking the calling (non-async) thread.
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        let e = self.rx.blocking_recv();
+        self.seen(e)
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.engine.send(Command::Abort(self.key));
+        }
+    }
+}

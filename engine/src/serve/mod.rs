@@ -1,0 +1,21 @@
+//! Serving: a continuous-batching engine over a paged KV cache.
+//!
+//! [`Engine::start`] moves a loaded model onto its own thread. Callers [`Engine::submit`]
+//! tokenized [`GenRequest`]s and read [`Event`]s from the returned [`RequestStream`];
+//! dropping the stream aborts the request. Each engine step admits waiting requests under a
+//! token budget and a sequence cap, mixes prefill chunks with decodes in one batched forward
+//! pass, samples, detokenizes, checks stop conditions and streams the results.
+
+mod config;
+mod engine_loop;
+mod handle;
+mod metrics;
+mod output;
+mod request;
+mod scheduler;
+mod sequence;
+
+pub use config::{EngineConfig, EngineInfo};
+pub use handle::{Engine, RequestStream, SubmitError};
+pub use output::OutputText;
+pub use request::{Event, FinishReason, GenRequest, StopReason, TokenLogprob, Usage};

@@ -1,0 +1,86 @@
+//! One request's state inside the engine.
+
+use super::output::OutputText;
+use super::{Event, GenRequest, TokenLogprob};
+use crate::sample::Sampler;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// A request being served: its tokens, its place in the KV cache and its output state.
+pub(crate) struct Sequence {
+    /// Engine-wide id.
+    pub key: u64,
+    /// What was asked.
+    pub req: GenRequest,
+    /// Prompt then generated tokens.
+    pub tokens: Vec<u32>,
+    /// Tokens whose keys/values are in the cache.
+    pub computed: usize,
+    /// Tokens in prefix-cache blocks shared with others (never written).
+    pub shared: usize,
+    /// Block table.
+    pub blocks: Vec<u32>,
+    /// Full blocks registered in (or matched from) the prefix cache.
+    pub registered: usize,
+    /// Prefix-chain id of the last registered block.
+    pub chain: u64,
+    /// Sampling state.
+    pub sampler: Sampler,
+    /// Visible-text state.
+    pub output: OutputText,
+    /// Prompt logprobs computed so far (when asked for).
+    pub prompt_logprobs: Vec<TokenLogprob>,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: usize,
+    /// Whether the sequence has been scheduled before (queue time is observed once).
+    pub admitted: bool,
+    /// When the first and the latest output tokens were sampled.
+    pub first_token: Option<Instant>,
+    /// See `first_token`.
+    pub last_token: Option<Instant>,
+    /// Where events go.
+    pub tx: UnboundedSender<Event>,
+}
+
+impl Sequence {
+    /// A new sequence for `req`.
+    pub fn new(key: u64, req: GenRequest, tx: UnboundedSender<Event>) -> Self {
+        Sequence {
+            key,
+            tokens: req.prompt.clone(),
+            computed: 0,
+            shared: 0,
+            blocks: Vec::new(),
+            registered: 0,
+            chain: 0,
+            sampler: Sampler::new(req.sampling.clone(), &req.prompt),
+            output: OutputText::new(&req.stop),
+            prompt_logprobs: Vec::new(),
+            cached_tokens: 0,
+            admitted: false,
+            first_token: None,
+            last_token: None,
+            tx,
+            req,
+        }
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.req.prompt.len()
+    }
+
+    /// Whether this sequence wants prompt logprobs it has not reported yet.
+    pub fn wants_prompt_logprobs(&self) -> bool {
+        self.req.prompt_logprobs.is_some() && self.prompt_logprobs.len() < self.req.prompt.len()
+    }
+
+    /// Forgets the cache state (after preemption); the tokens are recomputed later.
+    pub fn reset_cache_state(&mut self) -> Vec<u32> {
+        self.computed = 0;
+        self.shared = 0;
+        self.registered = 0;
+        self.chain = 0;
+        std::mem::take(&mut self.blocks)
+    }
+}

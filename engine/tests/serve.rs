@@ -1,0 +1,328 @@
+//! The serving engine with the real default model: continuous batching, the paged KV cache,
+//! prefix caching, preemption, stop handling, prompt logprobs and aborts.
+
+mod common;
+
+use common::{default_model_path, model};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_engine::generate::{generate, GenerateOptions};
+use tessera_engine::kv::{BlockPool, ContiguousKv, PagedSeqKv, PoolShape, SequenceKv};
+use tessera_engine::model::SeqInput;
+use tessera_engine::sample::{logsumexp, SamplingParams, Sampler};
+use tessera_engine::serve::{Engine, EngineConfig, Event, FinishReason, GenRequest, OutputText, StopReason, SubmitError, Usage};
+use tessera_engine::LoadedModel;
+use tessera_kernels::linear::LinearPolicy;
+
+fn engine(cfg: EngineConfig) -> Engine {
+    engine_with(LinearPolicy::DEFAULT, cfg)
+}
+
+fn engine_with(policy: LinearPolicy, cfg: EngineConfig) -> Engine {
+    let m = LoadedModel::load(&default_model_path(), policy).unwrap();
+    Engine::start(Arc::new(m), cfg).unwrap()
+}
+
+fn no_cache() -> EngineConfig {
+    EngineConfig { prefix_caching: false, ..EngineConfig::default() }
+}
+
+const PROMPTS: [&str; 4] = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived",
+    "def fibonacci(n):",
+    "The three primary colors are red, blue and",
+];
+
+fn tokens(text: &str) -> Vec<u32> {
+    model().tokenizer.encode(text).unwrap()
+}
+
+fn greedy(id: &str, prompt: Vec<u32>, max_tokens: usize) -> GenRequest {
+    let mut r = GenRequest::new(id, prompt, SamplingParams::greedy(), max_tokens);
+    r.ignore_eos = true;
+    r
+}
+
+/// Collected events of one request.
+#[derive(Debug, Default)]
+struct Outcome {
+    text: String,
+    ids: Vec<u32>,
+    logprobs: Vec<f32>,
+    prompt_logprobs: Vec<Option<f32>>,
+    finish: Option<(FinishReason, Option<StopReason>, Usage)>,
+}
+
+fn collect(mut s: tessera_engine::serve::RequestStream) -> Outcome {
+    let mut o = Outcome::default();
+    while let Some(e) = s.blocking_next() {
+        match e {
+            Event::PromptLogprobs(p) => o.prompt_logprobs = p.iter().map(|t| t.logprob).collect(),
+            Event::Delta { text, tokens } => {
+                o.text.push_str(&text);
+                o.ids.extend(tokens.iter().map(|t| t.id));
+                o.logprobs.extend(tokens.iter().filter_map(|t| t.logprob));
+            }
+            Event::Finished { reason, stop_reason, usage } => o.finish = Some((reason, stop_reason, usage)),
+            Event::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+    o
+}
+
+fn run_alone(e: &Engine, reqs: &[GenRequest]) -> Vec<Outcome> {
+    reqs.iter().map(|r| collect(e.submit(r.clone()).unwrap())).collect()
+}
+
+fn run_together(e: &Engine, reqs: &[GenRequest]) -> Vec<Outcome> {
+    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    let handles: Vec<_> = streams.into_iter().map(|s| std::thread::spawn(move || collect(s))).collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn metric(e: &Engine, name: &str) -> f64 {
+    e.registry()
+        .gather()
+        .iter()
+        .find(|f| f.get_name() == name)
+        .map(|f| {
+            // Unset fields read as 0: a gauge has no counter value and vice versa.
+            let m = &f.get_metric()[0];
+            m.get_gauge().get_value() + m.get_counter().get_value()
+        })
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+/// Paged attention reads 16-token tiles where the contiguous cache hands one tile; only the
+/// online-softmax accumulation order differs, so logits agree to f32 rounding (measured
+/// ~1e-5 of the spread; bound 1e-3).
+#[test]
+fn paged_cache_matches_contiguous_cache() {
+    let m = &model().model;
+    let cfg = m.config();
+    let prompt = tokens(&PROMPTS[1].repeat(6));
+    let mut contiguous = ContiguousKv::new(cfg.num_layers, m.kv_width(), cfg.max_position_embeddings);
+    let want = m.forward(&mut [SeqInput { tokens: &prompt, kv: &mut contiguous, logits_from: Some(0) }]).unwrap().swap_remove(0);
+    let shape = PoolShape { layers: cfg.num_layers, kv_width: m.kv_width(), block_size: 16 };
+    let pool = BlockPool::new(shape, 64);
+    // A scattered block table: blocks need not be contiguous or ordered.
+    let table: Vec<u32> = (0..prompt.len().div_ceil(16) as u32).map(|i| 63 - 3 * i).collect();
+    let mut paged = PagedSeqKv::new(&pool, &table, 0, 0);
+    let (a, b) = prompt.split_at(37); // two chunks, the first ending mid-block
+    m.forward(&mut [SeqInput { tokens: a, kv: &mut paged, logits_from: None }]).unwrap();
+    let got = m.forward(&mut [SeqInput { tokens: b, kv: &mut paged, logits_from: Some(0) }]).unwrap().swap_remove(0);
+    assert_eq!(paged.len(), prompt.len());
+    let v = cfg.vocab_size;
+    for (row, g) in got.chunks_exact(v).enumerate() {
+        let w = &want[(37 + row) * v..(38 + row) * v];
+        let spread = w.iter().cloned().fold(f32::MIN, f32::max) - w.iter().cloned().fold(f32::MAX, f32::min);
+        let err = g.iter().zip(w).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(err <= 1e-3 * spread, "row {row}: {err} vs spread {spread}");
+    }
+}
+
+/// The engine's greedy output is the single-sequence generator's.
+#[test]
+fn engine_generates_what_generate_does() {
+    let e = engine(no_cache());
+    let lm = model();
+    let prompt = tokens(PROMPTS[1]);
+    let want = generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(SamplingParams::greedy(), &prompt), &GenerateOptions { max_tokens: 40, stop_ids: vec![], prefill_chunk: 512 }, |_| {}).unwrap();
+    let got = collect(e.submit(greedy("a", prompt.clone(), 40)).unwrap());
+    assert_eq!(got.ids, want.tokens.iter().map(|t| t.id).collect::<Vec<_>>());
+    assert_eq!(got.text, want.text);
+    let (reason, _, usage) = got.finish.unwrap();
+    assert_eq!((reason, usage.prompt_tokens, usage.completion_tokens), (FinishReason::Length, prompt.len(), 40));
+    e.shutdown(Duration::from_secs(1));
+}
+
+/// Requests run together produce exactly what they produce alone, including long prompts
+/// prefilled in chunks beside other requests' decodes.
+#[test]
+fn batching_does_not_change_results() {
+    // A small budget forces multi-chunk prefills interleaved with decodes.
+    let e = engine(EngineConfig { max_num_batched_tokens: 64 + 16, ..no_cache() });
+    let mut reqs: Vec<GenRequest> = PROMPTS.iter().enumerate().map(|(i, p)| greedy(&i.to_string(), tokens(p), 24)).collect();
+    reqs.push(greedy("long", tokens(&PROMPTS[1].repeat(12)), 24));
+    let mut sampled = greedy("seeded", tokens(PROMPTS[2]), 24);
+    sampled.sampling = SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(42), ..SamplingParams::default() };
+    reqs.push(sampled);
+    let alone = run_alone(&e, &reqs);
+    let together = run_together(&e, &reqs);
+    for (a, t) in alone.iter().zip(&together) {
+        assert_eq!(a.ids, t.ids);
+        assert_eq!(a.text, t.text);
+    }
+    assert!(metric(&e, "tessera_kv_cache_blocks_used") == 0.0);
+}
+
+/// A shared prefix is served from the cache: counted in usage and metrics, same output.
+#[test]
+fn prefix_cache_reuses_full_blocks() {
+    let e = engine(EngineConfig::default());
+    let prompt = tokens(&PROMPTS[1].repeat(4));
+    let first = collect(e.submit(greedy("a", prompt.clone(), 8)).unwrap());
+    let second = collect(e.submit(greedy("b", prompt.clone(), 8)).unwrap());
+    assert_eq!(first.finish.as_ref().unwrap().2.cached_tokens, 0);
+    let cached = second.finish.as_ref().unwrap().2.cached_tokens;
+    assert_eq!(cached, (prompt.len() - 1) / 16 * 16, "every full block but the one holding the last token");
+    assert_eq!(first.text, second.text);
+    assert_eq!(metric(&e, "tessera_prefix_cache_hits_total"), cached as f64);
+    assert_eq!(metric(&e, "tessera_prefix_cache_queries_total"), 2.0 * prompt.len() as f64);
+    // A prompt sharing the first block only.
+    let mut other = prompt.clone();
+    other[20] = tokens(" dog")[0];
+    let third = collect(e.submit(greedy("c", other, 4)).unwrap());
+    assert_eq!(third.finish.unwrap().2.cached_tokens, 16);
+}
+
+/// With too few blocks for everyone, the newest sequences are preempted and recomputed;
+/// every request still completes with its full length and the pool drains.
+#[test]
+fn preemption_recomputes_and_completes() {
+    let m = model();
+    let bytes_per_block = m.model.config().num_layers * 2 * 16 * m.model.kv_width() * 4;
+    // 12 blocks = 192 tokens for 4 requests needing ~60-90 tokens each.
+    let e = engine(EngineConfig { kv_cache_bytes: 12 * bytes_per_block, ..no_cache() });
+    let reqs: Vec<GenRequest> = PROMPTS.iter().enumerate().map(|(i, p)| greedy(&i.to_string(), tokens(p), 60)).collect();
+    let out = run_together(&e, &reqs);
+    for o in &out {
+        let (reason, _, usage) = o.finish.clone().unwrap();
+        assert_eq!((reason, usage.completion_tokens, o.ids.len()), (FinishReason::Length, 60, 60));
+    }
+    assert!(metric(&e, "tessera_num_preemptions_total") > 0.0, "the pool was too small for all four");
+    assert_eq!(metric(&e, "tessera_kv_cache_blocks_used"), 0.0);
+    assert_eq!(e.info().max_model_len, 12 * 16);
+    let too_long = e.submit(greedy("x", tokens(PROMPTS[0]), 190));
+    assert!(matches!(too_long, Err(SubmitError::TooLong { max_model_len: 192, .. })), "{:?}", too_long.err());
+}
+
+/// Prompt logprobs (echo scoring) equal a direct forward pass's log-softmax. Both use the
+/// float (GEMM) kernels: with int8 activations, a one-ulp difference can move an activation
+/// to the next int8 step, which would blur the comparison.
+#[test]
+fn prompt_logprobs_match_a_direct_forward_pass() {
+    let e = engine_with(LinearPolicy::ALWAYS_GEMM, EngineConfig { max_num_batched_tokens: 48, ..EngineConfig::default() });
+    let lm = e.model().clone();
+    let prompt = tokens(&PROMPTS[1].repeat(3));
+    let mut req = GenRequest::new("p", prompt.clone(), SamplingParams::greedy(), 0);
+    req.prompt_logprobs = Some(2);
+    let got = collect(e.submit(req).unwrap());
+    let cfg = lm.model.config();
+    let mut kv = ContiguousKv::new(cfg.num_layers, lm.model.kv_width(), cfg.max_position_embeddings);
+    let all: Vec<f32> = prompt
+        .chunks(48 - 16)
+        .flat_map(|c| lm.model.forward(&mut [SeqInput { tokens: c, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0))
+        .collect();
+    assert_eq!(got.prompt_logprobs.len(), prompt.len());
+    assert_eq!(got.prompt_logprobs[0], None);
+    for (i, lp) in got.prompt_logprobs.iter().enumerate().skip(1) {
+        let row = &all[(i - 1) * cfg.vocab_size..i * cfg.vocab_size];
+        let want = (row[prompt[i] as usize] as f64 - logsumexp(row)) as f32;
+        // Paged vs contiguous prefill attention: only the f32 accumulation order differs.
+        assert!((lp.unwrap() - want).abs() < 1e-4, "token {i}: {lp:?} vs {want}");
+    }
+    let (reason, _, usage) = got.finish.unwrap();
+    assert_eq!((reason, usage.completion_tokens), (FinishReason::Length, 0));
+    assert!(got.ids.is_empty());
+}
+
+/// Stop strings end generation, are never emitted, and match across token boundaries.
+#[test]
+fn stop_strings_cut_the_text() {
+    let e = engine(no_cache());
+    let prompt = tokens(PROMPTS[1]);
+    let full = collect(e.submit(greedy("a", prompt.clone(), 40)).unwrap()).text;
+    // A stop string spanning at least two tokens, starting mid-output.
+    let start = full.char_indices().nth(full.chars().count() / 3).unwrap().0;
+    let end = full[start..].char_indices().nth(6).map(|(i, _)| start + i).unwrap_or(full.len());
+    let stop = full[start..end].to_string();
+    let mut req = greedy("b", prompt, 40);
+    req.stop = vec!["no such text".into(), stop.clone()];
+    let got = collect(e.submit(req).unwrap());
+    let cut = full.find(&stop).unwrap();
+    assert_eq!(got.text, full[..cut]);
+    let (reason, why, _) = got.finish.unwrap();
+    assert_eq!((reason, why), (FinishReason::Stop, Some(StopReason::Text(stop))));
+}
+
+#[test]
+fn held_back_text_is_released_when_no_stop_follows() {
+    let tok = &model().tokenizer;
+    let mut out = OutputText::new(&["Hello world".into()]);
+    let ids = tok.encode(" say Hello there").unwrap();
+    let mut shown = String::new();
+    for (i, &id) in ids.iter().enumerate() {
+        let (t, hit) = out.push(tok, id, true);
+        assert!(hit.is_none());
+        shown.push_str(&t);
+        if tok.decode(&ids[..=i]).ends_with("Hello") {
+            assert!(!shown.ends_with("Hello"), "a possible stop-string start is held back");
+        }
+    }
+    shown.push_str(&out.finish(tok, true).0);
+    assert_eq!(shown, tok.decode(&ids));
+}
+
+/// min_tokens suppresses EOS; stop token ids end generation.
+#[test]
+fn min_tokens_and_stop_token_ids() {
+    let e = engine(no_cache());
+    let lm = model();
+    let eos = lm.checkpoint.special.eos[0];
+    // A chat-formatted question the model answers briefly and ends with EOS.
+    let prompt = tokens("<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n");
+    let mut r = GenRequest::new("a", prompt.clone(), SamplingParams::greedy(), 200);
+    let natural = collect(e.submit(r.clone()).unwrap());
+    let (reason, why, usage) = natural.finish.unwrap();
+    assert_eq!((reason, why), (FinishReason::Stop, Some(StopReason::Token(eos))));
+    let n = usage.completion_tokens;
+    assert!(n < 100);
+    r.min_tokens = n + 5;
+    let longer = collect(e.submit(r.clone()).unwrap());
+    assert!(longer.finish.unwrap().2.completion_tokens >= n + 5);
+    assert!(!longer.ids[..n + 4].contains(&eos));
+    // The natural output's second token as a stop id ends there (not emitted as text).
+    r.min_tokens = 0;
+    r.stop_token_ids = vec![natural.ids[1]];
+    let cut = collect(e.submit(r).unwrap());
+    assert_eq!(cut.ids, natural.ids[..2]);
+    assert_eq!(cut.text, lm.tokenizer.decode(&natural.ids[..1]));
+}
+
+/// Dropping a stream aborts its request and frees its blocks within a step; a full queue
+/// refuses new requests while accepted ones finish.
+#[test]
+fn abort_frees_blocks_and_queue_overflow_is_refused() {
+    let e = engine(EngineConfig { max_num_seqs: 1, max_num_batched_tokens: 64, max_waiting: 1, ..EngineConfig::default() });
+    let mut s = e.submit(greedy("a", tokens(PROMPTS[1]), 400)).unwrap();
+    assert!(matches!(s.blocking_next(), Some(Event::Delta { .. })));
+    let queued = e.submit(greedy("b", tokens(PROMPTS[0]), 4)).unwrap();
+    assert_eq!(e.submit(greedy("c", tokens(PROMPTS[0]), 4)).err(), Some(SubmitError::QueueFull { waiting: 1 }));
+    assert!(metric(&e, "tessera_kv_cache_blocks_used") > 0.0);
+    drop(s);
+    let done = collect(queued);
+    assert_eq!(done.finish.unwrap().2.completion_tokens, 4);
+    let t = Instant::now();
+    while metric(&e, "tessera_kv_cache_blocks_used") != 0.0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "blocks not freed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(metric(&e, "tessera_num_requests_running"), 0.0);
+    e.shutdown(Duration::from_secs(1));
+    assert_eq!(e.submit(greedy("d", tokens(PROMPTS[0]), 4)).err(), Some(SubmitError::ShuttingDown));
+}
+
+/// Shutdown lets running requests finish within the grace period, then aborts the rest.
+#[test]
+fn shutdown_aborts_after_the_grace_period() {
+    let e = engine(no_cache());
+    let s = e.submit(greedy("a", tokens(PROMPTS[1]), 4000)).unwrap();
+    let short = e.submit(greedy("b", tokens(PROMPTS[0]), 3)).unwrap();
+    let t = Instant::now();
+    e.shutdown(Duration::from_secs(2));
+    assert!(t.elapsed() < Duration::from_secs(6));
+    assert_eq!(collect(short).finish.unwrap().0, FinishReason::Length);
+    assert_eq!(collect(s).finish.unwrap().0, FinishReason::Abort);
+}
