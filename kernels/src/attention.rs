@@ -68,7 +68,8 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     if m < GEMM_MIN_QUERIES {
-        return decode_attention(shape, q, m, pos0, tiles, out);
+        let mut job = AttnJob { q, m, pos0, tiles: tiles.to_vec(), out };
+        return decode_batch(shape, &mut [&mut job]);
     }
     let out_ptr = SyncPtr::new(out.as_mut_ptr());
     // Tasks are (head, block of queries): balances the pool, and each block stops at the keys
@@ -150,6 +151,34 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
     });
 }
 
+/// One sequence's attention: `m` query rows at positions `pos0..pos0 + m` over its tiles.
+pub struct AttnJob<'a> {
+    /// `m × q_width` queries.
+    pub q: &'a [f32],
+    /// Query rows.
+    pub m: usize,
+    /// Position of the first query.
+    pub pos0: usize,
+    /// The sequence's cached keys/values (including the queries' own).
+    pub tiles: Vec<KvTile<'a>>,
+    /// `m × q_width` output.
+    pub out: &'a mut [f32],
+}
+
+/// Attention for several sequences. Long query blocks (prefill) run one after another, each
+/// parallel inside; the short ones (decode steps) share a single parallel region, so a batch
+/// of decodes costs one fork-join per layer rather than one per sequence. Each job's result is
+/// bit-identical to [`attention`] on it alone.
+pub fn attention_batch(shape: AttnShape, jobs: &mut [AttnJob<'_>]) {
+    let (mut short, mut long): (Vec<&mut AttnJob<'_>>, Vec<&mut AttnJob<'_>>) = jobs.iter_mut().partition(|j| j.m < GEMM_MIN_QUERIES);
+    for j in long.iter_mut() {
+        attention(shape, j.q, j.m, j.pos0, &j.tiles, j.out);
+    }
+    if !short.is_empty() {
+        decode_batch(shape, &mut short);
+    }
+}
+
 /// One task's partial softmax state for every (query row, head of the group).
 struct Partial {
     max: Vec<f32>,
@@ -157,18 +186,10 @@ struct Partial {
     acc: Vec<f32>,
 }
 
-/// Flash-decoding for a few queries: tasks are (KV head, range of keys); each task scores all
-/// query heads sharing the KV head against each key it reads (the cache is read once per KV
-/// head, not once per query head), and the partial softmax states are merged at the end.
-fn decode_attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[KvTile<'_>], out: &mut [f32]) {
-    let (hd, qw, kw) = (shape.head_dim, shape.q_width(), shape.kv_width());
-    let group = shape.n_heads / shape.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let isa = CpuCaps::detect().best_isa();
-    let end = pos0 + m; // keys at positions < end can be visible
-    // Key ranges of at most DECODE_SPLIT keys, each a list of tile pieces (tile index,
-    // offset, len): a range spans tile boundaries, so a paged cache's small blocks cost no
-    // extra tasks and the arithmetic matches a contiguous cache's exactly.
+/// A decode job's key ranges: at most DECODE_SPLIT keys each, as tile pieces (tile index,
+/// offset, len). A range spans tile boundaries, so a paged cache's small blocks cost no extra
+/// tasks and the arithmetic matches a contiguous cache's exactly.
+fn key_ranges(tiles: &[KvTile<'_>], end: usize) -> Vec<Vec<(usize, usize, usize)>> {
     let mut ranges: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new()];
     let mut filled = 0;
     for (ti, t) in tiles.iter().enumerate() {
@@ -185,12 +206,38 @@ fn decode_attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &
             off += n;
         }
     }
-    let rows = m * group;
-    let tasks: Vec<(usize, usize)> = (0..shape.n_kv_heads).flat_map(|g| (0..ranges.len()).map(move |r| (g, r))).collect();
+    ranges
+}
+
+/// Flash-decoding for jobs with a few queries each: tasks are (job, KV head, key range); each
+/// task scores all query heads sharing the KV head against each key it reads (the cache is
+/// read once per KV head, not once per query head), and the partial softmax states are merged
+/// per job at the end.
+fn decode_batch(shape: AttnShape, jobs: &mut [&mut AttnJob<'_>]) {
+    let (hd, qw, kw) = (shape.head_dim, shape.q_width(), shape.kv_width());
+    let group = shape.n_heads / shape.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let isa = CpuCaps::detect().best_isa();
+    for j in jobs.iter() {
+        assert!(j.q.len() == j.m * qw && j.out.len() == j.m * qw, "attention job shape");
+        for t in &j.tiles {
+            assert!(t.keys.len() == t.len * kw && t.values.len() == t.len * kw, "kv tile shape");
+        }
+    }
+    let ranges: Vec<_> = jobs.iter().map(|j| key_ranges(&j.tiles, j.pos0 + j.m)).collect();
+    let tasks: Vec<(usize, usize, usize)> = (0..jobs.len())
+        .flat_map(|ji| {
+            let nr = ranges[ji].len();
+            (0..shape.n_kv_heads).flat_map(move |g| (0..nr).map(move |r| (ji, g, r)))
+        })
+        .collect();
+    let shared: Vec<(&[f32], usize, usize, &[KvTile<'_>])> = jobs.iter().map(|j| (j.q, j.m, j.pos0, &j.tiles[..])).collect();
     let partials: Vec<Partial> = tasks
         .par_iter()
-        .map(|&(g, r)| {
-            let pieces = &ranges[r];
+        .map(|&(ji, g, r)| {
+            let (q, m, pos0, tiles) = shared[ji];
+            let pieces = &ranges[ji][r];
+            let rows = m * group;
             let len: usize = pieces.iter().map(|p| p.2).sum();
             let mut p = Partial { max: vec![f32::NEG_INFINITY; rows], sum: vec![0.0; rows], acc: vec![0.0; rows * hd] };
             // Pass 1: all scores of this range (row-major: query row x key), masked keys -inf.
@@ -242,22 +289,28 @@ fn decode_attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &
             p
         })
         .collect();
-    for g in 0..shape.n_kv_heads {
-        for row in 0..rows {
-            let (i, hh) = (row / group, row % group);
-            let h = g * group + hh;
-            let parts = &partials[g * ranges.len()..(g + 1) * ranges.len()];
-            let mx = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.max[row]));
-            let dst = &mut out[i * qw + h * hd..i * qw + (h + 1) * hd];
-            dst.fill(0.0);
-            let mut total = 0f32;
-            for p in parts.iter().filter(|p| p.max[row] > f32::NEG_INFINITY) {
-                let c = (p.max[row] - mx).exp();
-                total += p.sum[row] * c;
-                dst.iter_mut().zip(&p.acc[row * hd..(row + 1) * hd]).for_each(|(d, a)| *d += a * c);
+    let mut first = 0;
+    for (ji, job) in jobs.iter_mut().enumerate() {
+        let nr = ranges[ji].len();
+        let rows = job.m * group;
+        for g in 0..shape.n_kv_heads {
+            let parts = &partials[first + g * nr..first + (g + 1) * nr];
+            for row in 0..rows {
+                let (i, hh) = (row / group, row % group);
+                let h = g * group + hh;
+                let mx = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.max[row]));
+                let dst = &mut job.out[i * qw + h * hd..i * qw + (h + 1) * hd];
+                dst.fill(0.0);
+                let mut total = 0f32;
+                for p in parts.iter().filter(|p| p.max[row] > f32::NEG_INFINITY) {
+                    let c = (p.max[row] - mx).exp();
+                    total += p.sum[row] * c;
+                    dst.iter_mut().zip(&p.acc[row * hd..(row + 1) * hd]).for_each(|(d, a)| *d += a * c);
+                }
+                let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+                dst.iter_mut().for_each(|d| *d *= inv);
             }
-            let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
-            dst.iter_mut().for_each(|d| *d *= inv);
         }
+        first += shape.n_kv_heads * nr;
     }
 }

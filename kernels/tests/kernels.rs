@@ -3,7 +3,7 @@
 mod common;
 
 use common::{assert_close, randn, random_weights, rng};
-use tessera_kernels::attention::{attention, AttnShape, KvTile};
+use tessera_kernels::attention::{attention, attention_batch, AttnJob, AttnShape, KvTile};
 use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, QuantDot, MULTI_TOKENS};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, Q8Block};
@@ -261,6 +261,48 @@ fn decode_attention_is_independent_of_the_tile_layout() {
     attention(shape, &q, m, total - m, &[tile(0, total)], &mut a);
     attention(shape, &q, m, total - m, &paged, &mut b);
     assert_eq!(a, b);
+}
+
+/// A batch of jobs (decodes sharing one parallel region, prefills on their own) gives each
+/// job exactly what [`attention`] gives it alone.
+#[test]
+fn attention_batch_equals_jobs_alone() {
+    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let mut r = rng(22);
+    let kw = shape.kv_width();
+    // (queries, position of the first query, tile lengths)
+    let specs: [(usize, usize, &[usize]); 4] = [(1, 299, &[16, 16, 268]), (2, 40, &[42]), (9, 0, &[9]), (1, 700, &[256, 256, 189])];
+    let data: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = specs
+        .iter()
+        .map(|&(m, _, lens)| {
+            let total: usize = lens.iter().sum();
+            (randn(&mut r, m * shape.q_width()), randn(&mut r, total * kw), randn(&mut r, total * kw))
+        })
+        .collect();
+    let tiles = |i: usize| {
+        let (_, k, v) = &data[i];
+        let mut start = 0;
+        specs[i].2.iter().map(|&len| {
+            let t = KvTile { start, len, keys: &k[start * kw..(start + len) * kw], values: &v[start * kw..(start + len) * kw] };
+            start += len;
+            t
+        }).collect::<Vec<_>>()
+    };
+    let mut alone = Vec::new();
+    for (i, &(m, pos0, _)) in specs.iter().enumerate() {
+        let mut out = vec![0f32; m * shape.q_width()];
+        attention(shape, &data[i].0, m, pos0, &tiles(i), &mut out);
+        alone.push(out);
+    }
+    let mut outs: Vec<Vec<f32>> = specs.iter().map(|&(m, _, _)| vec![f32::NAN; m * shape.q_width()]).collect();
+    let mut jobs: Vec<AttnJob> = outs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, out)| AttnJob { q: &data[i].0, m: specs[i].0, pos0: specs[i].1, tiles: tiles(i), out })
+        .collect();
+    attention_batch(shape, &mut jobs);
+    drop(jobs);
+    assert_eq!(outs, alone);
 }
 
 /// RoPE is a rotation: norms are kept, and q·k depends only on the position difference.

@@ -7,7 +7,7 @@
 use super::linear::{Linear, PlanEntry};
 use crate::checkpoint::{Checkpoint, LoadError, ModelConfig, TensorEntry};
 use crate::kv::{KvError, SequenceKv};
-use tessera_kernels::attention::{attention, AttnShape};
+use tessera_kernels::attention::{attention_batch, AttnJob, AttnShape};
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::{dequantize_row, GgmlType};
 use tessera_kernels::linear::LinearPolicy;
@@ -252,9 +252,17 @@ impl LlamaModel {
                     vbuf.extend_from_slice(&row[qw + kw..]);
                 }
                 s.kv.write(li, p0, &kbuf, &vbuf);
-                let tiles = s.kv.tiles(li, p0 + n);
-                attention(self.shape, &q[r0 * qw..(r0 + n) * qw], n, p0, &tiles, &mut attn[r0 * qw..(r0 + n) * qw]);
             }
+            // Every sequence's attention in one call (decodes share one parallel region).
+            let mut jobs = Vec::with_capacity(batch.len());
+            let mut rest = &mut attn[..];
+            for (s, &(r0, n, p0)) in batch.iter().zip(&spans) {
+                let (out, tail) = rest.split_at_mut(n * qw);
+                rest = tail;
+                jobs.push(AttnJob { q: &q[r0 * qw..(r0 + n) * qw], m: n, pos0: p0, tiles: s.kv.tiles(li, p0 + n), out });
+            }
+            attention_batch(self.shape, &mut jobs);
+            drop(jobs);
             b.wo.forward(&attn, &segments, &mut tmp, h);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
 

@@ -20,8 +20,9 @@ use std::collections::HashMap;
 pub struct Sampled {
     /// Token id.
     pub id: u32,
-    /// Its log-probability under the raw distribution.
-    pub logprob: f32,
+    /// Its log-probability under the raw distribution, when logprobs were asked for (the
+    /// normaliser costs a pass over the vocabulary, so it is skipped otherwise).
+    pub logprob: Option<f32>,
     /// Top alternatives `(id, logprob)`, most likely first, when logprobs were asked for.
     pub top: Vec<(u32, f32)>,
 }
@@ -86,18 +87,28 @@ impl Sampler {
     /// As [`Sampler::sample`], but never picks a `banned` id (e.g. EOS before `min_tokens`);
     /// logprobs still come from the unmodified distribution.
     pub fn sample_banning(&mut self, logits: &[f32], banned: &[u32]) -> Sampled {
-        let lse = logsumexp(logits);
-        let logprob = |l: f32| (l as f64 - lse) as f32;
-        let mut l = logits.to_vec();
-        self.apply_penalties(&mut l);
-        for &b in banned {
-            if let Some(v) = l.get_mut(b as usize) {
-                *v = f32::NEG_INFINITY;
+        let p = &self.params;
+        let plain = p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 && banned.is_empty();
+        let id = if plain && p.temperature == 0.0 {
+            argmax(logits) // the common greedy case needs no copy
+        } else {
+            let mut l = logits.to_vec();
+            self.apply_penalties(&mut l);
+            for &b in banned {
+                if let Some(v) = l.get_mut(b as usize) {
+                    *v = f32::NEG_INFINITY;
+                }
             }
-        }
-        let id = if self.params.temperature == 0.0 { argmax(&l) } else { self.draw(&mut l) };
+            if self.params.temperature == 0.0 {
+                argmax(&l)
+            } else {
+                self.draw(&mut l)
+            }
+        };
+        let lse = self.params.logprobs.map(|_| logsumexp(logits));
+        let logprob = |l: f32| lse.map(|lse| (l as f64 - lse) as f32);
         // log_softmax is monotonic: the top logits are the top logprobs, in the same order.
-        let top = self.params.logprobs.map(|n| top_n(logits, n).into_iter().map(|(i, v)| (i, logprob(v))).collect()).unwrap_or_default();
+        let top = self.params.logprobs.map(|n| top_n(logits, n).into_iter().filter_map(|(i, v)| Some((i, logprob(v)?))).collect()).unwrap_or_default();
         *self.seen.entry(id).or_insert(0) += 1;
         *self.output_counts.entry(id).or_insert(0) += 1;
         Sampled { id, logprob: logprob(logits[id as usize]), top }
@@ -282,6 +293,12 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_only_when_asked() {
+        let mut s = Sampler::new(params(|p| p.temperature = 0.0), &[]);
+        assert_eq!(s.sample(&logits()).logprob, None);
+    }
+
+    #[test]
     fn banned_ids_are_never_drawn() {
         let mut s = Sampler::new(params(|p| p.temperature = 0.0), &[]);
         assert_eq!(s.sample_banning(&logits(), &[7]).id, 3);
@@ -295,7 +312,7 @@ mod tests {
         let mut s = Sampler::new(params(|p| (p.temperature, p.logprobs, p.repetition_penalty) = (0.0, Some(4), 2.0)), &[7]);
         let out = s.sample(&logits());
         assert_eq!(out.id, 3);
-        assert_eq!(out.logprob, raw[3], "logprob from the raw distribution, before penalties");
+        assert_eq!(out.logprob, Some(raw[3]), "logprob from the raw distribution, before penalties");
         assert_eq!(out.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![7, 3, 11, 0]);
         assert!(out.top.windows(2).all(|w| w[0].1 >= w[1].1));
         let total: f64 = raw.iter().map(|&l| (l as f64).exp()).sum();

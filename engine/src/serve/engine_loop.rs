@@ -265,7 +265,7 @@ fn token_info(with_logprobs: bool, tok: &Tokenizer, s: &Sampled) -> TokenLogprob
     TokenLogprob {
         id: s.id,
         text: tok.decode(&[s.id]),
-        logprob: Some(s.logprob),
+        logprob: s.logprob,
         top: s.top.iter().map(|&(i, l)| (tok.decode(&[i]), l)).collect(),
     }
 }
