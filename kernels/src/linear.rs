@@ -249,16 +249,16 @@ fn dot_path(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32], rows: &
                 q.dot_rows(kern.isa, &w.data[r0 * rb..r1 * rb], &acts, dst);
             }
             SmallPath::QuantDot(q) => {
-                let mut res = [0f32; MULTI_TOKENS];
-                for r in r0..r1 {
-                    let wr = w.row(r);
-                    for (ids, ab) in rows.chunks(MULTI_TOKENS).zip(acts.chunks(MULTI_TOKENS * nb)) {
-                        let mut a: [&[Q8Block]; MULTI_TOKENS] = [&[]; MULTI_TOKENS];
-                        for (slot, row_acts) in a.iter_mut().zip(ab.chunks_exact(nb)) {
-                            *slot = row_acts;
-                        }
-                        q.dot_multi(kern.isa, wr, &a[..ids.len()], &mut res[..ids.len()]);
-                        for (&i, &v) in ids.iter().zip(&res) {
+                // Each group of up to MULTI_TOKENS tokens against all of this task's weight
+                // rows in one call; results land row-major (weight row, token).
+                let rb = w.data.len() / w.rows;
+                let mut res = vec![0f32; (r1 - r0) * MULTI_TOKENS];
+                for (ids, ab) in rows.chunks(MULTI_TOKENS).zip(acts.chunks(MULTI_TOKENS * nb)) {
+                    let a: Vec<&[Q8Block]> = ab.chunks_exact(nb).collect();
+                    let res = &mut res[..(r1 - r0) * ids.len()];
+                    q.dot_multi_rows(kern.isa, &w.data[r0 * rb..r1 * rb], &a, res);
+                    for (r, vals) in (r0..r1).zip(res.chunks_exact(ids.len())) {
+                        for (&i, &v) in ids.iter().zip(vals) {
                             // SAFETY: (i, col + r) is inside y (asserted by the caller); each
                             // (part, weight row) belongs to one task.
                             unsafe { *out.get().add(i * ldy + col + r) = v };

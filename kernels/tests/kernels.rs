@@ -78,6 +78,12 @@ fn multi_token_dot_is_bit_identical_to_single() {
                     for (t, a) in refs.iter().enumerate() {
                         assert_eq!(out[t].to_bits(), q.dot(isa, &w, a).to_bits(), "{} {isa:?} k={k} n={n} row {t}", q.name());
                     }
+                    // Three weight rows at once: out[row * n + t].
+                    let mut out3 = vec![f32::NAN; 3 * n];
+                    q.dot_multi_rows(isa, &w3, &refs, &mut out3);
+                    for (i, v) in out3.iter().enumerate() {
+                        assert_eq!(v.to_bits(), out[i % n].to_bits(), "{} {isa:?} k={k} n={n} dot_multi_rows", q.name());
+                    }
                 }
             }
         }
