@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Runs Tessera's whole test suite: fetches the default model when missing (model-level
-# tests run the real model), then builds and runs every test optimized.
+# tests run the real model) and the end-to-end tests' tools, then builds and runs every test optimized.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 scripts/fetch-default-model.sh
+# The server's end-to-end tests also run the official openai Python client (from PyPI, into
+# .venv-test/) and promtool (Debian's prometheus package); get both ready first.
+scripts/python-env.sh >/dev/null
+scripts/ensure-promtool.sh >/dev/null
 cargo test --release --workspace --locked "$@"

@@ -1,6 +1,7 @@
 //! `tessera`: Tessera's command-line entry point.
 
 mod cli;
+mod http;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -11,6 +12,9 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log format (logs go to stderr; the level comes from $RUST_LOG).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<cli::LogFormat>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -23,6 +27,8 @@ enum Command {
     Inspect(cli::inspect::InspectArgs),
     /// Perplexity of a text file, llama.cpp's method (ctx windows, second half scored).
     Perplexity(cli::perplexity::PerplexityArgs),
+    /// OpenAI-compatible HTTP server (continuous batching over a paged KV cache).
+    Serve(cli::serve::ServeArgs),
 }
 
 /// Pins glibc's mmap threshold at 1 MiB. By default glibc raises the threshold to the size of
@@ -39,16 +45,17 @@ fn pin_mmap_threshold() {
 
 fn main() -> ExitCode {
     pin_mmap_threshold();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        // The other commands print their results; logs stay quiet unless $RUST_LOG asks.
+        cli::init_logging(cli.log_format.unwrap_or_default(), "error");
+    }
     let result = match cli.command {
         Command::Bench(a) => cli::bench::run(a),
         Command::Generate(a) => cli::generate::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Perplexity(a) => cli::perplexity::run(a),
+        Command::Serve(a) => cli::serve::run(a, cli.log_format),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

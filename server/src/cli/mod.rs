@@ -5,10 +5,32 @@ pub mod generate;
 pub mod inspect;
 pub mod model_path;
 pub mod perplexity;
+pub mod serve;
 
 use anyhow::{anyhow, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use tessera_engine::sample::SamplingParams;
+use tracing_subscriber::EnvFilter;
+
+/// How log lines are written (to stderr).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One readable line per event.
+    #[default]
+    Human,
+    /// One JSON object per event (with the request span's fields).
+    Json,
+}
+
+/// Installs the global subscriber: `$RUST_LOG` when set, else `default_filter` (e.g. `info`).
+pub fn init_logging(format: LogFormat, default_filter: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+    }
+}
 
 /// Sampling flags shared by commands that generate.
 #[derive(Args, Debug, Clone)]

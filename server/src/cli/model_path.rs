@@ -36,7 +36,7 @@ fn repo_root() -> PathBuf {
 }
 
 /// The model to load: `explicit`, else `$TESSERA_MODEL`, else the default model.
-fn resolve(explicit: Option<&Path>) -> Result<PathBuf> {
+pub fn resolve(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = explicit {
         if !p.exists() {
             bail!("model not found: {}", p.display());

@@ -10,12 +10,22 @@ use tessera_engine::perplexity::{available_chunks, perplexity, PerplexityOptions
 use tessera_kernels::linear::LinearPolicy;
 
 /// Which arithmetic the linear layers use.
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ComputePath {
     /// Weights dequantized to f32 panels, f32 activations (compare with llama.cpp's F16 figure).
     Float,
     /// Activations quantized per token to 8-bit blocks, integer dots (llama.cpp's Q4_1 kernels).
     Int8Act,
+}
+
+impl ComputePath {
+    /// The kernel policy that forces this path on every linear layer.
+    pub fn policy(self) -> LinearPolicy {
+        match self {
+            ComputePath::Float => LinearPolicy::ALWAYS_GEMM,
+            ComputePath::Int8Act => LinearPolicy::ALWAYS_DOT,
+        }
+    }
 }
 
 /// Arguments of `tessera perplexity`.
@@ -46,11 +56,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         bail!("--ctx must be at least 4");
     }
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let policy = match args.compute {
-        ComputePath::Float => LinearPolicy::ALWAYS_GEMM,
-        ComputePath::Int8Act => LinearPolicy::ALWAYS_DOT,
-    };
-    let lm = args.model.load(policy)?;
+    let lm = args.model.load(args.compute.policy())?;
     if args.ctx > lm.model.config().max_position_embeddings {
         bail!("--ctx {} exceeds the model's context {}", args.ctx, lm.model.config().max_position_embeddings);
     }

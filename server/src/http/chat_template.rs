@@ -1,0 +1,130 @@
+//! Hugging Face chat templates (Jinja) rendered with minijinja the way `transformers` renders
+//! them: `trim_blocks`/`lstrip_blocks`, Python string methods (`.strip()`, ...), `raise_exception`,
+//! `bos_token`/`eos_token`, and `add_generation_prompt=True`.
+
+use minijinja::{context, Environment, Error, ErrorKind};
+use serde::Serialize;
+
+/// One message as the template sees it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    /// Text content.
+    pub content: String,
+    /// Optional participant name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A compiled chat template with the model's special-token texts.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+const NAME: &str = "chat";
+
+impl ChatTemplate {
+    /// Compiles `source`; the error describes the syntax problem.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, String> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned(NAME, source.to_owned()).map_err(|e| format!("the chat template does not compile: {e}"))?;
+        Ok(ChatTemplate { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned() })
+    }
+
+    /// The prompt text for `messages`, ending with the assistant's turn opener. The error is the
+    /// template's own complaint (e.g. from `raise_exception`) or a rendering failure.
+    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        let tmpl = self.env.get_template(NAME).map_err(|e| e.to_string())?;
+        tmpl.render(context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        })
+        .map_err(|e| match e.kind() {
+            ErrorKind::InvalidOperation => e.detail().unwrap_or("the chat template rejected the messages").to_owned(),
+            _ => format!("rendering the chat template failed: {e}"),
+        })
+    }
+
+    /// The text to tokenize: when tokenization will prepend BOS itself (`add_bos`) and the
+    /// template already wrote the BOS text, that text is dropped so the prompt has one BOS.
+    pub fn without_duplicate_bos<'a>(&self, rendered: &'a str, add_bos: bool) -> &'a str {
+        match rendered.strip_prefix(self.bos_token.as_str()) {
+            Some(rest) if add_bos && !self.bos_token.is_empty() => rest,
+            _ => rendered,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-Instruct's template (as in the default model's GGUF).
+    const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    fn msg(role: &str, content: &str) -> ChatMessage {
+        ChatMessage { role: role.into(), content: content.into(), name: None }
+    }
+
+    #[test]
+    fn renders_chatml_with_generation_prompt() {
+        let t = ChatTemplate::new(CHATML, "<|endoftext|>", "<|im_end|>").unwrap();
+        assert_eq!(
+            t.render(&[msg("user", "Hi")]).unwrap(),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            t.render(&[msg("system", "Be brief."), msg("user", "Hi")]).unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn python_methods_block_trimming_special_tokens_and_raise_exception() {
+        // A Llama-2-style template: whitespace control, .strip(), bos/eos, role alternation check.
+        let src = "{{ bos_token }}\n{% for m in messages %}\n    {% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}\n        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}\n    {% endif %}\n    {% if m['role'] == 'user' %}\n        {{ '[INST] ' + m['content'].strip() + ' [/INST]' }}\n    {% else %}\n        {{ ' ' + m['content'].strip() + ' ' + eos_token }}\n    {% endif %}\n{% endfor %}\n";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let out = t.render(&[msg("user", "  a  "), msg("assistant", " b "), msg("user", "c")]).unwrap();
+        assert_eq!(
+            out.split_whitespace().collect::<Vec<_>>().join(" "),
+            "<s> [INST] a [/INST] b </s> [INST] c [/INST]"
+        );
+        let err = t.render(&[msg("assistant", "x")]).unwrap_err();
+        assert_eq!(err, "Conversation roles must alternate user/assistant/user/assistant/...");
+    }
+
+    #[test]
+    fn syntax_errors_are_reported_at_compile_time() {
+        let err = ChatTemplate::new("{% for m in messages %}", "", "").err().unwrap();
+        assert!(err.contains("does not compile"), "{err}");
+    }
+
+    #[test]
+    fn names_reach_the_template() {
+        let t = ChatTemplate::new("{% for m in messages %}{{ m.name or '-' }}:{{ m.content }};{% endfor %}", "", "").unwrap();
+        let named = ChatMessage { name: Some("ann".into()), ..msg("user", "x") };
+        assert_eq!(t.render(&[named, msg("user", "y")]).unwrap(), "ann:x;-:y;");
+    }
+
+    #[test]
+    fn bos_written_by_the_template_is_not_doubled() {
+        let t = ChatTemplate::new(CHATML, "<s>", "</s>").unwrap();
+        assert_eq!(t.without_duplicate_bos("<s>[INST] hi", true), "[INST] hi");
+        assert_eq!(t.without_duplicate_bos("<s>[INST] hi", false), "<s>[INST] hi");
+        assert_eq!(t.without_duplicate_bos("[INST] hi", true), "[INST] hi");
+        let no_bos = ChatTemplate::new(CHATML, "", "</s>").unwrap();
+        assert_eq!(no_bos.without_duplicate_bos("[INST] hi", true), "[INST] hi");
+    }
+}

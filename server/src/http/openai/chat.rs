@@ -1,0 +1,296 @@
+//! `POST /v1/chat/completions`: messages rendered with the model's chat template, `n` choices,
+//! chat-format logprobs, streaming as `chat.completion.chunk`s (role first, then content).
+
+use super::generation::{self, ChoiceOutput, ChunkShaper, Finish};
+use super::logprobs::ChatLogprobs;
+use super::request::{CommonParams, DefaultMaxTokens, RequestShape};
+use super::response::{stop_reason_json, Meta, Usage};
+use crate::http::chat_template::ChatMessage;
+use crate::http::errors::ApiError;
+use crate::http::{json, AppState};
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::sync::Arc;
+use tessera_engine::serve::TokenLogprob;
+
+const ROLE: &str = "assistant";
+
+/// Fields only the chat endpoint has.
+#[derive(Debug, Deserialize)]
+struct ChatParams {
+    messages: Option<Vec<MessageIn>>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<usize>,
+    max_completion_tokens: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageIn {
+    role: String,
+    content: Option<Content>,
+    name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Message {
+    role: &'static str,
+    content: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Choice {
+    index: usize,
+    message: Message,
+    logprobs: Option<ChatLogprobs>,
+    finish_reason: &'static str,
+    stop_reason: Value,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct ChunkChoice {
+    index: usize,
+    delta: Delta,
+    logprobs: Option<ChatLogprobs>,
+    finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_reason: Option<Value>,
+}
+
+impl ChunkChoice {
+    fn delta(index: usize, delta: Delta, logprobs: Option<ChatLogprobs>) -> Self {
+        ChunkChoice { index, delta, logprobs, finish_reason: None, stop_reason: None }
+    }
+}
+
+/// The handler.
+pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let meta = Meta::new("chatcmpl", state.model_name());
+    super::respond(meta.id.clone(), run(state, body, meta)).await
+}
+
+async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, ApiError> {
+    let value = json::read_object(body, state.max_body_bytes()).await?;
+    let mut common: CommonParams = json::fields(&value)?;
+    let own: ChatParams = json::fields(&value)?;
+    state.check_model(common.model.as_deref())?;
+    common.max_tokens = own.max_completion_tokens.or(common.max_tokens);
+    let logprobs = chat_logprobs(own.logprobs, own.top_logprobs)?;
+    let messages = messages(own.messages)?;
+    let template = state.chat_template().map_err(ApiError::bad_request)?;
+    let rendered = template.render(&messages).map_err(|e| ApiError::invalid("messages", e))?;
+    let model = state.engine().model();
+    let text = template.without_duplicate_bos(&rendered, model.checkpoint.special.add_bos);
+    let prompt = model
+        .tokenizer
+        .encode(text)
+        .map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))?;
+    let shape = RequestShape {
+        logprobs,
+        prompt_logprobs: None,
+        default_max_tokens: DefaultMaxTokens::RestOfContext { max_model_len: state.engine().info().max_model_len },
+    };
+    let prompt_tokens = prompt.len();
+    let reqs = common.requests(&meta.id, &[prompt], shape)?;
+    super::log_request(&common, 1, reqs.len(), prompt_tokens);
+    let choices = reqs.len();
+    // The prompt is the conversation: errors about it name `messages`.
+    let events = generation::submit_all(state.engine(), reqs).map_err(|e| match e.param.as_deref() {
+        Some("prompt") => ApiError { param: Some("messages".into()), ..e },
+        _ => e,
+    })?;
+    let shaper = Shaper { logprobs: logprobs.is_some() };
+    if common.stream() {
+        return Ok(super::spawn_stream(shaper, meta, events, choices, prompt_tokens, common.include_usage()));
+    }
+    let outputs = generation::collect(events, choices).await?;
+    let completion_tokens = generation::completion_tokens(&outputs);
+    let choices: Vec<Choice> = outputs.into_iter().enumerate().map(|(i, o)| shaper.whole(i, o)).collect();
+    super::log_done(completion_tokens);
+    let usage = Usage::new(prompt_tokens, completion_tokens);
+    Ok(axum::Json(meta.envelope("chat.completion", choices, Some(Some(usage)))).into_response())
+}
+
+/// `logprobs: true` with `top_logprobs` alternatives becomes the engine's top-n.
+fn chat_logprobs(logprobs: Option<bool>, top: Option<usize>) -> Result<Option<usize>, ApiError> {
+    match (logprobs.unwrap_or(false), top) {
+        (_, Some(t)) if t > 20 => Err(ApiError::invalid("top_logprobs", format!("top_logprobs must be in [0, 20], got {t}"))),
+        (false, Some(_)) => Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true")),
+        (true, t) => Ok(Some(t.unwrap_or(0))),
+        (false, None) => Ok(None),
+    }
+}
+
+/// Messages as the template sees them (content parts joined, text only).
+fn messages(input: Option<Vec<MessageIn>>) -> Result<Vec<ChatMessage>, ApiError> {
+    let input = input.ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
+    if input.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    input
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => parts
+                    .into_iter()
+                    .map(|p| match (p.kind.as_str(), p.text) {
+                        ("text", Some(t)) => Ok(t),
+                        _ => Err(ApiError::invalid(
+                            format!("messages[{i}].content"),
+                            "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join("\n"),
+            };
+            Ok(ChatMessage { role: m.role, content, name: m.name })
+        })
+        .collect()
+}
+
+/// Shapes chat choices.
+struct Shaper {
+    logprobs: bool,
+}
+
+impl Shaper {
+    fn whole(&self, index: usize, o: ChoiceOutput) -> Choice {
+        let finish = o.finish.expect("collected choices are finished");
+        Choice {
+            index,
+            message: Message { role: ROLE, content: o.text },
+            logprobs: self.logprobs.then(|| ChatLogprobs::of(&o.tokens)),
+            finish_reason: finish.reason.as_str(),
+            stop_reason: stop_reason_json(finish.stop_reason.as_ref()),
+        }
+    }
+}
+
+impl ChunkShaper for Shaper {
+    type Choice = ChunkChoice;
+    const OBJECT: &'static str = "chat.completion.chunk";
+
+    fn start(&mut self, i: usize) -> Option<ChunkChoice> {
+        Some(ChunkChoice::delta(i, Delta { role: Some(ROLE), content: Some(String::new()) }, None))
+    }
+
+    fn prompt_logprobs(&mut self, _: usize, _: Vec<TokenLogprob>) -> Option<ChunkChoice> {
+        None
+    }
+
+    fn delta(&mut self, i: usize, text: String, tokens: Vec<TokenLogprob>) -> Option<ChunkChoice> {
+        if text.is_empty() && (tokens.is_empty() || !self.logprobs) {
+            return None;
+        }
+        let logprobs = self.logprobs.then(|| ChatLogprobs::of(&tokens));
+        Some(ChunkChoice::delta(i, Delta { role: None, content: Some(text) }, logprobs))
+    }
+
+    fn finish(&mut self, i: usize, f: Finish) -> ChunkChoice {
+        ChunkChoice {
+            finish_reason: Some(f.reason.as_str()),
+            stop_reason: Some(stop_reason_json(f.stop_reason.as_ref())),
+            ..ChunkChoice::delta(i, Delta::default(), None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::json::fields;
+    use serde_json::json;
+    use tessera_engine::serve::{FinishReason, StopReason};
+
+    fn parse(v: Value) -> Result<Vec<ChatMessage>, ApiError> {
+        messages(fields::<ChatParams>(&v)?.messages)
+    }
+
+    #[test]
+    fn message_content_forms() {
+        let m = parse(json!({"messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "u"},
+            {"role": "assistant", "content": null},
+        ]}))
+        .unwrap();
+        assert_eq!(m[0], ChatMessage { role: "system".into(), content: "s".into(), name: None });
+        assert_eq!(m[1], ChatMessage { role: "user".into(), content: "a\nb".into(), name: Some("u".into()) });
+        assert_eq!(m[2].content, "");
+    }
+
+    #[test]
+    fn bad_messages_name_the_parameter() {
+        let cases = [
+            (json!({}), "messages"),
+            (json!({"messages": []}), "messages"),
+            (json!({"messages": "hi"}), "messages"),
+            (json!({"messages": [{"content": "hi"}]}), "messages[0]"),
+            (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
+            (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "messages[0].content"),
+        ];
+        for (body, param) in cases {
+            let e = parse(body.clone()).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn logprobs_flags() {
+        assert_eq!(chat_logprobs(None, None).unwrap(), None);
+        assert_eq!(chat_logprobs(Some(true), None).unwrap(), Some(0));
+        assert_eq!(chat_logprobs(Some(true), Some(5)).unwrap(), Some(5));
+        for (lp, top) in [(Some(false), Some(2)), (None, Some(2)), (Some(true), Some(21))] {
+            assert_eq!(chat_logprobs(lp, top).unwrap_err().param.as_deref(), Some("top_logprobs"));
+        }
+    }
+
+    #[test]
+    fn chunk_and_response_shapes() {
+        let mut s = Shaper { logprobs: false };
+        let start = serde_json::to_value(s.start(1).unwrap()).unwrap();
+        assert_eq!(
+            start,
+            json!({"index": 1, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})
+        );
+        let d = serde_json::to_value(s.delta(1, "Hi".into(), vec![]).unwrap()).unwrap();
+        assert_eq!(d["delta"], json!({"content": "Hi"}));
+        assert!(s.delta(1, String::new(), vec![]).is_none());
+        let f = Finish { reason: FinishReason::Stop, stop_reason: Some(StopReason::Token(2)), completion_tokens: 1 };
+        let end = serde_json::to_value(s.finish(1, f.clone())).unwrap();
+        assert_eq!(end, json!({"index": 1, "delta": {}, "logprobs": null, "finish_reason": "stop", "stop_reason": 2}));
+        let tok = TokenLogprob { id: 3, text: "Hi".into(), logprob: Some(-0.1), top: vec![("Hi".into(), -0.1)] };
+        let out = ChoiceOutput { prompt_logprobs: None, text: "Hi".into(), tokens: vec![tok], finish: Some(f) };
+        let whole = serde_json::to_value(Shaper { logprobs: true }.whole(0, out)).unwrap();
+        assert_eq!(whole["message"], json!({"role": "assistant", "content": "Hi"}));
+        assert_eq!(whole["logprobs"]["content"][0]["token"], "Hi");
+        assert_eq!(whole["logprobs"]["content"][0]["top_logprobs"][0]["logprob"], json!(-0.1f32));
+    }
+}

@@ -1,0 +1,315 @@
+//! Parameters both generation endpoints take (OpenAI's plus vLLM's extensions), their
+//! validation, and how they become engine requests.
+
+use crate::http::errors::ApiError;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+use tessera_engine::sample::SamplingParams;
+use tessera_engine::serve::GenRequest;
+
+/// Most choices one request may ask for (`n`).
+pub const MAX_N: usize = 128;
+
+/// Parameters shared by `/v1/completions` and `/v1/chat/completions` (unknown fields are ignored,
+/// as OpenAI-compatible servers do).
+#[derive(Debug, Default, Deserialize)]
+pub struct CommonParams {
+    /// Served model name (may be omitted).
+    pub model: Option<String>,
+    /// Choices per prompt.
+    pub n: Option<usize>,
+    /// Answer as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Stop strings (never emitted).
+    pub stop: Option<StopStrings>,
+    /// Token ids that end generation.
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// RNG seed (choice `i` uses `seed + i`).
+    pub seed: Option<u64>,
+    /// Sampling temperature (default 1; 0 is greedy).
+    pub temperature: Option<f32>,
+    /// Nucleus sampling threshold.
+    pub top_p: Option<f32>,
+    /// Top-k (`-1` or `0`: off).
+    pub top_k: Option<i64>,
+    /// Min-p.
+    pub min_p: Option<f32>,
+    /// Presence penalty.
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty.
+    pub frequency_penalty: Option<f32>,
+    /// Repetition penalty (1: off).
+    pub repetition_penalty: Option<f32>,
+    /// Keep generating past EOS.
+    pub ignore_eos: Option<bool>,
+    /// EOS and stop strings are ignored until this many tokens are generated.
+    pub min_tokens: Option<usize>,
+    /// End-user id (logged only).
+    pub user: Option<String>,
+    /// Most tokens to generate.
+    pub max_tokens: Option<usize>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` (and `usage: null` on the others).
+    pub include_usage: Option<bool>,
+}
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Default, PartialEq)]
+pub struct StopStrings(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for StopStrings {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StopStrings;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<StopStrings, E> {
+                Ok(StopStrings(vec![s.to_owned()]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StopStrings, A::Error> {
+                let mut v = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    v.push(s);
+                }
+                Ok(StopStrings(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// What each endpoint decides on top of [`CommonParams`] for its requests.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestShape {
+    /// Top alternatives per generated token (`None`: no logprobs).
+    pub logprobs: Option<usize>,
+    /// Top alternatives per prompt token (`None`: no prompt logprobs).
+    pub prompt_logprobs: Option<usize>,
+    /// Tokens to generate when the request does not say.
+    pub default_max_tokens: DefaultMaxTokens,
+}
+
+/// The default for `max_tokens`.
+#[derive(Clone, Copy, Debug)]
+pub enum DefaultMaxTokens {
+    /// A fixed number (OpenAI's completions default is 16).
+    Fixed(usize),
+    /// What is left of the context after the prompt (chat's default).
+    RestOfContext {
+        /// The context length.
+        max_model_len: usize,
+    },
+}
+
+impl CommonParams {
+    /// Choices per prompt, validated.
+    pub fn n(&self) -> Result<usize, ApiError> {
+        match self.n.unwrap_or(1) {
+            n @ 1..=MAX_N => Ok(n),
+            n => Err(ApiError::invalid("n", format!("n must be between 1 and {MAX_N}, got {n}"))),
+        }
+    }
+
+    /// Whether the answer streams.
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// Whether a streamed answer ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+
+    /// Validated sampling parameters (the seed is per choice; see [`Self::requests`]).
+    pub fn sampling(&self, logprobs: Option<usize>) -> Result<SamplingParams, ApiError> {
+        let top_k = match self.top_k.unwrap_or(0) {
+            -1 | 0 => 0,
+            k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            k => return Err(ApiError::invalid("top_k", format!("top_k must be -1 (off) or positive, got {k}"))),
+        };
+        let d = SamplingParams::default();
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k,
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            seed: self.seed,
+            logprobs,
+        };
+        p.validate().map_err(|(param, msg)| ApiError::invalid(param, msg))?;
+        Ok(p)
+    }
+
+    /// Validated stop strings.
+    fn stop(&self) -> Result<Vec<String>, ApiError> {
+        let stop = self.stop.as_ref().map(|s| s.0.clone()).unwrap_or_default();
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+        }
+        Ok(stop)
+    }
+
+    /// One engine request per (prompt, choice), choice index `prompt_index * n + i`; with a
+    /// seed, choice `i` of each prompt samples with `seed + i`.
+    pub fn requests(&self, id: &str, prompts: &[Vec<u32>], shape: RequestShape) -> Result<Vec<GenRequest>, ApiError> {
+        let n = self.n()?;
+        let sampling = self.sampling(shape.logprobs)?;
+        let stop = self.stop()?;
+        let min_tokens = self.min_tokens.unwrap_or(0);
+        let mut out = Vec::with_capacity(prompts.len() * n);
+        for prompt in prompts {
+            let max_tokens = match (self.max_tokens, shape.default_max_tokens) {
+                (Some(m), _) => m,
+                (None, DefaultMaxTokens::Fixed(m)) => m,
+                (None, DefaultMaxTokens::RestOfContext { max_model_len }) => {
+                    max_model_len.saturating_sub(prompt.len()).max(1)
+                }
+            };
+            if min_tokens > max_tokens {
+                return Err(ApiError::invalid(
+                    "min_tokens",
+                    format!("min_tokens ({min_tokens}) must be less than or equal to max_tokens ({max_tokens})"),
+                ));
+            }
+            for i in 0..n {
+                let mut sampling = sampling.clone();
+                sampling.seed = self.seed.map(|s| s.wrapping_add(i as u64));
+                let mut req = GenRequest::new(format!("{id}-{}", out.len()), prompt.clone(), sampling, max_tokens);
+                req.min_tokens = min_tokens;
+                req.stop = stop.clone();
+                req.stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
+                req.ignore_eos = self.ignore_eos.unwrap_or(false);
+                req.prompt_logprobs = shape.prompt_logprobs;
+                out.push(req);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::json::fields;
+    use serde_json::json;
+
+    const SHAPE: RequestShape =
+        RequestShape { logprobs: None, prompt_logprobs: None, default_max_tokens: DefaultMaxTokens::Fixed(16) };
+
+    fn parse(v: serde_json::Value) -> CommonParams {
+        fields(&v).unwrap()
+    }
+
+    #[test]
+    fn stop_accepts_a_string_or_a_list() {
+        assert_eq!(parse(json!({"stop": "\n"})).stop.unwrap().0, vec!["\n"]);
+        assert_eq!(parse(json!({"stop": ["a", "bc"]})).stop.unwrap().0, vec!["a", "bc"]);
+        let e = fields::<CommonParams>(&json!({"stop": 3})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        assert!(e.message.contains("a string or a list of strings"), "{}", e.message);
+        let e = fields::<CommonParams>(&json!({"stop": ["a", 3]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop[1]"));
+        let e = parse(json!({"stop": ["a", ""]})).requests("x", &[vec![1]], SHAPE).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn defaults_follow_openai() {
+        let reqs = parse(json!({})).requests("cmpl-1", &[vec![1, 2]], SHAPE).unwrap();
+        assert_eq!(reqs.len(), 1);
+        let r = &reqs[0];
+        assert_eq!((r.id.as_str(), r.max_tokens, r.min_tokens, r.ignore_eos), ("cmpl-1-0", 16, 0, false));
+        assert_eq!(r.sampling, SamplingParams::default());
+        assert!(r.stop.is_empty() && r.stop_token_ids.is_empty() && r.prompt_logprobs.is_none());
+    }
+
+    #[test]
+    fn every_parameter_reaches_the_engine_request() {
+        let p = parse(json!({
+            "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "presence_penalty": 0.5,
+            "frequency_penalty": -0.5, "repetition_penalty": 1.1, "seed": 7, "stop": "END",
+            "stop_token_ids": [5, 6], "ignore_eos": true, "min_tokens": 3, "max_tokens": 9
+        }));
+        let shape = RequestShape { logprobs: Some(2), prompt_logprobs: Some(2), ..SHAPE };
+        let r = &p.requests("c", &[vec![1]], shape).unwrap()[0];
+        let s = &r.sampling;
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p), (0.7, 0.9, 40, 0.05));
+        assert_eq!((s.presence_penalty, s.frequency_penalty, s.repetition_penalty), (0.5, -0.5, 1.1));
+        assert_eq!((s.seed, s.logprobs, r.prompt_logprobs), (Some(7), Some(2), Some(2)));
+        assert_eq!((r.stop.clone(), r.stop_token_ids.clone()), (vec!["END".to_string()], vec![5, 6]));
+        assert_eq!((r.ignore_eos, r.min_tokens, r.max_tokens), (true, 3, 9));
+    }
+
+    #[test]
+    fn choices_are_prompt_major_with_per_choice_seeds() {
+        let p = parse(json!({"n": 3, "seed": 10}));
+        let reqs = p.requests("c", &[vec![1], vec![2, 3]], SHAPE).unwrap();
+        let got: Vec<_> = reqs.iter().map(|r| (r.id.as_str(), r.prompt.len(), r.sampling.seed)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("c-0", 1, Some(10)),
+                ("c-1", 1, Some(11)),
+                ("c-2", 1, Some(12)),
+                ("c-3", 2, Some(10)),
+                ("c-4", 2, Some(11)),
+                ("c-5", 2, Some(12)),
+            ]
+        );
+        let unseeded = parse(json!({"n": 2})).requests("c", &[vec![1]], SHAPE).unwrap();
+        assert!(unseeded.iter().all(|r| r.sampling.seed.is_none()));
+    }
+
+    #[test]
+    fn rest_of_context_default() {
+        let shape = RequestShape { default_max_tokens: DefaultMaxTokens::RestOfContext { max_model_len: 10 }, ..SHAPE };
+        let p = parse(json!({}));
+        assert_eq!(p.requests("c", &[vec![1, 2, 3]], shape).unwrap()[0].max_tokens, 7);
+        // A prompt that fills the context still asks for one token, so the engine reports it too long.
+        assert_eq!(p.requests("c", &[vec![0; 10]], shape).unwrap()[0].max_tokens, 1);
+    }
+
+    #[test]
+    fn invalid_values_name_their_parameter() {
+        let cases = [
+            (json!({"n": 0}), "n"),
+            (json!({"n": MAX_N + 1}), "n"),
+            (json!({"top_k": -2}), "top_k"),
+            (json!({"temperature": -1.0}), "temperature"),
+            (json!({"top_p": 0.0}), "top_p"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"repetition_penalty": 0.0}), "repetition_penalty"),
+            (json!({"presence_penalty": 3.0}), "presence_penalty"),
+            (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
+            (json!({"min_tokens": 20, "max_tokens": 10}), "min_tokens"),
+        ];
+        for (body, param) in cases {
+            let e = parse(body.clone()).requests("c", &[vec![1]], SHAPE).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{body}");
+        }
+        let e = parse(json!({})).requests("c", &[vec![1]], RequestShape { logprobs: Some(21), ..SHAPE }).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
+        for (body, param) in [(json!({"n": -1}), "n"), (json!({"seed": "x"}), "seed"), (json!({"stream": 1}), "stream")] {
+            assert_eq!(fields::<CommonParams>(&body).unwrap_err().param.as_deref(), Some(param));
+        }
+    }
+
+    #[test]
+    fn stream_flags() {
+        let p = parse(json!({"stream": true, "stream_options": {"include_usage": true}}));
+        assert!(p.stream() && p.include_usage());
+        assert!(!parse(json!({})).stream() && !parse(json!({"stream_options": {}})).include_usage());
+    }
+}

@@ -1,0 +1,35 @@
+//! Operational endpoints (never behind the API key): `/health`, `/version`, `/metrics`.
+
+use super::AppState;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use prometheus::{Encoder, TextEncoder};
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// 200 while the engine serves, 503 once shutdown has begun.
+pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.shutting_down.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting_down"}))).into_response()
+    } else {
+        Json(json!({"status": "ok"})).into_response()
+    }
+}
+
+/// `{"version": "<crate version>"}`.
+pub async fn version() -> Json<serde_json::Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+/// The engine's registry in Prometheus' text format.
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let encoder = TextEncoder::new();
+    let mut buf = Vec::new();
+    match encoder.encode(&state.engine.registry().gather(), &mut buf) {
+        Ok(()) => ([(header::CONTENT_TYPE, encoder.format_type().to_owned())], buf).into_response(),
+        Err(e) => super::errors::ApiError::internal(format!("encoding metrics failed: {e}")).into_response(),
+    }
+}

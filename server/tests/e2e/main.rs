@@ -1,0 +1,10 @@
+//! End-to-end tests of `tessera serve`: the built binary, the default model, real HTTP.
+
+mod chat;
+mod completions;
+mod config;
+mod errors;
+mod harness;
+mod ops;
+mod python;
+mod scheduling;

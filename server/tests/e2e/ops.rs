@@ -1,0 +1,82 @@
+//! `/health`, `/version`, `/v1/models`, `/metrics` (checked by promtool).
+
+use crate::harness::{metric, shared};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+#[tokio::test]
+async fn health_and_version() {
+    let s = shared();
+    let (status, body) = s.get("/health").await;
+    assert_eq!((status, serde_json::from_str::<Value>(&body).unwrap()), (200, json!({"status": "ok"})));
+    let (status, body) = s.get("/version").await;
+    assert_eq!((status, serde_json::from_str::<Value>(&body).unwrap()), (200, json!({"version": env!("CARGO_PKG_VERSION")})));
+}
+
+#[tokio::test]
+async fn models_lists_the_served_model_with_its_plan() {
+    let s = shared();
+    let (status, body) = s.get("/v1/models").await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "list");
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1);
+    let m = &data[0];
+    assert_eq!((m["id"].clone(), m["object"].clone(), m["owned_by"].clone()), (json!("SmolLM2-135M-Instruct.Q4_1"), json!("model"), json!("tessera")));
+    assert!(m["created"].as_u64().unwrap() > 0);
+    assert_eq!(m["max_model_len"], 8192);
+    assert_eq!((m["quantization"].as_str(), m["kv_cache_type"].as_str()), (Some("q4_1,q8_0"), Some("f32")));
+    let plan = m["plan"].as_array().unwrap();
+    assert_eq!(plan.len(), 30 * 7 + 1, "7 linear layers in each of 30 blocks, then the output head");
+    assert_eq!(plan[0]["tensor"], "blk.0.attn_q.weight");
+    assert_eq!((plan[0]["storage"].as_str(), plan[0]["shape"].clone()), (Some("Q4_1"), json!([576, 576])));
+    assert_eq!(plan[210]["storage"], "Q8_0");
+    assert!(plan.iter().all(|row| row["kernel"].as_str().is_some_and(|k| k.starts_with("cpu."))));
+    let (status, one) = s.get("/v1/models/SmolLM2-135M-Instruct.Q4_1").await;
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<Value>(&one).unwrap(), *m);
+}
+
+fn promtool() -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure-promtool.sh");
+    let out = Command::new(&script).stderr(Stdio::inherit()).output().expect("running scripts/ensure-promtool.sh");
+    assert!(out.status.success(), "promtool is required and could not be installed");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[tokio::test]
+async fn metrics_pass_promtool_and_count_requests() {
+    let s = shared();
+    s.complete(json!({"prompt": "Hello", "max_tokens": 2})).await;
+    let text = s.metrics().await;
+    let resp = s.client().get(s.url("/metrics")).send().await.unwrap();
+    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/plain; version=0.0.4"));
+    for name in [
+        "tessera_num_requests_running",
+        "tessera_num_requests_waiting",
+        "tessera_kv_cache_usage_perc",
+        "tessera_prompt_tokens_total",
+        "tessera_generation_tokens_total",
+    ] {
+        assert!(metric(&text, name).is_some(), "{name} missing from:\n{text}");
+    }
+    assert!(metric(&text, "tessera_generation_tokens_total").unwrap() >= 2.0);
+    let mut child = Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

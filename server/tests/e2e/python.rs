@@ -1,0 +1,26 @@
+//! The official `openai` Python client (installed from PyPI into .venv-test/ by
+//! scripts/python-env.sh) against the shared server.
+
+use crate::harness::shared;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+#[test]
+fn the_openai_python_client_works() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let env = Command::new(root.join("scripts/python-env.sh")).stderr(Stdio::inherit()).output().expect("running scripts/python-env.sh");
+    assert!(env.status.success(), "the Python test environment could not be made");
+    let python = String::from_utf8(env.stdout).unwrap().trim().to_owned();
+    let s = shared();
+    let out = Command::new(python)
+        .arg(root.join("server/tests/python/openai_client.py"))
+        .args([s.url("/v1"), "SmolLM2-135M-Instruct.Q4_1".into()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openai client checks failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
