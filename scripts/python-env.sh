@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
 # Makes .venv-test/ (git-ignored) with the Python packages the end-to-end tests use: the
-# official `openai` client from PyPI. Does nothing when it is already there. Prints the
-# venv's python on stdout.
+# official `openai` client from PyPI. Does nothing when it is already there. Prints the path
+# of the python to run on stdout.
+#
+# Without the venv module (Debian's python3 without python3-venv), the packages go into
+# .venv-test/site-packages and .venv-test/bin/python is a wrapper that puts them on the path.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv-test"
+PACKAGES=("openai>=1.40")
+PIP_FLAGS=(--quiet --disable-pip-version-check)
 if ! "$VENV/bin/python" -c "import openai" >/dev/null 2>&1; then
-    python3 -m venv "$VENV" >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai>=1.40" >&2
+    rm -rf "$VENV"
+    if python3 -m venv "$VENV" >/dev/null 2>&1 && "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+        "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" "${PACKAGES[@]}" >&2
+    else
+        echo "python3 -m venv is unavailable; installing into $VENV/site-packages" >&2
+        rm -rf "$VENV"
+        mkdir -p "$VENV/bin"
+        python3 -m pip install "${PIP_FLAGS[@]}" --target "$VENV/site-packages" "${PACKAGES[@]}" >&2
+        cat > "$VENV/bin/python" <<WRAPPER
+#!/bin/sh
+PYTHONPATH="$VENV/site-packages\${PYTHONPATH:+:\$PYTHONPATH}" exec python3 "\$@"
+WRAPPER
+        chmod +x "$VENV/bin/python"
+    fi
+    "$VENV/bin/python" -c "import openai" >&2
 fi
 echo "$VENV/bin/python"

@@ -27,6 +27,7 @@ async fn invalid_completion_parameters() {
         (json!({"prompt": [999_999]}), "prompt"),
         (json!({"prompt": p, "max_tokens": -1}), "max_tokens"),
         (json!({"prompt": p, "max_tokens": "many"}), "max_tokens"),
+        (json!({"prompt": p, "max_tokens": u64::MAX}), "max_tokens"),
         (json!({"prompt": p, "temperature": -0.5}), "temperature"),
         (json!({"prompt": p, "temperature": "hot"}), "temperature"),
         (json!({"prompt": p, "top_p": 1.5}), "top_p"),
@@ -90,13 +91,13 @@ async fn too_long_prompts_report_the_counts() {
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(msg.contains(&max_len.to_string()) && msg.contains(&(max_len + 10).to_string()), "{msg}");
     // Prompt + max_tokens over the context.
-    let (status, v) = s.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": max_len})).await;
+    let (status, v) = s.post("/v1/completions", &json!({"prompt": "Hello there, friend", "max_tokens": max_len - 1})).await;
     assert_error(status, &v, 400, "invalid_request_error", Some("prompt"), "prompt + max_tokens");
     // Chat: an explicit max_tokens over the rest of the context, and a conversation longer
     // than the context (whose default max_tokens is what is left of it).
     let long = "hello ".repeat(max_len as usize);
     for body in [
-        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": max_len}),
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": max_len - 1}),
         json!({"messages": [{"role": "user", "content": long}]}),
     ] {
         let (status, v) = s.post("/v1/chat/completions", &body).await;

@@ -115,7 +115,9 @@ impl Server {
             let _ = child.kill();
             panic!("tessera serve {args:?} did not start:\n{}", logs.lock().unwrap().join("\n"))
         });
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(300)).build().unwrap();
+        // No idle connections are kept: each test has its own runtime, and a pooled connection
+        // is driven by a task of the runtime that opened it.
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(300)).pool_max_idle_per_host(0).build().unwrap();
         Server { base: format!("http://{addr}"), child: Mutex::new(child), logs, client }
     }
 

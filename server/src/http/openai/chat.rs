@@ -110,9 +110,10 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, A
         .encode(text)
         .map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))?;
     let shape = RequestShape {
+        max_model_len: state.engine().info().max_model_len,
         logprobs,
         prompt_logprobs: None,
-        default_max_tokens: DefaultMaxTokens::RestOfContext { max_model_len: state.engine().info().max_model_len },
+        default_max_tokens: DefaultMaxTokens::RestOfContext,
     };
     let prompt_tokens = prompt.len();
     let reqs = common.requests(&meta.id, &[prompt], shape)?;

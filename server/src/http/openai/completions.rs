@@ -73,6 +73,7 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, A
     let prompts = parse_prompts(own.prompt.as_ref(), &state.engine().model().tokenizer)?;
     let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
     let shape = RequestShape {
+        max_model_len: state.engine().info().max_model_len,
         logprobs: own.logprobs,
         prompt_logprobs: own.logprobs.filter(|_| echo),
         default_max_tokens: DefaultMaxTokens::Fixed(16),

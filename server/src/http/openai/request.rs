@@ -90,6 +90,8 @@ impl<'de> Deserialize<'de> for StopStrings {
 /// What each endpoint decides on top of [`CommonParams`] for its requests.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestShape {
+    /// The engine's context length (no request may ask for more tokens).
+    pub max_model_len: usize,
     /// Top alternatives per generated token (`None`: no logprobs).
     pub logprobs: Option<usize>,
     /// Top alternatives per prompt token (`None`: no prompt logprobs).
@@ -104,10 +106,7 @@ pub enum DefaultMaxTokens {
     /// A fixed number (OpenAI's completions default is 16).
     Fixed(usize),
     /// What is left of the context after the prompt (chat's default).
-    RestOfContext {
-        /// The context length.
-        max_model_len: usize,
-    },
+    RestOfContext,
 }
 
 impl CommonParams {
@@ -173,10 +172,14 @@ impl CommonParams {
             let max_tokens = match (self.max_tokens, shape.default_max_tokens) {
                 (Some(m), _) => m,
                 (None, DefaultMaxTokens::Fixed(m)) => m,
-                (None, DefaultMaxTokens::RestOfContext { max_model_len }) => {
-                    max_model_len.saturating_sub(prompt.len()).max(1)
-                }
+                (None, DefaultMaxTokens::RestOfContext) => shape.max_model_len.saturating_sub(prompt.len()).max(1),
             };
+            if max_tokens > shape.max_model_len {
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    format!("max_tokens ({max_tokens}) exceeds the model's maximum context length ({})", shape.max_model_len),
+                ));
+            }
             if min_tokens > max_tokens {
                 return Err(ApiError::invalid(
                     "min_tokens",
@@ -205,8 +208,12 @@ mod tests {
     use crate::http::json::fields;
     use serde_json::json;
 
-    const SHAPE: RequestShape =
-        RequestShape { logprobs: None, prompt_logprobs: None, default_max_tokens: DefaultMaxTokens::Fixed(16) };
+    const SHAPE: RequestShape = RequestShape {
+        max_model_len: 100,
+        logprobs: None,
+        prompt_logprobs: None,
+        default_max_tokens: DefaultMaxTokens::Fixed(16),
+    };
 
     fn parse(v: serde_json::Value) -> CommonParams {
         fields(&v).unwrap()
@@ -274,7 +281,7 @@ mod tests {
 
     #[test]
     fn rest_of_context_default() {
-        let shape = RequestShape { default_max_tokens: DefaultMaxTokens::RestOfContext { max_model_len: 10 }, ..SHAPE };
+        let shape = RequestShape { max_model_len: 10, default_max_tokens: DefaultMaxTokens::RestOfContext, ..SHAPE };
         let p = parse(json!({}));
         assert_eq!(p.requests("c", &[vec![1, 2, 3]], shape).unwrap()[0].max_tokens, 7);
         // A prompt that fills the context still asks for one token, so the engine reports it too long.
@@ -294,6 +301,8 @@ mod tests {
             (json!({"presence_penalty": 3.0}), "presence_penalty"),
             (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
             (json!({"min_tokens": 20, "max_tokens": 10}), "min_tokens"),
+            (json!({"max_tokens": 101}), "max_tokens"),
+            (json!({"max_tokens": usize::MAX}), "max_tokens"),
         ];
         for (body, param) in cases {
             let e = parse(body.clone()).requests("c", &[vec![1]], SHAPE).unwrap_err();
