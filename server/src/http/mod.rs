@@ -102,15 +102,20 @@ pub fn router(state: Arc<AppState>) -> Router {
     if state.options.api_key.is_some() {
         v1 = v1.route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     }
-    Router::new()
+    let routes = Router::new()
         .merge(v1)
         .route("/health", get(ops::health))
         .route("/version", get(ops::version))
-        .route("/metrics", get(ops::metrics))
+        .route("/metrics", get(ops::metrics));
+    json_everywhere(routes).with_state(state)
+}
+
+/// JSON answers for unknown paths (404), unsupported methods (405) and panics (500).
+fn json_everywhere<S: Clone + Send + Sync + 'static>(routes: Router<S>) -> Router<S> {
+    routes
         .method_not_allowed_fallback(errors::method_not_allowed)
         .fallback(errors::unknown_route)
         .layer(CatchPanicLayer::custom(errors::panic_response))
-        .with_state(state)
 }
 
 /// How long connections may stay open after the engine has stopped (clients that neither
@@ -151,4 +156,31 @@ pub async fn serve(
     engine_stopped.await.map_err(std::io::Error::other)?;
     tracing::info!("server stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn fallbacks_and_panics_answer_json() {
+        let app = json_everywhere(Router::new().route("/boom", get(|| async { panic!("handler bug") as &str })));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let client = reqwest::Client::new();
+        for (method, path, status, message) in [
+            ("GET", "/boom", 500, "The server had an internal error while processing the request."),
+            ("GET", "/nowhere", 404, "Invalid URL (GET /nowhere)"),
+            ("POST", "/boom", 405, "Method POST is not allowed for /boom"),
+        ] {
+            let resp = client.request(method.parse().unwrap(), format!("{base}{path}")).send().await.unwrap();
+            assert_eq!(resp.status().as_u16(), status, "{method} {path}");
+            assert_eq!(resp.headers()["content-type"], "application/json");
+            let v: serde_json::Value = resp.json().await.unwrap();
+            assert_eq!(v["error"]["message"], message);
+        }
+        // The server survived the panic.
+        assert_eq!(client.get(format!("{base}/boom")).send().await.unwrap().status(), 500);
+    }
 }
