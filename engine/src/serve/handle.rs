@@ -24,7 +24,7 @@ pub enum SubmitError {
         waiting: usize,
     },
     /// Prompt plus `max_tokens` exceeds the context.
-    #[error("This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt} in the prompt, {max_tokens} for the completion). Please reduce the length of the prompt or completion.", prompt + max_tokens)]
+    #[error("This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt} in the prompt, {max_tokens} for the completion). Please reduce the length of the prompt or completion.", prompt.saturating_add(*max_tokens))]
     TooLong {
         /// Prompt tokens.
         prompt: usize,
@@ -182,7 +182,7 @@ impl Engine {
         if req.prompt_logprobs.is_some_and(|n| n > 20) {
             return Err(SubmitError::Invalid { param: "logprobs", msg: "logprobs must be in [0, 20]".into() });
         }
-        if req.prompt.len() + req.max_tokens > info.max_model_len {
+        if req.prompt.len().saturating_add(req.max_tokens) > info.max_model_len {
             return Err(SubmitError::TooLong { prompt: req.prompt.len(), max_tokens: req.max_tokens, max_model_len: info.max_model_len });
         }
         Ok(())

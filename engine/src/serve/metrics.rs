@@ -101,7 +101,7 @@ impl Metrics {
             waiting: gauge("tessera_num_requests_waiting", "Requests waiting to be scheduled (new and preempted).")?,
             kv_usage,
             kv_blocks_used: gauge("tessera_kv_cache_blocks_used", "KV-cache blocks referenced by requests.")?,
-            kv_blocks_total: gauge("tessera_kv_cache_blocks_total", "KV-cache blocks in the pool.")?,
+            kv_blocks_total: gauge("tessera_kv_cache_num_blocks", "KV-cache blocks in the pool.")?,
             prompt_tokens: counter("tessera_prompt_tokens_total", "Prompt tokens processed.")?,
             generation_tokens: counter("tessera_generation_tokens_total", "Tokens generated.")?,
             success,
