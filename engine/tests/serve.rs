@@ -310,7 +310,9 @@ fn abort_frees_blocks_and_queue_overflow_is_refused() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(metric(&e, "tessera_num_requests_running"), 0.0);
+    assert!(e.is_running());
     e.shutdown(Duration::from_secs(1));
+    assert!(!e.is_running());
     assert_eq!(e.submit(greedy("d", tokens(PROMPTS[0]), 4)).err(), Some(SubmitError::ShuttingDown));
 }
 

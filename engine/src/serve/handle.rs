@@ -164,6 +164,12 @@ impl Engine {
         &self.inner.model
     }
 
+    /// Whether the engine thread is alive (false after shutdown or if it died).
+    pub fn is_running(&self) -> bool {
+        let thread = self.inner.thread.lock().unwrap_or_else(|e| e.into_inner());
+        thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     /// The Prometheus registry holding the engine's `tessera_*` metrics.
     pub fn registry(&self) -> &prometheus::Registry {
         &self.inner.metrics.registry

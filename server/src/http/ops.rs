@@ -10,10 +10,12 @@ use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// 200 while the engine serves, 503 once shutdown has begun.
+/// 200 while the engine serves, 503 once shutdown has begun or if the engine thread died.
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.shutting_down.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting_down"}))).into_response()
+    } else if !state.engine.is_running() {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "engine_stopped"}))).into_response()
     } else {
         Json(json!({"status": "ok"})).into_response()
     }
