@@ -5,6 +5,7 @@ mod completions;
 mod config;
 mod errors;
 mod harness;
+mod loadtest;
 mod ops;
 mod python;
 mod scheduling;
