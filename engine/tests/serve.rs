@@ -95,8 +95,8 @@ fn metric(e: &Engine, name: &str) -> f64 {
 }
 
 /// Paged attention reads 16-token tiles where the contiguous cache hands one tile; only the
-/// online-softmax accumulation order differs, so logits agree to f32 rounding (measured
-/// ~1e-5 of the spread; bound 1e-3).
+/// online-softmax accumulation order differs, so logits agree to f32 rounding; the bound,
+/// 1e-3 of the logit spread, is the model test's float-path bound (1e-4) with 10x headroom.
 #[test]
 fn paged_cache_matches_contiguous_cache() {
     let m = &model().model;

@@ -4,13 +4,13 @@
 use super::generation::{self, ChoiceOutput, ChunkShaper, Finish};
 use super::logprobs::ChatLogprobs;
 use super::request::{CommonParams, DefaultMaxTokens, RequestShape};
-use super::response::{stop_reason_json, Meta, Usage};
+use super::response::{stop_reason_json, Meta};
 use crate::http::chat_template::ChatMessage;
 use crate::http::errors::ApiError;
 use crate::http::{json, AppState};
 use axum::body::Body;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
@@ -124,16 +124,7 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, A
         Some("prompt") => ApiError { param: Some("messages".into()), ..e },
         _ => e,
     })?;
-    let shaper = Shaper { logprobs: logprobs.is_some() };
-    if common.stream() {
-        return Ok(super::spawn_stream(shaper, meta, events, choices, prompt_tokens, common.include_usage()));
-    }
-    let outputs = generation::collect(events, choices).await?;
-    let completion_tokens = generation::completion_tokens(&outputs);
-    let choices: Vec<Choice> = outputs.into_iter().enumerate().map(|(i, o)| shaper.whole(i, o)).collect();
-    super::log_done(completion_tokens);
-    let usage = Usage::new(prompt_tokens, completion_tokens);
-    Ok(axum::Json(meta.envelope("chat.completion", choices, Some(Some(usage)))).into_response())
+    super::deliver(Shaper { logprobs: logprobs.is_some() }, meta, events, choices, prompt_tokens, &common).await
 }
 
 /// `logprobs: true` with `top_logprobs` alternatives becomes the engine's top-n.
@@ -181,7 +172,12 @@ struct Shaper {
     logprobs: bool,
 }
 
-impl Shaper {
+impl ChunkShaper for Shaper {
+    type Choice = ChunkChoice;
+    const OBJECT: &'static str = "chat.completion.chunk";
+    type Whole = Choice;
+    const WHOLE_OBJECT: &'static str = "chat.completion";
+
     fn whole(&self, index: usize, o: ChoiceOutput) -> Choice {
         let finish = o.finish.expect("collected choices are finished");
         Choice {
@@ -192,11 +188,6 @@ impl Shaper {
             stop_reason: stop_reason_json(finish.stop_reason.as_ref()),
         }
     }
-}
-
-impl ChunkShaper for Shaper {
-    type Choice = ChunkChoice;
-    const OBJECT: &'static str = "chat.completion.chunk";
 
     fn start(&mut self, i: usize) -> Option<ChunkChoice> {
         Some(ChunkChoice::delta(i, Delta { role: Some(ROLE), content: Some(String::new()) }, None))

@@ -4,12 +4,12 @@
 use super::generation::{self, ChoiceOutput, ChunkShaper, Finish};
 use super::logprobs::CompletionLogprobs;
 use super::request::{CommonParams, DefaultMaxTokens, RequestShape};
-use super::response::{stop_reason_json, Meta, Usage};
+use super::response::{stop_reason_json, Meta};
 use crate::http::errors::ApiError;
 use crate::http::{json, AppState};
 use axum::body::Body;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
@@ -85,14 +85,7 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, A
     let events = generation::submit_all(state.engine(), reqs)?;
     let texts = prompts.into_iter().map(|p| p.text).collect();
     let shaper = Shaper { n, echo, logprobs: own.logprobs.is_some(), prompt_texts: texts, offsets: vec![0; choices] };
-    if common.stream() {
-        return Ok(super::spawn_stream(shaper, meta, events, choices, prompt_tokens, common.include_usage()));
-    }
-    let outputs = generation::collect(events, choices).await?;
-    let completion_tokens = generation::completion_tokens(&outputs);
-    let choices: Vec<Choice> = outputs.into_iter().enumerate().map(|(i, o)| shaper.whole(i, o)).collect();
-    super::log_done(completion_tokens);
-    Ok(axum::Json(meta.envelope(OBJECT, choices, Some(Some(Usage::new(prompt_tokens, completion_tokens))))).into_response())
+    super::deliver(shaper, meta, events, choices, prompt_tokens, &common).await
 }
 
 fn parse_prompts(v: Option<&Value>, tok: &Tokenizer) -> Result<Vec<Prompt>, ApiError> {
@@ -152,6 +145,13 @@ impl Shaper {
     fn finished(i: usize, f: &Finish, text: String, logprobs: Option<CompletionLogprobs>) -> Choice {
         Choice { finish_reason: Some(f.reason.as_str()), stop_reason: stop_reason_json(f.stop_reason.as_ref()), ..Choice::text(i, text, logprobs) }
     }
+}
+
+impl ChunkShaper for Shaper {
+    type Choice = Choice;
+    const OBJECT: &'static str = OBJECT;
+    type Whole = Choice;
+    const WHOLE_OBJECT: &'static str = OBJECT;
 
     /// A non-streamed choice.
     fn whole(&self, i: usize, o: ChoiceOutput) -> Choice {
@@ -167,11 +167,6 @@ impl Shaper {
         let finish = o.finish.expect("collected choices are finished");
         Self::finished(i, &finish, self.echoed(i) + &o.text, logprobs)
     }
-}
-
-impl ChunkShaper for Shaper {
-    type Choice = Choice;
-    const OBJECT: &'static str = OBJECT;
 
     fn start(&mut self, i: usize) -> Option<Choice> {
         // With logprobs the echo waits for the prompt's logprobs.

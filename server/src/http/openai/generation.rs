@@ -98,6 +98,12 @@ pub trait ChunkShaper: Send + 'static {
     type Choice: Serialize + Send + Sync;
     /// The chunks' `object`.
     const OBJECT: &'static str;
+    /// A non-streamed response's choice object.
+    type Whole: Serialize;
+    /// A non-streamed response's `object`.
+    const WHOLE_OBJECT: &'static str;
+    /// A non-streamed choice from its collected output.
+    fn whole(&self, choice: usize, output: ChoiceOutput) -> Self::Whole;
     /// Sent for each choice before any event.
     fn start(&mut self, choice: usize) -> Option<Self::Choice>;
     /// The choice's prompt logprobs.

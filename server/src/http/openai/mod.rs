@@ -12,7 +12,7 @@ use crate::http::sse;
 use axum::response::{IntoResponse, Response};
 use generation::{ChunkShaper, Events};
 use request::CommonParams;
-use response::Meta;
+use response::{Meta, Usage};
 use std::future::Future;
 use tracing::Instrument;
 
@@ -41,15 +41,25 @@ fn log_done(completion_tokens: usize) {
     tracing::info!(completion_tokens, "request finished");
 }
 
-/// Streams the request's chunks from a task in the current span; the response is the stream.
-fn spawn_stream<S: ChunkShaper>(
+/// The response to submitted choices: an SSE stream fed from a task in the current span, or
+/// (not streaming) every choice collected into one JSON body with usage.
+async fn deliver<S: ChunkShaper>(
     shaper: S,
     meta: Meta,
     events: Events,
     choices: usize,
     prompt_tokens: usize,
-    include_usage: bool,
-) -> Response {
+    common: &CommonParams,
+) -> Result<Response, ApiError> {
+    if !common.stream() {
+        let outputs = generation::collect(events, choices).await?;
+        let completion_tokens = generation::completion_tokens(&outputs);
+        let whole: Vec<S::Whole> = outputs.into_iter().enumerate().map(|(i, o)| shaper.whole(i, o)).collect();
+        log_done(completion_tokens);
+        let usage = Usage::new(prompt_tokens, completion_tokens);
+        return Ok(axum::Json(meta.envelope(S::WHOLE_OBJECT, whole, Some(Some(usage)))).into_response());
+    }
+    let include_usage = common.include_usage();
     let (tx, resp) = sse::channel();
     let task = async move {
         let s = generation::stream(shaper, meta, events, choices, prompt_tokens, include_usage, tx).await;
@@ -60,5 +70,5 @@ fn spawn_stream<S: ChunkShaper>(
         }
     };
     tokio::spawn(task.instrument(tracing::Span::current()));
-    resp
+    Ok(resp)
 }
