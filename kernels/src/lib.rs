@@ -6,6 +6,7 @@
 //! - [`linear`]: `y = x·Wᵀ` over quantized weights, with a kernel chosen per layer;
 //! - [`attention`]: causal GQA attention over cached K/V tiles;
 //! - [`ops`]: RMSNorm, RoPE, SwiGLU;
+//! - [`quant`]: linear layers over checkpoint-quantized weights (W4A16, W4A8, W8A8);
 //! - [`reference`]: scalar references the optimized kernels are tested against.
 
 pub mod attention;
@@ -13,4 +14,5 @@ pub mod cpu;
 pub mod ggml;
 pub mod linear;
 pub mod ops;
+pub mod quant;
 pub mod reference;

@@ -1,0 +1,111 @@
+//! FP8 E4M3 weight matrices (W8A8 FP8): scales per tensor, per output channel, or per
+//! `[bh, bw]` block (DeepSeek's 128x128 `weight_scale_inv`).
+
+use super::fp8::{e4m3_is_nan, e4m3_to_f32};
+
+/// An E4M3 matrix: `W[r, c] = e4m3(q[r, c]) * s[r / bh, c / bw]`.
+#[derive(Clone, Debug)]
+pub struct Fp8Matrix {
+    rows: usize,
+    cols: usize,
+    block: [usize; 2],
+    q: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl Fp8Matrix {
+    /// `q` is `rows × cols` E4M3 bytes row-major (NaN codes are refused). `block` is
+    /// `[rows, cols]` for one per-tensor scale, `[1, cols]` for per-channel scales, or
+    /// e.g. `[128, 128]`; `scales` is `ceil(rows / bh) × ceil(cols / bw)` row-major. A block
+    /// width below `cols` must be a multiple of 32 dividing `cols` (activations are
+    /// quantized per token per block of columns).
+    pub fn new(rows: usize, cols: usize, block: [usize; 2], q: Vec<u8>, scales: Vec<f32>) -> Result<Self, String> {
+        let [bh, bw] = block;
+        if bh == 0 || bw == 0 || bw > cols || bh > rows.max(1) {
+            return Err(format!("block {block:?} for {rows}x{cols}"));
+        }
+        if cols % 32 != 0 || cols % bw != 0 || (bw < cols && bw % 32 != 0) {
+            return Err(format!("fp8 kernels need 32 | cols and whole column blocks (cols {cols}, block width {bw})"));
+        }
+        if q.len() != rows * cols {
+            return Err(format!("{} values for {rows}x{cols}", q.len()));
+        }
+        let n = rows.div_ceil(bh) * (cols / bw);
+        if scales.len() != n {
+            return Err(format!("{} scales, expected {}x{}", scales.len(), rows.div_ceil(bh), cols / bw));
+        }
+        if let Some(bad) = scales.iter().find(|s| !s.is_finite()) {
+            return Err(format!("non-finite scale {bad}"));
+        }
+        if let Some(i) = q.iter().position(|&b| e4m3_is_nan(b)) {
+            return Err(format!("NaN code at row {} column {}", i / cols, i % cols));
+        }
+        Ok(Fp8Matrix { rows, cols, block, q, scales })
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// `[bh, bw]` of one scale.
+    pub fn block(&self) -> [usize; 2] {
+        self.block
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.q.len() + 4 * self.scales.len()
+    }
+
+    /// E4M3 bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.q[r * self.cols..(r + 1) * self.cols]
+    }
+
+    /// Scales along row `r` (one per column block).
+    pub fn row_scales(&self, r: usize) -> &[f32] {
+        let nb = self.cols / self.block[1];
+        let rb = r / self.block[0];
+        &self.scales[rb * nb..(rb + 1) * nb]
+    }
+
+    /// Dequantizes row `r`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let bw = self.block[1];
+        for ((o, q), &s) in out.chunks_exact_mut(bw).zip(self.row(r).chunks_exact(bw)).zip(self.row_scales(r)) {
+            for (o, &b) in o.iter_mut().zip(q) {
+                *o = e4m3_to_f32(b) * s;
+            }
+        }
+    }
+
+    /// Scalar W8A8 FP8: activations already rounded to E4M3 (`codes`, f32 values) with one
+    /// scale per token and column block (`xs`, `m × cols / bw`);
+    /// `out[(r - r0) * m + i] = Σ_b s_w[r, b] · xs[i, b] · Σ_{c∈b} code · e4m3(q)` in f32.
+    pub fn rows_fp8_scalar(&self, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
+        let (k, bw) = (self.cols, self.block[1]);
+        let nb = k / bw;
+        let mut w = vec![0f32; k];
+        for r in r0..r1 {
+            for (o, &b) in w.iter_mut().zip(self.row(r)) {
+                *o = e4m3_to_f32(b);
+            }
+            let sw = self.row_scales(r);
+            for i in 0..m {
+                let xi = &codes[i * k..(i + 1) * k];
+                let mut acc = 0f32;
+                for (b, (ws, cs)) in w.chunks_exact(bw).zip(xi.chunks_exact(bw)).enumerate() {
+                    let part: f32 = ws.iter().zip(cs).map(|(a, c)| a * c).sum();
+                    acc += sw[b] * xs[i * nb + b] * part;
+                }
+                out[(r - r0) * m + i] = acc;
+            }
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Int4 weight matrices (W4A16, W4A8): signed 4-bit values in groups along the input
+//! dimension, one f32 scale (and optionally one signed zero point) per row and group.
+//!
+//! Layout (private to the kernels): row-major; each run of 32 columns is 16 bytes, byte `j`
+//! holding column `j` in its low nibble and column `j + 16` in its high nibble, as `q + 8`
+//! (0..=15). So a 16-byte load unpacks to 32 consecutive columns with one mask and one shift.
+
+/// Columns per packed run.
+pub const RUN: usize = 32;
+
+/// An int4 matrix: `W[r, c] = (q[r, c] - z[r, g]) * s[r, g]` with `g = c / group`.
+#[derive(Clone, Debug)]
+pub struct Int4Matrix {
+    rows: usize,
+    cols: usize,
+    group: usize,
+    packed: Vec<u8>,
+    scales: Vec<f32>,
+    zeros: Option<Vec<i8>>,
+}
+
+impl Int4Matrix {
+    /// Packs `q` (`rows × cols` row-major, each in -8..=7) with `scales` and optional `zeros`
+    /// (both `rows × cols / group`, row-major; zero points in -8..=7). `group` is a multiple
+    /// of 32 that divides `cols` (`cols` itself for per-channel scales).
+    pub fn new(rows: usize, cols: usize, group: usize, q: &[i8], scales: Vec<f32>, zeros: Option<Vec<i8>>) -> Result<Self, String> {
+        if cols % RUN != 0 || group == 0 || group % RUN != 0 || cols % group != 0 {
+            return Err(format!("int4 kernels need 32 | group and group | cols (cols {cols}, group {group})"));
+        }
+        if q.len() != rows * cols {
+            return Err(format!("{} values for {rows}x{cols}", q.len()));
+        }
+        let ng = rows * (cols / group);
+        if scales.len() != ng {
+            return Err(format!("{} scales, expected {rows}x{}", scales.len(), cols / group));
+        }
+        if let Some(bad) = scales.iter().find(|s| !s.is_finite()) {
+            return Err(format!("non-finite scale {bad}"));
+        }
+        if let Some(z) = &zeros {
+            if z.len() != ng {
+                return Err(format!("{} zero points, expected {rows}x{}", z.len(), cols / group));
+            }
+            if let Some(bad) = z.iter().find(|&&v| !(-8..=7).contains(&v)) {
+                return Err(format!("zero point {bad} outside -8..=7"));
+            }
+        }
+        if let Some(bad) = q.iter().find(|&&v| !(-8..=7).contains(&v)) {
+            return Err(format!("value {bad} outside -8..=7"));
+        }
+        let mut packed = vec![0u8; rows * cols / 2];
+        for (src, dst) in q.chunks_exact(RUN).zip(packed.chunks_exact_mut(RUN / 2)) {
+            for j in 0..RUN / 2 {
+                dst[j] = ((src[j] + 8) as u8) | (((src[j + 16] + 8) as u8) << 4);
+            }
+        }
+        Ok(Int4Matrix { rows, cols, group, packed, scales, zeros })
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Columns per scale group.
+    pub fn group(&self) -> usize {
+        self.group
+    }
+
+    /// Whether zero points are stored (asymmetric).
+    pub fn has_zeros(&self) -> bool {
+        self.zeros.is_some()
+    }
+
+    /// Bytes held (values, scales, zero points).
+    pub fn bytes(&self) -> usize {
+        self.packed.len() + 4 * self.scales.len() + self.zeros.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Packed values of row `r` (`cols / 2` bytes).
+    pub fn packed_row(&self, r: usize) -> &[u8] {
+        let rb = self.cols / 2;
+        &self.packed[r * rb..(r + 1) * rb]
+    }
+
+    /// Scales of row `r` (one per group).
+    pub fn row_scales(&self, r: usize) -> &[f32] {
+        let ng = self.cols / self.group;
+        &self.scales[r * ng..(r + 1) * ng]
+    }
+
+    /// Zero points of row `r`, if asymmetric.
+    pub fn row_zeros(&self, r: usize) -> Option<&[i8]> {
+        let ng = self.cols / self.group;
+        self.zeros.as_ref().map(|z| &z[r * ng..(r + 1) * ng])
+    }
+
+    /// The signed values of row `r`.
+    pub fn row_values(&self, r: usize, out: &mut [i8]) {
+        assert_eq!(out.len(), self.cols);
+        for (src, dst) in self.packed_row(r).chunks_exact(RUN / 2).zip(out.chunks_exact_mut(RUN)) {
+            for j in 0..RUN / 2 {
+                dst[j] = (src[j] & 0xF) as i8 - 8;
+                dst[j + 16] = (src[j] >> 4) as i8 - 8;
+            }
+        }
+    }
+
+    /// Dequantizes row `r` to f32.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let mut q = vec![0i8; self.cols];
+        self.row_values(r, &mut q);
+        let zeros = self.row_zeros(r);
+        for (g, (o, qs)) in out.chunks_exact_mut(self.group).zip(q.chunks_exact(self.group)).enumerate() {
+            let (s, z) = (self.row_scales(r)[g], zeros.map_or(0, |z| z[g]));
+            for (o, &v) in o.iter_mut().zip(qs) {
+                *o = (v - z) as f32 * s;
+            }
+        }
+    }
+
+    /// Scalar W4A16: `out[(r - r0) * m + i] = Σ_g s[r,g] Σ_{c∈g} (q - z) x[i, c]` in f32.
+    pub fn rows_f32_scalar(&self, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
+        let k = self.cols;
+        let mut q = vec![0i8; k];
+        for r in r0..r1 {
+            self.row_values(r, &mut q);
+            let (s, z) = (self.row_scales(r), self.row_zeros(r));
+            for i in 0..m {
+                let xi = &x[i * k..(i + 1) * k];
+                let mut acc = 0f32;
+                for (g, (qs, xs)) in q.chunks_exact(self.group).zip(xi.chunks_exact(self.group)).enumerate() {
+                    let zg = z.map_or(0, |z| z[g]);
+                    let part: f32 = qs.iter().zip(xs).map(|(&v, &xv)| (v - zg) as f32 * xv).sum();
+                    acc += s[g] * part;
+                }
+                out[(r - r0) * m + i] = acc;
+            }
+        }
+    }
+
+    /// Scalar W4A8: per group an int32 sum `Σ (q - z) · xq`, then `acc += s[r,g] · sum` in
+    /// f32, and `out = xs[i] · acc`.
+    pub fn rows_int8_scalar(&self, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        let k = self.cols;
+        let mut q = vec![0i8; k];
+        for r in r0..r1 {
+            self.row_values(r, &mut q);
+            let (s, z) = (self.row_scales(r), self.row_zeros(r));
+            for i in 0..m {
+                let xi = &xq[i * k..(i + 1) * k];
+                let mut acc = 0f32;
+                for (g, (qs, xg)) in q.chunks_exact(self.group).zip(xi.chunks_exact(self.group)).enumerate() {
+                    let zg = z.map_or(0, |z| z[g]) as i32;
+                    let part: i32 = qs.iter().zip(xg).map(|(&v, &a)| (v as i32 - zg) * a as i32).sum();
+                    acc += s[g] * part as f32;
+                }
+                out[(r - r0) * m + i] = xs[i] * acc;
+            }
+        }
+    }
+}

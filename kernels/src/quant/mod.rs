@@ -1,0 +1,293 @@
+//! Linear layers over checkpoint-quantized weights (W4A16, W4A8, W8A8 int8, W8A8 FP8).
+//!
+//! A [`QuantLinear`] pairs a weight matrix in its storage type ([`Int4Matrix`],
+//! [`Int8Matrix`], [`Fp8Matrix`]) with the activation handling its scheme prescribes
+//! ([`ActQuant`]) and the ISA it runs on. One entry point serves every batch size (decode to
+//! prefill), and each output element is computed the same way whatever the batch holds, so
+//! batching never changes a token's result.
+//!
+//! Numerics (each kernel is tested against the scalar reference in its matrix module):
+//! - W4A16: int4 values dequantized in registers, f32 products and accumulation.
+//! - W4A8 / W8A8 int8: activations quantized per token to int8 ([`act`]), integer products
+//!   summed in int32 per scale group, then `token scale × channel (group) scale` in f32.
+//! - W8A8 FP8: activations rounded to E4M3 per token (per token and column block for block
+//!   scales), products of E4M3 values (exact in f32) summed in f32, scales applied per block.
+
+pub mod act;
+pub mod fp8;
+pub mod fp8_matrix;
+pub mod int4;
+pub mod int8;
+
+pub use fp8_matrix::Fp8Matrix;
+pub use int4::Int4Matrix;
+pub use int8::Int8Matrix;
+
+use crate::cpu::caps::{CpuCaps, Isa};
+use crate::cpu::SyncPtr;
+use rayon::prelude::*;
+use std::fmt;
+
+/// How activations enter a quantized linear layer at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActQuant {
+    /// Kept in f32 (weight-only schemes: W4A16).
+    F32,
+    /// Dynamic per-token int8, absmax / 127 (W4A8, W8A8 int8).
+    Int8PerToken,
+    /// Dynamic per-token (per column block with block scales) E4M3, absmax / 448 (W8A8 FP8).
+    Fp8PerToken,
+}
+
+impl ActQuant {
+    /// Short name for plans (`a16`, `a8-int8`, `a8-fp8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ActQuant::F32 => "f32",
+            ActQuant::Int8PerToken => "int8/token",
+            ActQuant::Fp8PerToken => "fp8/token",
+        }
+    }
+}
+
+/// A quantized weight matrix in one of the kernel storage types.
+#[derive(Clone, Debug)]
+pub enum QuantMatrix {
+    /// 4-bit integers with group (or channel) scales.
+    Int4(Int4Matrix),
+    /// 8-bit integers with channel scales.
+    Int8(Int8Matrix),
+    /// E4M3 floats with tensor, channel or block scales.
+    Fp8(Fp8Matrix),
+}
+
+impl QuantMatrix {
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        match self {
+            QuantMatrix::Int4(w) => w.rows(),
+            QuantMatrix::Int8(w) => w.rows(),
+            QuantMatrix::Fp8(w) => w.rows(),
+        }
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        match self {
+            QuantMatrix::Int4(w) => w.cols(),
+            QuantMatrix::Int8(w) => w.cols(),
+            QuantMatrix::Fp8(w) => w.cols(),
+        }
+    }
+
+    /// Bytes held (values and scales).
+    pub fn bytes(&self) -> usize {
+        match self {
+            QuantMatrix::Int4(w) => w.bytes(),
+            QuantMatrix::Int8(w) => w.bytes(),
+            QuantMatrix::Fp8(w) => w.bytes(),
+        }
+    }
+
+    /// Dequantizes row `r` to f32.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        match self {
+            QuantMatrix::Int4(w) => w.dequantize_row(r, out),
+            QuantMatrix::Int8(w) => w.dequantize_row(r, out),
+            QuantMatrix::Fp8(w) => w.dequantize_row(r, out),
+        }
+    }
+
+    /// Storage description for plans, e.g. `int4 g128 asym`, `int8 channel`, `fp8 block 128x128`.
+    pub fn storage(&self) -> String {
+        match self {
+            QuantMatrix::Int4(w) => {
+                let g = if w.group() == w.cols() { "channel".to_string() } else { format!("g{}", w.group()) };
+                format!("int4 {g} {}", if w.has_zeros() { "asym" } else { "sym" })
+            }
+            QuantMatrix::Int8(_) => "int8 channel".into(),
+            QuantMatrix::Fp8(w) => match w.block() {
+                [bh, bw] if bh == w.rows() && bw == w.cols() => "fp8 tensor".into(),
+                [1, bw] if bw == w.cols() => "fp8 channel".into(),
+                [bh, bw] => format!("fp8 block {bh}x{bw}"),
+            },
+        }
+    }
+}
+
+/// Activations prepared once per call for every row task.
+enum Prepared<'a> {
+    F32(&'a [f32]),
+    Int8 { q: Vec<i8>, scales: Vec<f32> },
+    Fp8 { codes: Vec<f32>, scales: Vec<f32> },
+}
+
+/// A quantized linear layer `y = x · Wᵀ` with its kernel chosen.
+#[derive(Clone, Debug)]
+pub struct QuantLinear {
+    w: QuantMatrix,
+    act: ActQuant,
+    isa: Isa,
+    /// Input columns gathered before the product (act-order checkpoints), `x'[c] = x[perm[c]]`.
+    perm: Option<Vec<u32>>,
+}
+
+impl QuantLinear {
+    /// Pairs a matrix with its activation handling, for the best ISA of this CPU. Refuses
+    /// pairs without a kernel (e.g. FP8 weights with int8 activations).
+    pub fn new(w: QuantMatrix, act: ActQuant, caps: &CpuCaps) -> Result<Self, String> {
+        Self::with_isa(w, act, caps.best_isa())
+    }
+
+    /// As [`QuantLinear::new`] for an explicit ISA (tests compare paths with it).
+    pub fn with_isa(w: QuantMatrix, act: ActQuant, isa: Isa) -> Result<Self, String> {
+        let ok = matches!(
+            (&w, act),
+            (QuantMatrix::Int4(_), ActQuant::F32 | ActQuant::Int8PerToken)
+                | (QuantMatrix::Int8(_), ActQuant::Int8PerToken)
+                | (QuantMatrix::Fp8(_), ActQuant::Fp8PerToken)
+        );
+        if !ok {
+            return Err(format!("no kernel for {} weights with {} activations", w.storage(), act.name()));
+        }
+        Ok(QuantLinear { w, act, isa, perm: None })
+    }
+
+    /// Gathers input column `perm[c]` into position `c` before the product (the weight's
+    /// columns were sorted by group at load). `perm` must be a permutation of `0..cols`.
+    pub fn with_input_permutation(mut self, perm: Vec<u32>) -> Result<Self, String> {
+        let k = self.w.cols();
+        let mut seen = vec![false; k];
+        if perm.len() != k || perm.iter().any(|&p| (p as usize) >= k || std::mem::replace(&mut seen[p as usize], true)) {
+            return Err(format!("input permutation is not a permutation of 0..{k}"));
+        }
+        self.perm = Some(perm);
+        Ok(self)
+    }
+
+    /// The weights.
+    pub fn matrix(&self) -> &QuantMatrix {
+        &self.w
+    }
+
+    /// Activation handling.
+    pub fn act(&self) -> ActQuant {
+        self.act
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.w.rows()
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.w.cols()
+    }
+
+    /// Dequantizes row `r` in the input's column order.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        match &self.perm {
+            None => self.w.dequantize_row(r, out),
+            Some(p) => {
+                let mut tmp = vec![0f32; out.len()];
+                self.w.dequantize_row(r, &mut tmp);
+                for (c, &src) in p.iter().enumerate() {
+                    out[src as usize] = tmp[c];
+                }
+            }
+        }
+    }
+
+    /// Kernel id for plans, e.g. `cpu.w4a8.int4xint8.avx2`.
+    pub fn id(&self) -> String {
+        self.to_string()
+    }
+
+    /// `y[i * ldy + j] = Σ_k x[i, k] W[j, k]` for `m` tokens (`x` is `m × cols`).
+    pub fn forward(&self, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+        let (n, k) = (self.rows(), self.cols());
+        assert_eq!(x.len(), m * k, "activation shape");
+        assert!(ldy >= n && (m == 0 || y.len() >= (m - 1) * ldy + n), "output shape");
+        if m == 0 {
+            return;
+        }
+        let gathered;
+        let x = match &self.perm {
+            None => x,
+            Some(p) => {
+                gathered = x.chunks_exact(k).flat_map(|row| p.iter().map(|&c| row[c as usize])).collect::<Vec<f32>>();
+                &gathered
+            }
+        };
+        let prep = self.prepare(x, m);
+        let chunk = rows_per_task(n);
+        let out = SyncPtr::new(y.as_mut_ptr());
+        (0..n.div_ceil(chunk)).into_par_iter().for_each(|t| {
+            let (r0, r1) = (t * chunk, ((t + 1) * chunk).min(n));
+            let mut tile = vec![0f32; (r1 - r0) * m];
+            self.row_range(&prep, r0, r1, m, &mut tile);
+            for (r, vals) in (r0..r1).zip(tile.chunks_exact(m)) {
+                for (i, &v) in vals.iter().enumerate() {
+                    // SAFETY: (i, r) is inside y (asserted above); each r belongs to one task.
+                    unsafe { *out.get().add(i * ldy + r) = v };
+                }
+            }
+        });
+    }
+
+    fn prepare<'a>(&self, x: &'a [f32], m: usize) -> Prepared<'a> {
+        let k = self.cols();
+        match self.act {
+            ActQuant::F32 => Prepared::F32(x),
+            ActQuant::Int8PerToken => {
+                let mut q = vec![0i8; m * k];
+                let scales = x.chunks_exact(k).zip(q.chunks_exact_mut(k)).map(|(x, q)| act::quantize_int8_row(x, q)).collect();
+                Prepared::Int8 { q, scales }
+            }
+            ActQuant::Fp8PerToken => {
+                let QuantMatrix::Fp8(w) = &self.w else { unreachable!("checked in with_isa") };
+                let bw = w.block()[1];
+                let mut codes = vec![0f32; m * k];
+                let mut scales = vec![0f32; m * (k / bw)];
+                for ((x, c), s) in x.chunks_exact(k).zip(codes.chunks_exact_mut(k)).zip(scales.chunks_exact_mut(k / bw)) {
+                    act::quantize_fp8_row(x, bw, c, s);
+                }
+                Prepared::Fp8 { codes, scales }
+            }
+        }
+    }
+
+    /// Weight rows `r0..r1` for all tokens into `tile[(r - r0) * m + i]`.
+    fn row_range(&self, prep: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
+        match (&self.w, prep) {
+            (QuantMatrix::Int4(w), Prepared::F32(x)) => w.rows_f32_scalar(r0, r1, x, m, tile),
+            (QuantMatrix::Int4(w), Prepared::Int8 { q, scales }) => w.rows_int8_scalar(r0, r1, q, scales, m, tile),
+            (QuantMatrix::Int8(w), Prepared::Int8 { q, scales }) => w.rows_int8_scalar(r0, r1, q, scales, m, tile),
+            (QuantMatrix::Fp8(w), Prepared::Fp8 { codes, scales }) => w.rows_fp8_scalar(r0, r1, codes, scales, m, tile),
+            _ => unreachable!("pairs checked in with_isa"),
+        }
+    }
+}
+
+impl fmt::Display for QuantLinear {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = match (&self.w, self.act) {
+            (QuantMatrix::Int4(_), ActQuant::F32) => "w4a16.int4xf32",
+            (QuantMatrix::Int4(_), _) => "w4a8.int4xint8",
+            (QuantMatrix::Int8(_), _) => "w8a8.int8xint8",
+            (QuantMatrix::Fp8(_), _) => "w8a8.fp8xfp8",
+        };
+        write!(f, "cpu.{scheme}.{}", self.isa.name())?;
+        if self.perm.is_some() {
+            f.write_str("+perm")?;
+        }
+        Ok(())
+    }
+}
+
+/// Weight rows per parallel task (a multiple of 8, about four tasks per thread).
+fn rows_per_task(rows: usize) -> usize {
+    let tasks = rayon::current_num_threads() * 4;
+    rows.div_ceil(tasks).next_multiple_of(8).max(8)
+}
