@@ -108,4 +108,10 @@ impl Fp8Matrix {
             }
         }
     }
+
+    /// `rows_fp8_scalar` on the given ISA (SIMD versions land per ISA; scalar until then).
+    pub fn rows_fp8(&self, isa: crate::cpu::Isa, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
+        let _ = isa;
+        self.rows_fp8_scalar(r0, r1, codes, xs, m, out)
+    }
 }

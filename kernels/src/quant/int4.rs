@@ -164,4 +164,16 @@ impl Int4Matrix {
             }
         }
     }
+
+    /// `rows_f32_scalar` on the given ISA (SIMD versions land per ISA; scalar until then).
+    pub fn rows_f32(&self, isa: crate::cpu::Isa, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
+        let _ = isa;
+        self.rows_f32_scalar(r0, r1, x, m, out)
+    }
+
+    /// `rows_int8_scalar` on the given ISA (SIMD versions land per ISA; scalar until then).
+    pub fn rows_int8(&self, isa: crate::cpu::Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        let _ = isa;
+        self.rows_int8_scalar(r0, r1, xq, xs, m, out)
+    }
 }

@@ -75,4 +75,10 @@ impl Int8Matrix {
             }
         }
     }
+
+    /// `rows_int8_scalar` on the given ISA (SIMD versions land per ISA; scalar until then).
+    pub fn rows_int8(&self, isa: crate::cpu::Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        let _ = isa;
+        self.rows_int8_scalar(r0, r1, xq, xs, m, out)
+    }
 }

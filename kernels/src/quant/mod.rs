@@ -261,10 +261,10 @@ impl QuantLinear {
     /// Weight rows `r0..r1` for all tokens into `tile[(r - r0) * m + i]`.
     fn row_range(&self, prep: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
         match (&self.w, prep) {
-            (QuantMatrix::Int4(w), Prepared::F32(x)) => w.rows_f32_scalar(r0, r1, x, m, tile),
-            (QuantMatrix::Int4(w), Prepared::Int8 { q, scales }) => w.rows_int8_scalar(r0, r1, q, scales, m, tile),
-            (QuantMatrix::Int8(w), Prepared::Int8 { q, scales }) => w.rows_int8_scalar(r0, r1, q, scales, m, tile),
-            (QuantMatrix::Fp8(w), Prepared::Fp8 { codes, scales }) => w.rows_fp8_scalar(r0, r1, codes, scales, m, tile),
+            (QuantMatrix::Int4(w), Prepared::F32(x)) => w.rows_f32(self.isa, r0, r1, x, m, tile),
+            (QuantMatrix::Int4(w), Prepared::Int8 { q, scales }) => w.rows_int8(self.isa, r0, r1, q, scales, m, tile),
+            (QuantMatrix::Int8(w), Prepared::Int8 { q, scales }) => w.rows_int8(self.isa, r0, r1, q, scales, m, tile),
+            (QuantMatrix::Fp8(w), Prepared::Fp8 { codes, scales }) => w.rows_fp8(self.isa, r0, r1, codes, scales, m, tile),
             _ => unreachable!("pairs checked in with_isa"),
         }
     }
