@@ -10,8 +10,9 @@ pub struct Int8Matrix {
 }
 
 impl Int8Matrix {
-    /// `q` is `rows × cols` row-major in -127..=127 (-128 is refused: the integer kernels
-    /// rely on |q| <= 127); `scales` has one entry per row.
+    /// `q` is `rows × cols` row-major (the full -128..=127; activations stay in -127..=127, so
+    /// `|w| · |x| <= 128 · 127` and pairwise 16-bit sums cannot saturate); `scales` has one
+    /// entry per row.
     pub fn new(rows: usize, cols: usize, q: Vec<i8>, scales: Vec<f32>) -> Result<Self, String> {
         if cols % 32 != 0 {
             return Err(format!("int8 kernels need cols divisible by 32 (cols {cols})"));
@@ -24,9 +25,6 @@ impl Int8Matrix {
         }
         if let Some(bad) = scales.iter().find(|s| !s.is_finite()) {
             return Err(format!("non-finite scale {bad}"));
-        }
-        if q.contains(&i8::MIN) {
-            return Err("value -128 (symmetric int8 uses -127..=127)".into());
         }
         Ok(Int8Matrix { rows, cols, q, scales })
     }
