@@ -26,10 +26,17 @@ pub fn quantize_int8_row(x: &[f32], q: &mut [i8]) -> f32 {
 }
 
 /// Rounds one row to E4M3 per group of `group` values: `codes` gets the E4M3 values as f32
-/// (exactly representable), `scales` one scale per group (`x ≈ scale * code`).
+/// (exactly representable), `scales` one scale per group (`x ≈ scale * code`). On AVX2
+/// machines (group a multiple of 8) a SIMD version runs, with bit-identical results.
 pub fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32], scales: &mut [f32]) {
     assert_eq!(x.len(), codes.len());
     assert_eq!(x.len(), group * scales.len());
+    #[cfg(target_arch = "x86_64")]
+    if group.is_multiple_of(8) && crate::cpu::Isa::Avx2.available() {
+        // SAFETY: AVX2 checked; group is a multiple of 8; lengths asserted above.
+        unsafe { super::avx2_fp8::quantize_fp8_row(x, group, codes, scales) };
+        return;
+    }
     for ((xs, cs), s) in x.chunks_exact(group).zip(codes.chunks_exact_mut(group)).zip(scales.iter_mut()) {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         *s = amax / E4M3_MAX;
