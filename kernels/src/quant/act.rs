@@ -10,8 +10,21 @@
 
 use super::fp8::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 
-/// Quantizes one row to int8; returns the scale (`x ≈ scale * q`).
+/// Quantizes one row to int8; returns the scale (`x ≈ scale * q`). Runs the AVX2 version
+/// where the CPU has it; both give the same bytes ([`quantize_int8_row_scalar`]).
 pub fn quantize_int8_row(x: &[f32], q: &mut [i8]) -> f32 {
+    assert_eq!(x.len(), q.len());
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::Isa::Avx2.available() {
+        // SAFETY: AVX2 checked just above; lengths asserted equal.
+        return unsafe { avx2::quantize_int8_row(x, q) };
+    }
+    quantize_int8_row_scalar(x, q)
+}
+
+/// The portable [`quantize_int8_row`]: `absmax` (NaN ignored), `scale = absmax / 127`,
+/// `q = round_half_even(x / scale)` clamped to ±127 (NaN to 0).
+pub fn quantize_int8_row_scalar(x: &[f32], q: &mut [i8]) -> f32 {
     assert_eq!(x.len(), q.len());
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let scale = amax / 127.0;
@@ -25,19 +38,85 @@ pub fn quantize_int8_row(x: &[f32], q: &mut [i8]) -> f32 {
     scale
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// [`super::quantize_int8_row_scalar`] 32 values at a time, operation for operation: the
+    /// same IEEE division and round-half-even, `max` that skips NaN like `f32::max`, and NaN
+    /// quotients zeroed like Rust's saturating `as i8`. The tail goes through the scalar code.
+    ///
+    /// # Safety
+    /// AVX2 available; `x.len() == q.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_int8_row(x: &[f32], q: &mut [i8]) -> f32 {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut vmax = _mm256_setzero_ps();
+        let mut xc = x.chunks_exact(8);
+        for c in &mut xc {
+            // SAFETY: `c` holds 8 floats.
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+            // `max_ps(a, b)` returns `b` when either is NaN: NaN inputs leave the max alone.
+            vmax = _mm256_max_ps(_mm256_andnot_ps(sign, v), vmax);
+        }
+        let mut lanes = [0f32; 8];
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vmax) };
+        let amax = lanes.iter().chain(xc.remainder()).fold(0f32, |m, v| m.max(v.abs()));
+        let scale = amax / 127.0;
+        if scale == 0.0 {
+            q.fill(0);
+            return 0.0;
+        }
+        let sv = _mm256_set1_ps(scale);
+        let quant = |v| quant8(v, sv);
+        let mut xc = x.chunks_exact(32);
+        let mut qc = q.chunks_exact_mut(32);
+        for (xs, qs) in (&mut xc).zip(&mut qc) {
+            // SAFETY: `xs` holds 32 floats, `qs` 32 bytes.
+            unsafe {
+                let p = xs.as_ptr();
+                let a = quant(_mm256_loadu_ps(p));
+                let b = quant(_mm256_loadu_ps(p.add(8)));
+                let c = quant(_mm256_loadu_ps(p.add(16)));
+                let d = quant(_mm256_loadu_ps(p.add(24)));
+                // Packing works per 128-bit lane: restore element order with one permute.
+                let ab = _mm256_packs_epi32(a, b);
+                let cd = _mm256_packs_epi32(c, d);
+                let abcd = _mm256_packs_epi16(ab, cd);
+                let ordered = _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(qs.as_mut_ptr().cast(), ordered);
+            }
+        }
+        for (q, &v) in qc.into_remainder().iter_mut().zip(xc.remainder()) {
+            *q = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+        scale
+    }
+
+    /// `v / scale` rounded half to even, clamped to ±127, NaN to 0, as int32 lanes.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn quant8(v: __m256, scale: __m256) -> __m256i {
+        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_div_ps(v, scale));
+        let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
+        _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.0)), _mm256_set1_ps(-127.0)))
+    }
+}
+
 /// Rounds one row to E4M3 per group of `group` values: `codes` gets the E4M3 values as f32
 /// (exactly representable), `scales` one scale per group (`x ≈ scale * code`). On AVX2
 /// machines (group a multiple of 8) a SIMD version runs, with bit-identical results.
 pub fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32], scales: &mut [f32]) {
     assert_eq!(x.len(), codes.len());
-    assert_eq!(x.len(), group * scales.len());
+    assert_eq!(x.len().div_ceil(group), scales.len());
     #[cfg(target_arch = "x86_64")]
-    if group.is_multiple_of(8) && crate::cpu::Isa::Avx2.available() {
+    if group.is_multiple_of(8) && x.len().is_multiple_of(8) && crate::cpu::Isa::Avx2.available() {
         // SAFETY: AVX2 checked; group is a multiple of 8; lengths asserted above.
         unsafe { super::avx2_fp8::quantize_fp8_row(x, group, codes, scales) };
         return;
     }
-    for ((xs, cs), s) in x.chunks_exact(group).zip(codes.chunks_exact_mut(group)).zip(scales.iter_mut()) {
+    for ((xs, cs), s) in x.chunks(group).zip(codes.chunks_mut(group)).zip(scales.iter_mut()) {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         *s = amax / E4M3_MAX;
         for (c, &v) in cs.iter_mut().zip(xs) {

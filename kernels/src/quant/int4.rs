@@ -5,6 +5,8 @@
 //! holding column `j` in its low nibble and column `j + 16` in its high nibble, as `q + 8`
 //! (0..=15). So a 16-byte load unpacks to 32 consecutive columns with one mask and one shift.
 
+use crate::cpu::Isa;
+
 /// Columns per packed run.
 pub const RUN: usize = 32;
 
@@ -24,7 +26,7 @@ impl Int4Matrix {
     /// (both `rows × cols / group`, row-major; zero points in -8..=7). `group` is a multiple
     /// of 32 that divides `cols` (`cols` itself for per-channel scales).
     pub fn new(rows: usize, cols: usize, group: usize, q: &[i8], scales: Vec<f32>, zeros: Option<Vec<i8>>) -> Result<Self, String> {
-        if cols % RUN != 0 || group == 0 || group % RUN != 0 || cols % group != 0 {
+        if !cols.is_multiple_of(RUN) || group == 0 || !group.is_multiple_of(RUN) || !cols.is_multiple_of(group) {
             return Err(format!("int4 kernels need 32 | group and group | cols (cols {cols}, group {group})"));
         }
         if q.len() != rows * cols {
@@ -165,15 +167,51 @@ impl Int4Matrix {
         }
     }
 
-    /// `rows_f32_scalar` on the given ISA (SIMD versions land per ISA; scalar until then).
-    pub fn rows_f32(&self, isa: crate::cpu::Isa, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
-        let _ = isa;
-        self.rows_f32_scalar(r0, r1, x, m, out)
+    /// [`Self::rows_f32_scalar`] on `isa`: the AVX2 kernel (f32 FMA over weights unpacked in
+    /// registers, register-tiled over rows and up to 8 tokens) agrees with the scalar one to
+    /// f32 summation order, and gives bit-identical results for a token whatever `m`, the other
+    /// tokens or the row range.
+    ///
+    /// # Panics
+    /// If `isa` is not available here, or the shapes disagree.
+    pub fn rows_f32(&self, isa: Isa, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
+        assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
+        assert_eq!(x.len(), m * self.cols, "activation shape");
+        assert!(out.len() >= (r1 - r0) * m, "output tile");
+        match isa {
+            Isa::Scalar => self.rows_f32_scalar(r0, r1, x, m, out),
+            Isa::Avx2 => {
+                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2+FMA checked above; shapes asserted above.
+                unsafe {
+                    super::avx2_int::int4_f32(self, r0, r1, x, m, out)
+                }
+            }
+        }
     }
 
-    /// `rows_int8_scalar` on the given ISA (SIMD versions land per ISA; scalar until then).
-    pub fn rows_int8(&self, isa: crate::cpu::Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
-        let _ = isa;
-        self.rows_int8_scalar(r0, r1, xq, xs, m, out)
+    /// [`Self::rows_int8_scalar`] on `isa`: the AVX2 kernel (`maddubs` integer products,
+    /// int32 group sums, the scalar epilogue) is bit-identical to the scalar one.
+    ///
+    /// # Panics
+    /// If `isa` is not available here, or the shapes disagree.
+    #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
+    pub fn rows_int8(&self, isa: Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
+        assert_eq!(xq.len(), m * self.cols, "activation shape");
+        assert_eq!(xs.len(), m, "activation scales");
+        assert!(out.len() >= (r1 - r0) * m, "output tile");
+        match isa {
+            Isa::Scalar => self.rows_int8_scalar(r0, r1, xq, xs, m, out),
+            Isa::Avx2 => {
+                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2+FMA checked above; shapes asserted above.
+                unsafe {
+                    super::avx2_int::int4_int8(self, r0, r1, xq, xs, m, out)
+                }
+            }
+        }
     }
 }

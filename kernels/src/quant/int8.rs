@@ -1,5 +1,7 @@
 //! Int8 weight matrices (W8A8 int8): symmetric per-output-channel scales, row-major values.
 
+use crate::cpu::Isa;
+
 /// An int8 matrix: `W[r, c] = q[r, c] * s[r]`.
 #[derive(Clone, Debug)]
 pub struct Int8Matrix {
@@ -14,7 +16,7 @@ impl Int8Matrix {
     /// `|w| · |x| <= 128 · 127` and pairwise 16-bit sums cannot saturate); `scales` has one
     /// entry per row.
     pub fn new(rows: usize, cols: usize, q: Vec<i8>, scales: Vec<f32>) -> Result<Self, String> {
-        if cols % 32 != 0 {
+        if !cols.is_multiple_of(32) {
             return Err(format!("int8 kernels need cols divisible by 32 (cols {cols})"));
         }
         if q.len() != rows * cols {
@@ -74,9 +76,28 @@ impl Int8Matrix {
         }
     }
 
-    /// `rows_int8_scalar` on the given ISA (SIMD versions land per ISA; scalar until then).
-    pub fn rows_int8(&self, isa: crate::cpu::Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
-        let _ = isa;
-        self.rows_int8_scalar(r0, r1, xq, xs, m, out)
+    /// [`Self::rows_int8_scalar`] on `isa`: the AVX2 kernel (`maddubs` sign trick, int32 sums,
+    /// the scalar epilogue) is bit-identical to the scalar one. Activations holding -128 (never
+    /// produced by [`super::act::quantize_int8_row`]) take the scalar kernel.
+    ///
+    /// # Panics
+    /// If `isa` is not available here, or the shapes disagree.
+    #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
+    pub fn rows_int8(&self, isa: Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
+        assert_eq!(xq.len(), m * self.cols, "activation shape");
+        assert_eq!(xs.len(), m, "activation scales");
+        assert!(out.len() >= (r1 - r0) * m, "output tile");
+        match isa {
+            Isa::Avx2 if !xq.contains(&i8::MIN) => {
+                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2+FMA checked above; shapes asserted above; no -128 in xq.
+                unsafe {
+                    super::avx2_int::int8_int8(self, r0, r1, xq, xs, m, out)
+                }
+            }
+            _ => self.rows_int8_scalar(r0, r1, xq, xs, m, out),
+        }
     }
 }

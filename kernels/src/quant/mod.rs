@@ -14,6 +14,7 @@
 //!   scales), products of E4M3 values (exact in f32) summed in f32, scales applied per block.
 
 pub mod act;
+mod avx2_int;
 mod avx2_fp8;
 pub mod fp8;
 pub mod fp8_matrix;

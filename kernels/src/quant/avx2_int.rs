@@ -1,0 +1,556 @@
+//! AVX2 + FMA kernels for the int4 / int8 linear layers (W4A16, W4A8, W8A8 int8).
+//!
+//! Every kernel fills `out[(r - r0) * m + i]` like the scalar ones in [`super::int4`] and
+//! [`super::int8`], walking the tokens in blocks of up to 8 and, per block, every weight row
+//! once, so each unpacked weight vector serves all tokens of the block.
+//!
+//! Batch invariance: the operations that produce one `(row, token)` result, and their order,
+//! depend only on the matrix and that token's activations, never on `m`, the block the token
+//! lands in, or the row range:
+//! - W4A16 keeps one 8-lane f32 accumulator per `(row, token)` for the current group,
+//!   fed in a fixed column order (`0..8, 16..24, 8..16, 24..32` of each 32-column run), folded
+//!   into an 8-lane total with `total = fma(s[g], acc, total)` at each group end, and summed
+//!   across lanes by one fixed tree ([`hsum_ps`]). Tiles only choose how many of these
+//!   independent accumulators run side by side; column blocks save and restore them exactly.
+//! - W4A8 and W8A8 sum integer products exactly (int16 partial sums that cannot overflow,
+//!   then int32), so any grouping gives the same integers, and the f32 epilogue repeats the
+//!   scalar kernel's operations in its order. The integer paths are therefore bit-identical to
+//!   the scalar kernels, not just close.
+
+#![cfg(target_arch = "x86_64")]
+
+use super::int4::{Int4Matrix, RUN};
+use super::int8::Int8Matrix;
+use std::arch::x86_64::*;
+
+/// Most tokens one block serves (the integer epilogues vectorize over 8 tokens).
+const TOKENS: usize = 8;
+
+/// Bytes of f32 activations a W4A16 column block may span (all its tokens), so the block
+/// stays in L1 while every row of the task streams past it.
+const F32_BLOCK_BYTES: usize = 16 * 1024;
+
+/// Sum of the 8 lanes, always in the same tree: `(lo128 + hi128)`, then halves, then pairs.
+///
+#[target_feature(enable = "avx2,fma")]
+fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Wrapping sum of the 8 int32 lanes.
+///
+#[target_feature(enable = "avx2,fma")]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0x4E>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0xB1>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Lane `j` of the result is the (wrapping) sum of the 8 lanes of `v[j]`.
+///
+#[target_feature(enable = "avx2,fma")]
+fn reduce8(v: &[__m256i]) -> __m256i {
+    let a01 = _mm256_hadd_epi32(v[0], v[1]);
+    let a23 = _mm256_hadd_epi32(v[2], v[3]);
+    let a45 = _mm256_hadd_epi32(v[4], v[5]);
+    let a67 = _mm256_hadd_epi32(v[6], v[7]);
+    let b03 = _mm256_hadd_epi32(a01, a23);
+    let b47 = _mm256_hadd_epi32(a45, a67);
+    let lo = _mm256_permute2x128_si256::<0x20>(b03, b47);
+    let hi = _mm256_permute2x128_si256::<0x31>(b03, b47);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// `sums[i] = Σ lanes of v[i]` (integer, so any order is exact).
+#[target_feature(enable = "avx2,fma")]
+fn lane_sums(v: &[__m256i], sums: &mut [i32]) {
+    debug_assert_eq!(v.len(), sums.len());
+    let mut vc = v.chunks_exact(8);
+    let mut sc = sums.chunks_exact_mut(8);
+    for (v8, s8) in (&mut vc).zip(&mut sc) {
+        // SAFETY: `s8` holds 8 i32 (32 bytes); unaligned store.
+        unsafe { _mm256_storeu_si256(s8.as_mut_ptr().cast(), reduce8(v8)) };
+    }
+    for (v, s) in vc.remainder().iter().zip(sc.into_remainder()) {
+        *s = hsum_epi32(*v);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// W4A16: int4 weights x f32 activations.
+
+/// W4A16 rows `r0..r1` for `m` tokens of `x` into `out[(r - r0) * m + i]`.
+///
+/// # Safety
+/// AVX2+FMA available; `r0 <= r1 <= w.rows()`, `x.len() == m * w.cols()`,
+/// `out.len() >= (r1 - r0) * m`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn int4_f32(w: &Int4Matrix, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
+    let mut state = vec![_mm256_setzero_ps(); (r1 - r0) * STATE];
+    let mut t0 = 0;
+    while t0 < m {
+        let t = (m - t0).min(TOKENS);
+        // Few tokens: several rows side by side keep enough independent FMA chains in flight.
+        // SAFETY: forwarded contract; tokens t0..t0 + t exist.
+        unsafe {
+            match t {
+                1 => f32_block::<4, 1>(w, r0, r1, x, m, t0, &mut state, out),
+                2 => f32_block::<4, 2>(w, r0, r1, x, m, t0, &mut state, out),
+                3 => f32_block::<2, 3>(w, r0, r1, x, m, t0, &mut state, out),
+                4 => f32_block::<2, 4>(w, r0, r1, x, m, t0, &mut state, out),
+                5 => f32_block::<1, 5>(w, r0, r1, x, m, t0, &mut state, out),
+                6 => f32_block::<1, 6>(w, r0, r1, x, m, t0, &mut state, out),
+                7 => f32_block::<1, 7>(w, r0, r1, x, m, t0, &mut state, out),
+                _ => f32_block::<1, 8>(w, r0, r1, x, m, t0, &mut state, out),
+            }
+        }
+        t0 += t;
+    }
+}
+
+/// Vectors of W4A16 state per row: the open group's accumulators (`0..T`) and the totals
+/// (`TOKENS..TOKENS + T`) of up to 8 tokens.
+const STATE: usize = 2 * TOKENS;
+
+/// Tokens `t0..t0 + T` against rows `r0..r1`, `R` rows per micro-kernel call, columns in
+/// blocks that keep the `T` activation rows in L1.
+///
+/// `state` holds [`STATE`] vectors per row of `r0..r1`.
+///
+/// # Safety
+/// As [`int4_f32`], with `t0 + T <= m`.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)] // the row-kernel signature plus the token block and state
+unsafe fn f32_block<const R: usize, const T: usize>(
+    w: &Int4Matrix,
+    r0: usize,
+    r1: usize,
+    x: &[f32],
+    m: usize,
+    t0: usize,
+    state: &mut [__m256],
+    out: &mut [f32],
+) {
+    let k = w.cols();
+    let kb = if T * k * 4 <= F32_BLOCK_BYTES * 3 / 2 { k } else { (F32_BLOCK_BYTES / (4 * T) / RUN * RUN).max(RUN) };
+    state.fill(_mm256_setzero_ps());
+    let xt = &x[t0 * k..(t0 + T) * k];
+    let mut c0 = 0;
+    while c0 < k {
+        let c1 = (c0 + kb).min(k);
+        let mut r = r0;
+        while r + R <= r1 {
+            // SAFETY: rows r..r + R exist; columns c0..c1 are whole runs inside the row.
+            unsafe { f32_micro::<R, T>(w, r, xt, c0, c1, &mut state[(r - r0) * STATE..(r - r0 + R) * STATE]) };
+            r += R;
+        }
+        while r < r1 {
+            // SAFETY: as above, one row.
+            unsafe { f32_micro::<1, T>(w, r, xt, c0, c1, &mut state[(r - r0) * STATE..(r - r0 + 1) * STATE]) };
+            r += 1;
+        }
+        c0 = c1;
+    }
+    for (row, st) in state.chunks_exact(STATE).enumerate() {
+        for (t, &v) in st[TOKENS..TOKENS + T].iter().enumerate() {
+            out[row * m + t0 + t] = hsum_ps(v);
+        }
+    }
+}
+
+/// Rows `r..r + R`, columns `c0..c1` (whole runs), `T` activation rows of `x` (stride
+/// `cols`): `acc += (q - z) · x` per column, and at each group end
+/// `total = fma(s[g], acc, total)`, `acc = 0`.
+///
+/// # Safety
+/// AVX2+FMA available; `r + R <= w.rows()`; `c0`, `c1` multiples of 32 with
+/// `c1 <= w.cols()`; `x.len() == T * w.cols()`; `st.len() == R * STATE`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn f32_micro<const R: usize, const T: usize>(
+    w: &Int4Matrix,
+    r: usize,
+    x: &[f32],
+    c0: usize,
+    c1: usize,
+    st: &mut [__m256],
+) {
+    let (k, group) = (w.cols(), w.group());
+    // Only the open groups' accumulators live in registers; totals are touched at group ends.
+    let mut acc: [[__m256; T]; R] = std::array::from_fn(|rr| std::array::from_fn(|t| st[rr * STATE + t]));
+    let rows: [*const u8; R] = std::array::from_fn(|rr| w.packed_row(r + rr).as_ptr());
+    let lo_mask = _mm256_set1_epi32(0x0F);
+    let xp = x.as_ptr();
+    let mut col = c0;
+    while col < c1 {
+        let g = col / group;
+        let gend = ((g + 1) * group).min(c1);
+        let off: [__m256i; R] = std::array::from_fn(|rr| _mm256_set1_epi32(8 + w.row_zeros(r + rr).map_or(0, |z| z[g]) as i32));
+        for c in (col..gend).step_by(RUN) {
+            for rr in 0..R {
+                for half in 0..2 {
+                    // SAFETY: row rr's packed bytes c/2..c/2+16 exist (c + 32 <= cols); bytes
+                    // half*8..+8 hold columns c+half*8..+8 (low nibbles) and c+16+half*8..+8
+                    // (high nibbles).
+                    let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(rows[rr].add(c / 2 + half * 8).cast()) });
+                    let lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, lo_mask), off[rr]));
+                    let hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32::<4>(v), off[rr]));
+                    for (t, a) in acc[rr].iter_mut().enumerate() {
+                        // SAFETY: token t's columns c..c+32 lie inside x (t < T, c + 32 <= k).
+                        unsafe {
+                            let xa = xp.add(t * k + c + half * 8);
+                            *a = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xa), *a);
+                            *a = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xa.add(16)), *a);
+                        }
+                    }
+                }
+            }
+        }
+        if gend == (g + 1) * group {
+            for (rr, s) in st.chunks_exact_mut(STATE).enumerate() {
+                let sc = _mm256_set1_ps(w.row_scales(r + rr)[g]);
+                for (total, a) in s[TOKENS..TOKENS + T].iter_mut().zip(&mut acc[rr]) {
+                    *total = _mm256_fmadd_ps(sc, *a, *total);
+                    *a = _mm256_setzero_ps();
+                }
+            }
+        }
+        col = gend;
+    }
+    for (rr, s) in st.chunks_exact_mut(STATE).enumerate() {
+        s[..T].copy_from_slice(&acc[rr]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// W4A8: int4 weights x int8 activations.
+
+/// W4A8 rows `r0..r1` for `m` tokens (`xq` int8, `xs` token scales) into
+/// `out[(r - r0) * m + i]`. Bit-identical to [`Int4Matrix::rows_int8_scalar`].
+///
+/// Per 32-column run the stored nibbles `n = q + 8` (0..=15) are the unsigned operand of
+/// `maddubs` against the activations; up to 8 runs add up in int16 (|pair| <= 2·15·128, so
+/// 8 pairs fit), then `madd` widens to int32 per group. The offset is removed exactly
+/// afterwards: `Σ (q - z) a = Σ n a - (8 + z) Σ a`.
+///
+/// # Safety
+/// AVX2+FMA available; `r0 <= r1 <= w.rows()`, `xq.len() == m * w.cols()`, `xs.len() == m`,
+/// `out.len() >= (r1 - r0) * m`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn int4_int8(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+    let asum = group_sums(xq, w.cols(), w.group());
+    let mut t0 = 0;
+    while t0 < m {
+        let t = (m - t0).min(TOKENS);
+        // SAFETY: forwarded contract; tokens t0..t0 + t exist.
+        unsafe {
+            match t {
+                1 => int4_block::<8, 1>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                2 => int4_block::<4, 2>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                3 => int4_block::<2, 3>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                4 => int4_block::<2, 4>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                5 => int4_block::<1, 5>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                6 => int4_block::<1, 6>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                7 => int4_block::<1, 7>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                _ => int4_block::<1, 8>(w, r0, r1, xq, xs, &asum, m, t0, out),
+            }
+        }
+        t0 += t;
+    }
+}
+
+/// `sums[i * ng + g] = Σ xq[i, c]` over the columns of group `g` (exact, via `sad` of the
+/// bytes offset to unsigned). `group` is a multiple of 32 dividing `k`.
+#[target_feature(enable = "avx2,fma")]
+fn group_sums(xq: &[i8], k: usize, group: usize) -> Vec<i32> {
+    let ng = k / group;
+    let mut sums = vec![0i32; xq.len() / k * ng];
+    let flip = _mm256_set1_epi8(i8::MIN);
+    for (row, s) in xq.chunks_exact(k).zip(sums.chunks_exact_mut(ng)) {
+        for (grp, s) in row.chunks_exact(group).zip(s) {
+            let mut acc = _mm256_setzero_si256();
+            for run in grp.chunks_exact(RUN) {
+                // SAFETY: `run` holds 32 bytes.
+                let v = unsafe { _mm256_loadu_si256(run.as_ptr().cast()) };
+                acc = _mm256_add_epi64(acc, _mm256_sad_epu8(_mm256_xor_si256(v, flip), _mm256_setzero_si256()));
+            }
+            let mut lanes = [0i64; 4];
+            // SAFETY: 32 bytes into a 4 x i64 array.
+            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), acc) };
+            *s = (lanes.iter().sum::<i64>() - 128 * group as i64) as i32;
+        }
+    }
+    sums
+}
+
+/// Tokens `t0..t0 + T` of W4A8 against rows `r0..r1`, `R` rows at a time (then single rows).
+///
+/// # Safety
+/// As [`int4_int8`], with `t0 + T <= m` and `asum` from [`group_sums`].
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)] // the row-kernel signature plus the token block and sums
+unsafe fn int4_block<const R: usize, const T: usize>(
+    w: &Int4Matrix,
+    r0: usize,
+    r1: usize,
+    xq: &[i8],
+    xs: &[f32],
+    asum: &[i32],
+    m: usize,
+    t0: usize,
+    out: &mut [f32],
+) {
+    let (k, ng) = (w.cols(), w.cols() / w.group());
+    let xt = &xq[t0 * k..(t0 + T) * k];
+    let at = &asum[t0 * ng..(t0 + T) * ng];
+    let xst = &xs[t0..t0 + T];
+    let per_row = T * ng;
+    let mut lanes = vec![_mm256_setzero_si256(); R * per_row];
+    let mut isum = vec![0i32; R * per_row];
+    // Full blocks of grouped rows finish 8 tokens per vector: Σ a transposed to [g][t].
+    let by_tokens = T == TOKENS && ng > 1;
+    let asum_gt: Vec<i32> = if by_tokens { (0..ng * T).map(|i| at[(i % T) * ng + i / T]).collect() } else { Vec::new() };
+    let mut r = r0;
+    while r < r1 {
+        let rows = if r + R <= r1 { R } else { 1 };
+        let (l, i) = (&mut lanes[..rows * per_row], &mut isum[..rows * per_row]);
+        // SAFETY: rows r..r + rows exist; xt holds T tokens; l holds rows * T * ng vectors.
+        unsafe {
+            if rows == R {
+                int4_micro::<R, T>(w, r, xt, l);
+            } else {
+                int4_micro::<1, T>(w, r, xt, l);
+            }
+        }
+        if by_tokens {
+            for (rr, l) in l.chunks_exact(per_row).enumerate() {
+                let o = (r + rr - r0) * m + t0;
+                int4_epilogue_tokens(w.row_scales(r + rr), w.row_zeros(r + rr), l, &asum_gt, xst, &mut out[o..o + T]);
+            }
+            r += rows;
+            continue;
+        }
+        lane_sums(l, i);
+        for (rr, isum) in i.chunks_exact(per_row).enumerate() {
+            let o = (r + rr - r0) * m + t0;
+            int4_epilogue(w.row_scales(r + rr), w.row_zeros(r + rr), isum, at, xst, &mut out[o..o + T]);
+        }
+        r += rows;
+    }
+}
+
+/// Rows `r..r + R` against `T` int8 activation rows: `lanes[(rr * T + t) * ng + g]` gets 8
+/// int32 partial sums of `Σ n · a` over group `g` (`n = q + 8`).
+///
+/// # Safety
+/// AVX2 available; `r + R <= w.rows()`; `xq.len() == T * w.cols()`;
+/// `lanes.len() == R * T * ng`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, xq: &[i8], lanes: &mut [__m256i]) {
+    let (k, ng) = (w.cols(), w.cols() / w.group());
+    let runs = w.group() / RUN;
+    let rows: [*const u8; R] = std::array::from_fn(|rr| w.packed_row(r + rr).as_ptr());
+    let nib_mask = _mm256_set1_epi8(0x0F);
+    // Low 128-bit lane keeps the low nibbles (columns 0..16), high lane takes the high ones.
+    let shift = _mm256_setr_epi64x(0, 0, 4, 4);
+    let ones = _mm256_set1_epi16(1);
+    let xp = xq.as_ptr();
+    for g in 0..ng {
+        let (mut run, end) = (g * runs, (g + 1) * runs);
+        while run < end {
+            // At most 8 runs in int16: each lane adds 8 pairs of |n·a| <= 15·128.
+            let stop = (run + 8).min(end);
+            let mut acc = [[_mm256_setzero_si256(); T]; R];
+            for j in run..stop {
+                // SAFETY: token t's columns j*32..j*32+32 lie inside xq.
+                let a: [__m256i; T] = std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) });
+                for (rr, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: row rr's packed bytes j*16..j*16+16 exist (j < cols / 32).
+                    let b = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(rows[rr].add(j * RUN / 2).cast()) });
+                    let nib = _mm256_and_si256(_mm256_srlv_epi64(b, shift), nib_mask);
+                    for (t, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(nib, a[t]));
+                    }
+                }
+            }
+            for (rr, acc) in acc.iter().enumerate() {
+                for (t, a) in acc.iter().enumerate() {
+                    let v = _mm256_madd_epi16(*a, ones);
+                    let l = &mut lanes[(rr * T + t) * ng + g];
+                    *l = if run == g * runs { v } else { _mm256_add_epi32(*l, v) };
+                }
+            }
+            run = stop;
+        }
+    }
+}
+
+/// The scalar kernel's epilogue for one row and `T = dst.len()` tokens:
+/// `acc = 0; acc += s[g] · f32(Σ n a - (8 + z[g]) Σ a)` in group order, `dst[t] = xs[t] · acc`,
+/// with the products computed 8 lanes at a time (over groups, or over tokens when the row has
+/// a single group).
+/// `isum`, `asum` hold `T * ng` values (`ng = s.len()`), `xs` and `dst` `T`.
+#[target_feature(enable = "avx2,fma")]
+fn int4_epilogue(s: &[f32], z: Option<&[i8]>, isum: &[i32], asum: &[i32], xs: &[f32], dst: &mut [f32]) {
+    let ng = s.len();
+    let off = |g: usize| 8 + z.map_or(0, |z| z[g]) as i32;
+    let part = |g: usize, i: usize| s[g] * isum[i].wrapping_sub(off(g).wrapping_mul(asum[i])) as f32;
+    if ng == 1 {
+        let mut tok = dst.chunks_exact_mut(8);
+        let mut base = 0;
+        let (sv, ov) = (_mm256_set1_ps(s[0]), _mm256_set1_epi32(off(0)));
+        for d in &mut tok {
+            // SAFETY: tokens base..base + 8 exist in isum, asum, xs and d.
+            unsafe {
+                let c = _mm256_sub_epi32(
+                    _mm256_loadu_si256(isum.as_ptr().add(base).cast()),
+                    _mm256_mullo_epi32(ov, _mm256_loadu_si256(asum.as_ptr().add(base).cast())),
+                );
+                let acc = _mm256_add_ps(_mm256_setzero_ps(), _mm256_mul_ps(sv, _mm256_cvtepi32_ps(c)));
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(xs.as_ptr().add(base)), acc));
+            }
+            base += 8;
+        }
+        for (t, d) in tok.into_remainder().iter_mut().enumerate() {
+            *d = xs[base + t] * (0f32 + part(0, base + t));
+        }
+        return;
+    }
+    let mut offs = [0i32; 8];
+    let mut prods = [0f32; 8];
+    for (t, d) in dst.iter_mut().enumerate() {
+        let mut acc = 0f32;
+        let mut g = 0;
+        while g + 8 <= ng {
+            for (j, o) in offs.iter_mut().enumerate() {
+                *o = off(g + j);
+            }
+            let i = t * ng + g;
+            // SAFETY: groups g..g + 8 of token t exist in s, isum and asum.
+            unsafe {
+                let c = _mm256_sub_epi32(
+                    _mm256_loadu_si256(isum.as_ptr().add(i).cast()),
+                    _mm256_mullo_epi32(_mm256_loadu_si256(offs.as_ptr().cast()), _mm256_loadu_si256(asum.as_ptr().add(i).cast())),
+                );
+                _mm256_storeu_ps(prods.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr().add(g)), _mm256_cvtepi32_ps(c)));
+            }
+            for p in prods {
+                acc += p;
+            }
+            g += 8;
+        }
+        for g in g..ng {
+            acc += part(g, t * ng + g);
+        }
+        *d = xs[t] * acc;
+    }
+}
+
+/// [`int4_epilogue`] for 8 tokens at once, vectorized over the tokens: per group the 8
+/// tokens' lane vectors (`lanes[t * ng + g]`) reduce to one vector of sums, then
+/// `acc += s[g] · f32(sum - (8 + z[g]) Σ a)` lane-wise in group order, `dst = xs · acc`.
+/// `asum_gt[g * 8 + t]` is token t's activation sum over group g.
+#[target_feature(enable = "avx2,fma")]
+fn int4_epilogue_tokens(s: &[f32], z: Option<&[i8]>, lanes: &[__m256i], asum_gt: &[i32], xs: &[f32], dst: &mut [f32]) {
+    let ng = s.len();
+    assert!(lanes.len() == TOKENS * ng && asum_gt.len() == TOKENS * ng && xs.len() == TOKENS && dst.len() == TOKENS);
+    let mut acc = _mm256_setzero_ps();
+    for (g, &sg) in s.iter().enumerate() {
+        let v: [__m256i; TOKENS] = std::array::from_fn(|t| lanes[t * ng + g]);
+        let a = &asum_gt[g * TOKENS..(g + 1) * TOKENS];
+        let off = _mm256_set1_epi32(8 + z.map_or(0, |z| z[g]) as i32);
+        // SAFETY: `a` holds 8 i32.
+        let c = _mm256_sub_epi32(reduce8(&v), _mm256_mullo_epi32(off, unsafe { _mm256_loadu_si256(a.as_ptr().cast()) }));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(sg), _mm256_cvtepi32_ps(c)));
+    }
+    // SAFETY: `xs` and `dst` hold 8 floats (asserted).
+    unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(xs.as_ptr()), acc)) };
+}
+
+// ---------------------------------------------------------------------------------------------
+// W8A8 int8: int8 weights x int8 activations.
+
+/// W8A8 rows `r0..r1` for `m` tokens into `out[(r - r0) * m + i]`. Bit-identical to
+/// [`Int8Matrix::rows_int8_scalar`].
+///
+/// Sign trick per 32 columns: `maddubs(|w|, sign(a, w))` (pairs <= 2·127·127, no saturation),
+/// `madd` to int32. Activations must avoid -128 (negating it wraps); the dispatcher sends rows
+/// with -128 to the scalar kernel.
+///
+/// # Safety
+/// AVX2+FMA available; `r0 <= r1 <= w.rows()`, `xq.len() == m * w.cols()` with no -128,
+/// `xs.len() == m`, `out.len() >= (r1 - r0) * m`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn int8_int8(w: &Int8Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+    let mut t0 = 0;
+    while t0 < m {
+        let t = (m - t0).min(TOKENS);
+        // SAFETY: forwarded contract; tokens t0..t0 + t exist.
+        unsafe {
+            match t {
+                1 => int8_block::<1>(w, r0, r1, xq, xs, m, t0, out),
+                2 => int8_block::<2>(w, r0, r1, xq, xs, m, t0, out),
+                3 => int8_block::<3>(w, r0, r1, xq, xs, m, t0, out),
+                4 => int8_block::<4>(w, r0, r1, xq, xs, m, t0, out),
+                5 => int8_block::<5>(w, r0, r1, xq, xs, m, t0, out),
+                6 => int8_block::<6>(w, r0, r1, xq, xs, m, t0, out),
+                7 => int8_block::<7>(w, r0, r1, xq, xs, m, t0, out),
+                _ => int8_block::<8>(w, r0, r1, xq, xs, m, t0, out),
+            }
+        }
+        t0 += t;
+    }
+}
+
+/// Tokens `t0..t0 + T` of W8A8 against rows `r0..r1`.
+///
+/// # Safety
+/// As [`int8_int8`], with `t0 + T <= m`.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)] // the row-kernel signature plus the token block
+unsafe fn int8_block<const T: usize>(
+    w: &Int8Matrix,
+    r0: usize,
+    r1: usize,
+    xq: &[i8],
+    xs: &[f32],
+    m: usize,
+    t0: usize,
+    out: &mut [f32],
+) {
+    let k = w.cols();
+    let xp = xq[t0 * k..(t0 + T) * k].as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    // Lanes past T stay zero; results are only stored for the T real tokens.
+    let mut lanes = [_mm256_setzero_si256(); TOKENS];
+    let mut xsv = [0f32; TOKENS];
+    xsv[..T].copy_from_slice(&xs[t0..t0 + T]);
+    for r in r0..r1 {
+        let row = w.row(r).as_ptr();
+        let mut acc = [_mm256_setzero_si256(); T];
+        for run in 0..k / RUN {
+            // SAFETY: columns run*32..run*32+32 lie inside row r (k = cols).
+            let wv = unsafe { _mm256_loadu_si256(row.add(run * RUN).cast()) };
+            let wa = _mm256_abs_epi8(wv);
+            for (t, a) in acc.iter_mut().enumerate() {
+                // SAFETY: token t < T of the block, same columns, inside xq.
+                let x = unsafe { _mm256_loadu_si256(xp.add(t * k + run * RUN).cast()) };
+                let p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wv));
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
+            }
+        }
+        lanes[..T].copy_from_slice(&acc);
+        // Scalar order: xs · (s · f32(sum)).
+        let sums = _mm256_cvtepi32_ps(reduce8(&lanes));
+        let mut vals = [0f32; TOKENS];
+        // SAFETY: both arrays hold 8 floats.
+        unsafe {
+            let res = _mm256_mul_ps(_mm256_loadu_ps(xsv.as_ptr()), _mm256_mul_ps(_mm256_set1_ps(w.scale(r)), sums));
+            _mm256_storeu_ps(vals.as_mut_ptr(), res);
+        }
+        out[(r - r0) * m + t0..(r - r0) * m + t0 + T].copy_from_slice(&vals[..T]);
+    }
+}

@@ -1,0 +1,358 @@
+//! Int4 / int8 quantized linear layers (W4A16, W4A8, W8A8 int8): the AVX2 kernels against the
+//! scalar ones and an f64 reference, and batch invariance (a token's result does not depend on
+//! the batch, the row range or the task split) on random data.
+//!
+//! Tolerances (`eps` = f32 epsilon, `Σ|w·x|` in f64 over the dequantized row and the activations
+//! the kernel saw):
+//! - integer paths (W4A8, W8A8): integer sums are exact and the AVX2 epilogue repeats the
+//!   scalar one operation for operation, so AVX2 == scalar bit for bit. Against f64 the error is
+//!   the epilogue's: `(ng + 4)·eps·Σ|w·x̂|` (int32 → f32, one product and one sum per group, the
+//!   token scale, and the f32 rounding of the dequantized weights the reference uses).
+//! - W4A16: both kernels sum `k` f32 products in different orders (scalar: per group sequentially
+//!   then scaled; AVX2: 8 lanes, FMA, per-group scaling), each within `(k + ng + 4)·eps·Σ|w·x|`
+//!   of the exact sum; AVX2 vs scalar is held to twice that.
+
+#[allow(dead_code)] // shared helpers; this file uses two
+mod common;
+
+use common::{randn, rng};
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use tessera_kernels::cpu::Isa;
+use tessera_kernels::quant::act::{quantize_int8_row, quantize_int8_row_scalar};
+use tessera_kernels::quant::{ActQuant, Int4Matrix, Int8Matrix, QuantLinear, QuantMatrix};
+
+const EPS: f64 = f32::EPSILON as f64;
+
+/// ISAs this machine runs (the scalar one always).
+fn isas() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Avx2].into_iter().filter(|i| i.available()).collect()
+}
+
+/// Random nonzero scale with either sign.
+fn scale(r: &mut ChaCha8Rng) -> f32 {
+    r.gen_range(0.005f32..0.05) * if r.gen() { 1.0 } else { -1.0 }
+}
+
+/// Random int4 matrix (values and zero points over the full -8..=7 range).
+fn int4(r: &mut ChaCha8Rng, rows: usize, cols: usize, group: usize, asym: bool) -> Int4Matrix {
+    let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
+    let ng = rows * cols / group;
+    let scales = (0..ng).map(|_| scale(r)).collect();
+    let zeros = asym.then(|| (0..ng).map(|_| r.gen_range(-8..=7)).collect());
+    Int4Matrix::new(rows, cols, group, &q, scales, zeros).unwrap()
+}
+
+/// Random int8 matrix (-127..=127).
+fn int8(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Int8Matrix {
+    let q = (0..rows * cols).map(|_| r.gen_range(-127..=127)).collect();
+    let scales = (0..rows).map(|_| scale(r)).collect();
+    Int8Matrix::new(rows, cols, q, scales).unwrap()
+}
+
+/// The three schemes on one shape.
+#[derive(Clone, Copy, Debug)]
+enum Scheme {
+    W4A16 { group: usize, asym: bool },
+    W4A8 { group: usize, asym: bool },
+    W8A8,
+}
+
+fn layer(r: &mut ChaCha8Rng, s: Scheme, rows: usize, cols: usize, isa: Isa) -> QuantLinear {
+    let (w, act) = match s {
+        Scheme::W4A16 { group, asym } => (QuantMatrix::Int4(int4(r, rows, cols, group, asym)), ActQuant::F32),
+        Scheme::W4A8 { group, asym } => (QuantMatrix::Int4(int4(r, rows, cols, group, asym)), ActQuant::Int8PerToken),
+        Scheme::W8A8 => (QuantMatrix::Int8(int8(r, rows, cols)), ActQuant::Int8PerToken),
+    };
+    QuantLinear::with_isa(w, act, isa).unwrap()
+}
+
+/// The same layer on another ISA.
+fn on(l: &QuantLinear, isa: Isa) -> QuantLinear {
+    QuantLinear::with_isa(l.matrix().clone(), l.act(), isa).unwrap()
+}
+
+/// `y` (m × rows) from `forward`.
+fn run(l: &QuantLinear, x: &[f32], m: usize) -> Vec<f32> {
+    let mut y = vec![f32::NAN; m * l.rows()];
+    l.forward(x, m, &mut y, l.rows());
+    y
+}
+
+/// The activations as the kernel sees them: `x` itself, or per token `scale · q` for int8.
+fn seen(act: ActQuant, x: &[f32], k: usize) -> Vec<f64> {
+    match act {
+        ActQuant::Int8PerToken => {
+            let mut q = vec![0i8; k];
+            x.chunks_exact(k)
+                .flat_map(|row| {
+                    let s = quantize_int8_row(row, &mut q) as f64;
+                    q.iter().map(|&v| s * v as f64).collect::<Vec<_>>()
+                })
+                .collect()
+        }
+        _ => x.iter().map(|&v| v as f64).collect(),
+    }
+}
+
+/// f64 reference `(y, Σ|w·x|)` for each (token, row), over the dequantized rows.
+fn reference(l: &QuantLinear, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
+    let (n, k) = (l.rows(), l.cols());
+    let xs = seen(l.act(), x, k);
+    let mut w = vec![0f32; k];
+    let (mut y, mut mag) = (vec![0f64; m * n], vec![0f64; m * n]);
+    for j in 0..n {
+        l.dequantize_row(j, &mut w);
+        for i in 0..m {
+            let xi = &xs[i * k..(i + 1) * k];
+            y[i * n + j] = w.iter().zip(xi).map(|(&a, &b)| a as f64 * b).sum();
+            mag[i * n + j] = w.iter().zip(xi).map(|(&a, &b)| (a as f64 * b).abs()).sum();
+        }
+    }
+    (y, mag)
+}
+
+/// Error bound factor (times `eps · Σ|w·x|`) of one kernel against the exact sum.
+fn bound(l: &QuantLinear) -> f64 {
+    let (k, ng) = match l.matrix() {
+        QuantMatrix::Int4(w) => (w.cols(), w.cols() / w.group()),
+        m => (m.cols(), 1),
+    };
+    match l.act() {
+        ActQuant::F32 => (k + ng + 4) as f64,
+        _ => (ng + 4) as f64,
+    }
+}
+
+fn assert_within(got: &[f32], want: &[f64], mag: &[f64], factor: f64, what: &str) {
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(mag).enumerate() {
+        let tol = factor * EPS * s + 1e-30;
+        assert!(g.is_finite() && (g as f64 - w).abs() <= tol, "{what}: element {i}: {g} vs {w} (tol {tol:e}, Σ|wx| {s:e})");
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Shapes (rows, cols) and int4 groups: per channel, 32, 64, 128, 192; SmolLM2's 576/1536;
+/// odd row counts leave partial tasks and row tiles.
+const INT4_CASES: &[(usize, usize, usize, bool)] = &[
+    (576, 576, 576, false),
+    (576, 576, 32, true),
+    (192, 576, 64, false),
+    (1536, 576, 64, true),
+    (576, 1536, 128, true),
+    (576, 1536, 1536, true),
+    (37, 576, 192, true),
+    (37, 1536, 128, false),
+];
+
+const INT8_CASES: &[(usize, usize)] = &[(576, 576), (192, 576), (1536, 576), (576, 1536), (37, 576)];
+
+fn all_schemes() -> Vec<(Scheme, usize, usize)> {
+    let mut v = Vec::new();
+    for &(rows, cols, group, asym) in INT4_CASES {
+        v.push((Scheme::W4A16 { group, asym }, rows, cols));
+        v.push((Scheme::W4A8 { group, asym }, rows, cols));
+    }
+    for &(rows, cols) in INT8_CASES {
+        v.push((Scheme::W8A8, rows, cols));
+    }
+    v
+}
+
+/// Every kernel on every shape is within its bound of the f64 reference, and the AVX2 kernels
+/// agree with the scalar ones: bit for bit on the integer paths, within summation order on W4A16.
+#[test]
+fn kernels_match_f64_reference_and_scalar() {
+    let mut r = rng(11);
+    for (scheme, rows, cols) in all_schemes() {
+        let m = 13;
+        let scalar = layer(&mut r, scheme, rows, cols, Isa::Scalar);
+        let x = randn(&mut r, m * cols);
+        let (want, mag) = reference(&scalar, &x, m);
+        let ys = run(&scalar, &x, m);
+        let what = format!("{scheme:?} {rows}x{cols}");
+        assert_within(&ys, &want, &mag, bound(&scalar), &format!("{what} scalar vs f64"));
+        if !Isa::Avx2.available() {
+            continue;
+        }
+        let avx = on(&scalar, Isa::Avx2);
+        let ya = run(&avx, &x, m);
+        assert_within(&ya, &want, &mag, bound(&avx), &format!("{what} avx2 vs f64"));
+        match scheme {
+            Scheme::W4A16 { .. } => {
+                let ys64: Vec<f64> = ys.iter().map(|&v| v as f64).collect();
+                assert_within(&ya, &ys64, &mag, 2.0 * bound(&avx), &format!("{what} avx2 vs scalar"));
+            }
+            _ => assert_eq!(bits(&ya), bits(&ys), "{what}: avx2 and scalar integer paths differ"),
+        }
+    }
+}
+
+/// A token's result is bit-identical whatever else is in the batch: `m` tokens at once equal
+/// each token alone, for every ISA and scheme.
+#[test]
+fn batching_never_changes_results() {
+    let mut r = rng(12);
+    let cases = [
+        (Scheme::W4A16 { group: 64, asym: true }, 37, 576),
+        (Scheme::W4A16 { group: 1536, asym: false }, 64, 1536),
+        (Scheme::W4A16 { group: 128, asym: true }, 45, 1536),
+        (Scheme::W4A8 { group: 64, asym: true }, 37, 576),
+        (Scheme::W4A8 { group: 576, asym: false }, 40, 576),
+        (Scheme::W4A8 { group: 128, asym: true }, 45, 1536),
+        (Scheme::W8A8, 37, 576),
+        (Scheme::W8A8, 40, 1536),
+    ];
+    for (scheme, rows, cols) in cases {
+        let base = layer(&mut r, scheme, rows, cols, Isa::Scalar);
+        let x = randn(&mut r, 100 * cols);
+        for isa in isas() {
+            let l = on(&base, isa);
+            let alone: Vec<Vec<u32>> = x.chunks_exact(cols).map(|xi| bits(&run(&l, xi, 1))).collect();
+            for m in [1usize, 2, 3, 5, 8, 13, 64, 100] {
+                // A different window of tokens for each m, so tokens sit at different positions.
+                let start = (m * 7) % (100 - m + 1);
+                let y = run(&l, &x[start * cols..(start + m) * cols], m);
+                for (i, yi) in y.chunks_exact(rows).enumerate() {
+                    assert_eq!(bits(yi), alone[start + i], "{scheme:?} {rows}x{cols} {isa:?}: token {} of m={m}", start + i);
+                }
+            }
+        }
+    }
+}
+
+/// A row-range kernel `(r0, r1, out)` over fixed activations.
+type RowKernel<'a> = Box<dyn Fn(usize, usize, &mut [f32]) + 'a>;
+
+/// Any split of the rows into ranges (the parallel tasks) gives the same bits as one range.
+#[test]
+fn row_ranges_never_change_results() {
+    let mut r = rng(13);
+    let (rows, cols, m) = (37, 576, 13);
+    let w4 = int4(&mut r, rows, cols, 64, true);
+    let w8 = int8(&mut r, rows, cols);
+    let x = randn(&mut r, m * cols);
+    let mut xq = vec![0i8; m * cols];
+    let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(x, q)| quantize_int8_row(x, q)).collect();
+    let splits: [&[usize]; 4] = [&[0, 37], &[0, 1, 37], &[0, 5, 6, 19, 37], &[0, 8, 16, 24, 32, 37]];
+    for isa in isas() {
+        let kernels: [(&str, RowKernel); 3] = [
+            ("w4a16", Box::new(|a, b, o: &mut [f32]| w4.rows_f32(isa, a, b, &x, m, o))),
+            ("w4a8", Box::new(|a, b, o: &mut [f32]| w4.rows_int8(isa, a, b, &xq, &xs, m, o))),
+            ("w8a8", Box::new(|a, b, o: &mut [f32]| w8.rows_int8(isa, a, b, &xq, &xs, m, o))),
+        ];
+        for (name, k) in &kernels {
+            let mut whole = vec![0f32; rows * m];
+            k(0, rows, &mut whole);
+            for split in splits {
+                let mut parts = Vec::new();
+                for ab in split.windows(2) {
+                    let mut o = vec![0f32; (ab[1] - ab[0]) * m];
+                    k(ab[0], ab[1], &mut o);
+                    parts.extend(o);
+                }
+                assert_eq!(bits(&parts), bits(&whole), "{name} {isa:?} split {split:?}");
+            }
+        }
+    }
+}
+
+/// Act-order layers gather the input columns first: same bits as gathering by hand, and the
+/// f64 reference over `QuantLinear::dequantize_row` (which undoes the permutation).
+#[test]
+fn input_permutation_gathers_columns() {
+    let mut r = rng(14);
+    let (rows, cols, m) = (96, 576, 9);
+    for isa in isas() {
+        for (scheme, act) in [(true, ActQuant::F32), (true, ActQuant::Int8PerToken), (false, ActQuant::Int8PerToken)] {
+            let w = if scheme { QuantMatrix::Int4(int4(&mut r, rows, cols, 64, true)) } else { QuantMatrix::Int8(int8(&mut r, rows, cols)) };
+            let mut perm: Vec<u32> = (0..cols as u32).collect();
+            perm.shuffle(&mut r);
+            let plain = QuantLinear::with_isa(w.clone(), act, isa).unwrap();
+            let permuted = QuantLinear::with_isa(w, act, isa).unwrap().with_input_permutation(perm.clone()).unwrap();
+            let x = randn(&mut r, m * cols);
+            let gathered: Vec<f32> = x.chunks_exact(cols).flat_map(|row| perm.iter().map(|&c| row[c as usize])).collect();
+            let y = run(&permuted, &x, m);
+            assert_eq!(bits(&y), bits(&run(&plain, &gathered, m)), "{isa:?} {act:?}");
+            let (want, mag) = reference(&permuted, &x, m);
+            assert_within(&y, &want, &mag, bound(&permuted), &format!("{isa:?} {act:?} permuted vs f64"));
+        }
+    }
+}
+
+/// Activation rows holding -128 (not produced by the quantizer, but allowed by the row-kernel
+/// API) give the scalar result on every ISA.
+#[test]
+fn int8_rows_accept_minus_128() {
+    let mut r = rng(15);
+    let (rows, cols, m) = (20, 576, 3);
+    let w8 = int8(&mut r, rows, cols);
+    let w4 = int4(&mut r, rows, cols, 64, true);
+    let xq: Vec<i8> = (0..m * cols).map(|i| if i % 7 == 0 { i8::MIN } else { r.gen() }).collect();
+    let xs: Vec<f32> = (0..m).map(|_| r.gen_range(0.001..0.1)).collect();
+    let mut want = vec![0f32; rows * m];
+    for isa in isas() {
+        let mut got = vec![0f32; rows * m];
+        w8.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
+        w8.rows_int8(isa, 0, rows, &xq, &xs, m, &mut got);
+        assert_eq!(bits(&got), bits(&want), "w8a8 {isa:?}");
+        w4.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
+        w4.rows_int8(isa, 0, rows, &xq, &xs, m, &mut got);
+        assert_eq!(bits(&got), bits(&want), "w4a8 {isa:?}");
+    }
+}
+
+/// Extreme int4 codes: every weight -8 or 7 with zero points at both ends, and activations at
+/// ±absmax, stress the int16 partial sums (8 runs of 2·15·127) and the offset correction.
+#[test]
+fn int4_extremes_match_scalar() {
+    let mut r = rng(16);
+    let (rows, cols, m) = (24, 1536, 4);
+    for (group, zero) in [(1536usize, -8i8), (256, 7), (32, -8)] {
+        let q: Vec<i8> = (0..rows * cols).map(|i| if (i / 3) % 2 == 0 { -8 } else { 7 }).collect();
+        let ng = rows * cols / group;
+        let w = Int4Matrix::new(rows, cols, group, &q, (0..ng).map(|_| scale(&mut r)).collect(), Some(vec![zero; ng])).unwrap();
+        let xq: Vec<i8> = (0..m * cols).map(|i| if (i / 5) % 2 == 0 { 127 } else { -127 }).collect();
+        let xs = vec![0.01f32; m];
+        let mut want = vec![0f32; rows * m];
+        w.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
+        for isa in isas() {
+            let mut got = vec![0f32; rows * m];
+            w.rows_int8(isa, 0, rows, &xq, &xs, m, &mut got);
+            assert_eq!(bits(&got), bits(&want), "group {group} zero {zero} {isa:?}");
+        }
+    }
+}
+
+/// The dispatched per-token int8 quantizer (AVX2 where available) gives the scalar bytes and
+/// scale: random rows of odd lengths, exact rounding ties, NaN, infinities, zeros.
+#[test]
+fn int8_activation_quantizer_matches_scalar() {
+    let mut r = rng(17);
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for len in [1usize, 7, 8, 31, 32, 33, 100, 576, 1536] {
+        rows.push(randn(&mut r, len));
+        // Multiples of absmax/254 land exactly on .5 steps: ties for round-half-even.
+        rows.push((0..len).map(|i| (i as f32 - len as f32 / 2.0) * 0.5).collect());
+        rows.push(vec![0.0; len]);
+    }
+    let mut special = randn(&mut r, 77);
+    special[3] = f32::NAN;
+    special[40] = -f32::NAN;
+    rows.push(special.clone());
+    special[10] = f32::INFINITY;
+    rows.push(special);
+    rows.push(vec![f32::NAN; 40]);
+    rows.push((0..64).map(|i| if i % 2 == 0 { -0.0 } else { 1e-30 }).collect());
+    for x in rows {
+        let (mut a, mut b) = (vec![0i8; x.len()], vec![0i8; x.len()]);
+        let sa = quantize_int8_row(&x, &mut a);
+        let sb = quantize_int8_row_scalar(&x, &mut b);
+        assert_eq!(sa.to_bits(), sb.to_bits(), "scale of {x:?}");
+        assert_eq!(a, b, "codes of {x:?}");
+    }
+}
