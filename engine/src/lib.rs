@@ -2,6 +2,7 @@
 //!
 //! - [`checkpoint`]: GGUF and Hugging Face loaders producing one [`checkpoint::Checkpoint`];
 //! - [`tokenizer`]: the checkpoint's tokenizer and streaming detokenization;
+//! - [`quant`]: checkpoint quantization schemes (compressed-tensors, Quark, FP8, GPTQ, AWQ);
 //! - [`model`]: architectures (Llama) built from a checkpoint with a kernel per layer;
 //! - [`kv`]: the per-sequence KV cache seam;
 //! - [`sample`]: logits processors, samplers and logprobs;
@@ -14,6 +15,7 @@ pub mod kv;
 mod loaded;
 pub mod model;
 pub mod perplexity;
+pub mod quant;
 pub mod sample;
 pub mod serve;
 pub mod tokenizer;

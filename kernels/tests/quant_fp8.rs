@@ -200,7 +200,7 @@ fn random_matrix(r: &mut ChaCha8Rng, rows: usize, cols: usize, block: [usize; 2]
             }
         })
         .collect();
-    let n = rows.div_ceil(block[0]) * (cols / block[1]);
+    let n = rows.div_ceil(block[0]) * cols.div_ceil(block[1]);
     let scales = (0..n).map(|_| (r.gen::<f32>() * 6.0 - 12.0).exp2()).collect();
     Fp8Matrix::new(rows, cols, block, q, scales).expect("valid matrix")
 }
@@ -218,11 +218,13 @@ fn random_acts(r: &mut ChaCha8Rng, m: usize, k: usize) -> Vec<f32> {
 }
 
 /// (name, rows, cols, block): per-tensor, per-channel (odd rows), 128x128 blocks with a
-/// partial row block, 64-wide column blocks.
-const SHAPES: [(&str, usize, usize, [usize; 2]); 4] = [
+/// partial row block, 128x128 blocks with a partial column block (320 = 2.5 blocks) and
+/// fewer rows than one block, 64-wide column blocks.
+const SHAPES: [(&str, usize, usize, [usize; 2]); 5] = [
     ("tensor", 96, 160, [96, 160]),
     ("channel", 37, 96, [1, 96]),
     ("block128", 200, 256, [128, 128]),
+    ("block128-partial-cols", 64, 320, [128, 128]),
     ("block64x32", 75, 192, [64, 32]),
 ];
 
@@ -269,7 +271,7 @@ fn reference(w: &Fp8Matrix, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
     let (n, k, bw) = (w.rows(), w.cols(), w.block()[1]);
     let mut xd = vec![0f64; m * k];
     for (xi, xd) in x.chunks_exact(k).zip(xd.chunks_exact_mut(k)) {
-        let (mut codes, mut scales) = (vec![0f32; k], vec![0f32; k / bw]);
+        let (mut codes, mut scales) = (vec![0f32; k], vec![0f32; k.div_ceil(bw)]);
         quantize_fp8_row(xi, bw, &mut codes, &mut scales);
         for (c, v) in xd.iter_mut().enumerate() {
             *v = codes[c] as f64 * scales[c / bw] as f64; // exact: 4 x 24 significant bits
@@ -298,7 +300,7 @@ fn fp8_matches_f64_reference_and_avx2_matches_scalar() {
     let u = f64::from(f32::EPSILON) / 2.0;
     for (name, rows, cols, block) in SHAPES {
         let fm = random_matrix(&mut r, rows, cols, block);
-        let (bw, nb) = (block[1], cols / block[1]);
+        let (bw, nb) = (block[1], cols.div_ceil(block[1]));
         let g = gamma(bw + nb + 2);
         for m in [1, 7, 64] {
             let x = random_acts(&mut r, m, cols);
@@ -367,7 +369,7 @@ fn fp8_constructor_errors_are_clear() {
     assert!(e.contains("100 values for 4x64"), "{e}");
     let e = Fp8Matrix::new(4, 96, [1, 48], q(4 * 96), vec![1.0; 8]).unwrap_err();
     assert!(e.contains("block width 48"), "{e}");
-    let e = Fp8Matrix::new(4, 64, [8, 64], q(4 * 64), vec![1.0]).unwrap_err();
-    assert!(e.contains("block [8, 64] for 4x64"), "{e}");
+    let e = Fp8Matrix::new(4, 64, [0, 64], q(4 * 64), vec![1.0]).unwrap_err();
+    assert!(e.contains("block [0, 64] for 4x64"), "{e}");
     assert!(QuantLinear::with_isa(QuantMatrix::Fp8(Fp8Matrix::new(4, 64, [1, 64], q(256), vec![1.0; 4]).unwrap()), ActQuant::Int8PerToken, Isa::Scalar).is_err());
 }

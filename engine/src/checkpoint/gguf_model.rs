@@ -186,6 +186,8 @@ pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
         name,
         config,
         tensors,
+        quantized: Default::default(),
+        quantization: None,
         tokenizer: TokenizerSource::Gguf(Box::new(vocab)),
         special,
     })

@@ -1,18 +1,19 @@
 //! Hugging Face directory -> [`Checkpoint`]: config.json, `*.safetensors` (single file or
 //! sharded via `model.safetensors.index.json`), tokenizer.json, tokenizer_config.json and
-//! generation_config.json. Plain F32/F16/BF16 weights only; quantized formats
-//! (`quantization_config`) are rejected here until their schemes land.
+//! generation_config.json. Weights are F32/F16/BF16, or quantized as the config's
+//! `quantization_config` says (decoded by the scheme in [`crate::quant`]).
 
+use super::names::{canonical_name, is_linear};
+use crate::quant::tensors::TensorSet;
+use crate::quant::{self, QuantScheme, QuantizedWeight};
 use super::{
-    Architecture, Checkpoint, CheckpointFormat, LoadError, ModelConfig, SpecialTokens, TensorBytes, TensorEntry,
+    Architecture, Checkpoint, CheckpointFormat, LoadError, ModelConfig, SpecialTokens, TensorEntry,
     TokenizerSource,
 };
-use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use tessera_kernels::ggml::GgmlType;
 
 fn io(path: &Path, e: impl std::fmt::Display) -> LoadError {
@@ -52,12 +53,6 @@ fn model_config(cfg: &Value) -> Result<ModelConfig, LoadError> {
     if !matches!(model_type, "llama" | "mistral") {
         return Err(LoadError::Architecture(model_type.to_string()));
     }
-    if cfg.get("quantization_config").is_some_and(|q| !q.is_null()) {
-        return Err(LoadError::Config {
-            key: "quantization_config".into(),
-            msg: "quantized Hugging Face checkpoints are not supported yet".into(),
-        });
-    }
     if cfg.get("rope_scaling").is_some_and(|v| !v.is_null()) {
         return Err(LoadError::Config { key: "rope_scaling".into(), msg: "RoPE scaling is not supported yet".into() });
     }
@@ -92,46 +87,18 @@ fn model_config(cfg: &Value) -> Result<ModelConfig, LoadError> {
     Ok(c)
 }
 
-/// Maps a Hugging Face Llama tensor name to the canonical (GGUF-style) name.
-/// `Ok(None)` for buffers that carry no weights (e.g. `rotary_emb.inv_freq`).
-fn canonical_name(name: &str) -> Result<Option<String>, LoadError> {
-    let fixed = match name {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
-        "model.norm.weight" => Some("output_norm.weight"),
-        "lm_head.weight" => Some("output.weight"),
-        _ => None,
-    };
-    if let Some(f) = fixed {
-        return Ok(Some(f.to_string()));
-    }
-    let unknown = || LoadError::Tensor { name: name.into(), msg: "not a Llama tensor name".into() };
-    let rest = name.strip_prefix("model.layers.").ok_or_else(unknown)?;
-    let (idx, suffix) = rest.split_once('.').ok_or_else(unknown)?;
-    let idx: usize = idx.parse().map_err(|_| unknown())?;
-    let short = match suffix {
-        "input_layernorm.weight" => "attn_norm",
-        "post_attention_layernorm.weight" => "ffn_norm",
-        "self_attn.q_proj.weight" => "attn_q",
-        "self_attn.k_proj.weight" => "attn_k",
-        "self_attn.v_proj.weight" => "attn_v",
-        "self_attn.o_proj.weight" => "attn_output",
-        "mlp.gate_proj.weight" => "ffn_gate",
-        "mlp.up_proj.weight" => "ffn_up",
-        "mlp.down_proj.weight" => "ffn_down",
-        "self_attn.rotary_emb.inv_freq" => return Ok(None),
-        _ => return Err(unknown()),
-    };
-    Ok(Some(format!("blk.{idx}.{short}.weight")))
-}
-
-fn storage_type(name: &str, dtype: Dtype) -> Result<GgmlType, LoadError> {
+fn storage_type(name: &str, dtype: Dtype, quantized: bool) -> Result<GgmlType, LoadError> {
     match dtype {
         Dtype::F32 => Ok(GgmlType::F32),
         Dtype::F16 => Ok(GgmlType::F16),
         Dtype::BF16 => Ok(GgmlType::BF16),
         other => Err(LoadError::Tensor {
             name: name.into(),
-            msg: format!("dtype {other:?} in a checkpoint without quantization_config"),
+            msg: if quantized {
+                format!("dtype {other:?} for a tensor the quantization scheme does not cover")
+            } else {
+                format!("dtype {other:?} in a checkpoint without quantization_config")
+            },
         }),
     }
 }
@@ -155,26 +122,43 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     Err(io(dir, "no model.safetensors or model.safetensors.index.json"))
 }
 
-fn load_tensors(files: &[PathBuf]) -> Result<BTreeMap<String, TensorEntry>, LoadError> {
-    let mut tensors = BTreeMap::new();
-    for path in files {
-        let file = std::fs::File::open(path).map_err(|e| io(path, e))?;
-        // SAFETY: read-only map of a model file that is not modified while loaded.
-        let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| io(path, e))?);
-        let st = SafeTensors::deserialize(&map).map_err(|e| io(path, format!("invalid safetensors: {e}")))?;
-        let base = map.as_ptr() as usize;
-        for (name, view) in st.tensors() {
-            let Some(canon) = canonical_name(&name)? else { continue };
-            let ty = storage_type(&name, view.dtype())?;
-            let start = view.data().as_ptr() as usize - base;
-            let range = start..start + view.data().len();
-            let entry = TensorEntry { source_name: name.clone(), ty, shape: view.shape().to_vec(), data: TensorBytes::Mapped(map.clone(), range) };
-            if tensors.insert(canon, entry).is_some() {
-                return Err(LoadError::Tensor { name, msg: "appears in more than one shard".into() });
+/// Quantized linear layers (by canonical name) as the scheme decodes them, then every
+/// remaining tensor under its canonical name. A tensor neither the scheme nor the model
+/// uses is an error.
+type Tensors = (BTreeMap<String, TensorEntry>, BTreeMap<String, QuantizedWeight>);
+
+fn resolve_tensors(set: &TensorSet, scheme: Option<&dyn QuantScheme>) -> Result<Tensors, LoadError> {
+    let mut quantized = BTreeMap::new();
+    if let Some(scheme) = scheme {
+        let modules: BTreeSet<&str> = set.names().filter_map(|n| n.rsplit_once('.').map(|(m, _)| m)).collect();
+        for module in modules {
+            let Ok(Some(canon)) = canonical_name(&format!("{module}.weight")) else { continue };
+            if !is_linear(&canon) {
+                continue;
+            }
+            if let Some(q) = scheme.load_linear(module, set)? {
+                quantized.insert(canon, q);
             }
         }
     }
-    Ok(tensors)
+    let mut tensors = BTreeMap::new();
+    for t in set.untaken() {
+        let Some(canon) = canonical_name(&t.name).map_err(|e| match scheme {
+            Some(s) if quantized.values().any(|q: &QuantizedWeight| t.name.starts_with(&format!("{}.", q.module))) => {
+                LoadError::Tensor { name: t.name.clone(), msg: format!("not used by the {} scheme of its layer", s.method()) }
+            }
+            _ => e,
+        })?
+        else {
+            continue;
+        };
+        if quantized.contains_key(&canon) {
+            return Err(LoadError::Tensor { name: t.name.clone(), msg: "plain weight next to quantized tensors of the same layer".into() });
+        }
+        let ty = storage_type(&t.name, t.dtype, scheme.is_some())?;
+        tensors.insert(canon, TensorEntry { source_name: t.name.clone(), ty, shape: t.shape.clone(), data: t.data.clone() });
+    }
+    Ok((tensors, quantized))
 }
 
 /// Resolves a token given as a string or `{"content": ...}` to its id.
@@ -199,7 +183,12 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
 pub fn load(dir: &Path) -> Result<Checkpoint, LoadError> {
     let cfg = read_json(&dir.join("config.json"))?;
     let config = model_config(&cfg)?;
-    let tensors = load_tensors(&shard_files(dir)?)?;
+    let scheme = match cfg.get("quantization_config").filter(|q| !q.is_null()) {
+        Some(qc) => Some(quant::from_config(qc)?),
+        None => None,
+    };
+    let set = TensorSet::open(&shard_files(dir)?)?;
+    let (tensors, quantized) = resolve_tensors(&set, scheme.as_deref())?;
 
     let tok_path = dir.join("tokenizer.json");
     let tok = tokenizers::Tokenizer::from_file(&tok_path).map_err(|e| LoadError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
@@ -238,6 +227,8 @@ pub fn load(dir: &Path) -> Result<Checkpoint, LoadError> {
         name,
         config,
         tensors,
+        quantized,
+        quantization: scheme.map(|s| s.summary()),
         tokenizer: TokenizerSource::HfJson(Box::new(tok)),
         special,
     })

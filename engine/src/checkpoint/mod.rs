@@ -8,12 +8,14 @@
 pub mod gguf;
 mod gguf_model;
 mod hf_dir;
+pub mod names;
 
 use memmap2::Mmap;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use crate::quant::QuantizedWeight;
 use tessera_kernels::ggml::GgmlType;
 
 pub use gguf::{GgufError, GgufFile, MetaValue};
@@ -217,8 +219,12 @@ pub struct Checkpoint {
     pub name: String,
     /// Hyper-parameters.
     pub config: ModelConfig,
-    /// Tensors by canonical name.
+    /// Tensors by canonical name (plain and GGML-quantized weights, norms, embeddings).
     pub tensors: BTreeMap<String, TensorEntry>,
+    /// Linear layers a checkpoint quantization scheme decoded, by canonical weight name.
+    pub quantized: BTreeMap<String, QuantizedWeight>,
+    /// The checkpoint's quantization scheme, summarized (`None` without `quantization_config`).
+    pub quantization: Option<String>,
     /// Tokenizer source.
     pub tokenizer: TokenizerSource,
     /// Special tokens.

@@ -1,69 +1,89 @@
 //! A linear layer: a weight matrix in its storage type plus the kernel chosen for it.
+//!
+//! Weights come either as a GGML-typed tensor (GGUF files, plain float checkpoints) or as a
+//! [`QuantizedWeight`] a checkpoint scheme decoded (W4A16, W4A8, W8A8); either way the kernel
+//! is picked once here, and [`PlanEntry`] records what was picked.
 
-use crate::checkpoint::{LoadError, TensorBytes, TensorEntry};
+use crate::checkpoint::{Checkpoint, LoadError, TensorBytes};
+use crate::quant::QuantizedWeight;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::{forward_group, LinearKernel, LinearPolicy, WeightView};
+use tessera_kernels::quant::QuantLinear;
 
 /// One row of the per-layer plan: what a weight is stored as and which kernel runs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct PlanEntry {
     /// Canonical tensor name.
     pub tensor: String,
-    /// Storage type.
-    pub storage: GgmlType,
+    /// Scheme that produced the weights (`gguf`, `float`, or e.g. `compressed-tensors W4A16 (...)`).
+    pub scheme: String,
+    /// Storage, e.g. `Q4_1`, `BF16`, `int4 g128 sym`.
+    pub storage: String,
+    /// Run-time activation handling (`f32`, `int8/token`, `fp8/token`; GGML dot paths
+    /// quantize to Q8 blocks below the GEMM threshold, see the kernel id).
+    pub activations: String,
     /// `[rows, cols]`.
     pub shape: [usize; 2],
     /// Kernel id.
     pub kernel: String,
+    /// Where the layer runs differently from what its metadata records, why.
+    pub note: Option<String>,
+}
+
+/// The weights and their kernel.
+#[derive(Debug)]
+enum Weights {
+    /// A GGML-typed tensor (GGUF or float) with its two-path kernel.
+    Ggml { ty: GgmlType, data: TensorBytes, kernel: LinearKernel },
+    /// A checkpoint-quantized matrix with its kernel.
+    Quant { op: QuantLinear, scheme: String, note: Option<String> },
 }
 
 /// `y = x · Wᵀ` for one weight matrix.
 #[derive(Debug)]
 pub struct Linear {
     name: String,
-    ty: GgmlType,
     rows: usize,
     cols: usize,
-    data: TensorBytes,
-    kernel: LinearKernel,
+    w: Weights,
 }
 
 impl Linear {
-    /// Builds a linear layer from a checkpoint tensor, checking it is `[rows, cols]`.
-    pub fn new(
-        name: &str,
-        t: &TensorEntry,
-        rows: usize,
-        cols: usize,
-        caps: &CpuCaps,
-        policy: LinearPolicy,
-    ) -> Result<Self, LoadError> {
-        if t.shape != [rows, cols] {
-            return Err(LoadError::Tensor {
-                name: t.source_name.clone(),
-                msg: format!("shape {:?}, expected [{rows}, {cols}]", t.shape),
-            });
+    /// Builds the linear layer `name` (`[rows, cols]`) from a checkpoint: its quantized form if
+    /// the checkpoint's scheme decoded one, else its tensor.
+    pub fn load(ck: &Checkpoint, name: &str, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+        match ck.quantized.get(name) {
+            Some(q) => Self::quantized(name, q, rows, cols, caps),
+            None => Self::ggml(name, ck, rows, cols, caps, policy),
         }
-        WeightView::new(t.ty, rows, cols, t.data.bytes())
-            .map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
-        Ok(Linear {
-            name: name.to_string(),
-            ty: t.ty,
-            rows,
-            cols,
-            data: t.data.clone(),
-            kernel: LinearKernel::select(t.ty, caps, policy),
-        })
+    }
+
+    fn quantized(name: &str, q: &QuantizedWeight, rows: usize, cols: usize, caps: &CpuCaps) -> Result<Self, LoadError> {
+        let err = |msg: String| LoadError::Tensor { name: q.module.clone(), msg };
+        if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
+            return Err(err(format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols())));
+        }
+        let mut op = QuantLinear::new(q.matrix.clone(), q.act, caps).map_err(err)?;
+        if let Some(p) = &q.perm {
+            op = op.with_input_permutation(p.clone()).map_err(err)?;
+        }
+        Ok(Linear { name: name.into(), rows, cols, w: Weights::Quant { op, scheme: q.scheme.clone(), note: q.note.clone() } })
+    }
+
+    fn ggml(name: &str, ck: &Checkpoint, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+        let t = ck.tensor(name)?;
+        if t.shape != [rows, cols] {
+            return Err(LoadError::Tensor { name: t.source_name.clone(), msg: format!("shape {:?}, expected [{rows}, {cols}]", t.shape) });
+        }
+        WeightView::new(t.ty, rows, cols, t.data.bytes()).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
+        let kernel = LinearKernel::select(t.ty, caps, policy);
+        Ok(Linear { name: name.into(), rows, cols, w: Weights::Ggml { ty: t.ty, data: t.data.clone(), kernel } })
     }
 
     /// Output features.
     pub fn rows(&self) -> usize {
         self.rows
-    }
-
-    fn view(&self) -> WeightView<'_> {
-        WeightView { ty: self.ty, rows: self.rows, cols: self.cols, data: self.data.bytes() }
     }
 
     /// `y[i * ldy + j] = Σ_k x[i, k] W[j, k]` for the rows of `x`, which belong to sequences
@@ -73,22 +93,36 @@ impl Linear {
     }
 
     /// Several layers reading the same input, writing side by side (`[a | b | c]` per row of
-    /// `y`, row stride `ldy`): one activation quantization and one parallel region.
+    /// `y`, row stride `ldy`). GGML layers share one activation quantization and one parallel
+    /// region; checkpoint-quantized layers run one after another (each one parallel region).
     pub fn forward_fused(layers: &[&Linear], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
+        let m: usize = segments.iter().sum();
+        let mut ggml = Vec::new();
         let mut col = 0;
-        let parts: Vec<_> = layers
-            .iter()
-            .map(|l| {
-                let p = (&l.kernel, l.view(), col);
-                col += l.rows;
-                p
-            })
-            .collect();
-        forward_group(&parts, x, segments, y, ldy);
+        for l in layers {
+            match &l.w {
+                Weights::Ggml { ty, data, kernel } => {
+                    ggml.push((kernel, WeightView { ty: *ty, rows: l.rows, cols: l.cols, data: data.bytes() }, col))
+                }
+                Weights::Quant { op, .. } => op.forward(x, m, &mut y[col..], ldy),
+            }
+            col += l.rows;
+        }
+        if !ggml.is_empty() {
+            forward_group(&ggml, x, segments, y, ldy);
+        }
     }
 
     /// This layer's plan entry.
     pub fn plan(&self) -> PlanEntry {
-        PlanEntry { tensor: self.name.clone(), storage: self.ty, shape: [self.rows, self.cols], kernel: self.kernel.id() }
+        let (scheme, storage, activations, kernel, note) = match &self.w {
+            Weights::Ggml { ty, kernel, .. } => {
+                let scheme = if ty.is_float() { "float" } else { "gguf" };
+                let act = if ty.is_float() { "f32" } else { "q8 blocks (small m) | f32" };
+                (scheme.to_string(), ty.name().to_string(), act.to_string(), kernel.id(), None)
+            }
+            Weights::Quant { op, scheme, note } => (scheme.clone(), op.matrix().storage(), op.act().name().to_string(), op.id(), note.clone()),
+        };
+        PlanEntry { tensor: self.name.clone(), scheme, storage, activations, shape: [self.rows, self.cols], kernel, note }
     }
 }

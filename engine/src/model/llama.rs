@@ -87,7 +87,7 @@ impl LlamaModel {
     pub fn load(ckpt: &Checkpoint, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let c = ckpt.config.clone();
         let (h, qw, kw, ffn) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
-        let lin = |name: &str, rows, cols| Linear::new(name, ckpt.tensor(name)?, rows, cols, caps, policy);
+        let lin = |name: &str, rows, cols| Linear::load(ckpt, name, rows, cols, caps, policy);
         let embed = ckpt.tensor("token_embd.weight")?.clone();
         if embed.shape != [c.vocab_size, h] || embed.ty.row_bytes(h).is_none() {
             return Err(LoadError::Tensor {
@@ -130,7 +130,7 @@ impl LlamaModel {
         let mut counts = std::collections::BTreeMap::new();
         for e in &plan {
             tracing::debug!(tensor = %e.tensor, storage = %e.storage, shape = ?e.shape, kernel = %e.kernel, "linear layer");
-            *counts.entry((e.storage.name(), e.kernel.clone())).or_insert(0usize) += 1;
+            *counts.entry((e.storage.clone(), e.kernel.clone())).or_insert(0usize) += 1;
         }
         for ((storage, kernel), n) in counts {
             tracing::info!(layers = n, %storage, %kernel, "kernel plan");

@@ -50,6 +50,8 @@ pub struct EngineInfo {
     pub num_blocks: usize,
     /// Weight storage types, most common first (e.g. `q4_1,q8_0`).
     pub quantization: String,
+    /// The checkpoint's `quantization_config`, summarized (`None` when it has none).
+    pub quantization_config: Option<String>,
     /// Kernel plan, one entry per linear layer.
     pub plan: Vec<PlanEntry>,
     /// The effective configuration.

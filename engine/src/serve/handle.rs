@@ -78,7 +78,7 @@ pub struct Engine {
 fn quantization_summary(model: &LoadedModel) -> String {
     let mut counts = BTreeMap::new();
     for e in model.model.plan() {
-        *counts.entry(e.storage.name().to_lowercase()).or_insert(0usize) += 1;
+        *counts.entry(e.storage.to_lowercase()).or_insert(0usize) += 1;
     }
     let mut v: Vec<(String, usize)> = counts.into_iter().collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -112,12 +112,13 @@ impl Engine {
             block_size: c.block_size,
             num_blocks,
             quantization: quantization_summary(&model),
+            quantization_config: model.checkpoint.quantization.clone(),
             plan: model.model.plan(),
             config: config.clone(),
         };
         let model_name = model.checkpoint.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let metrics = Arc::new(
-            Metrics::new(&[("model", &model_name), ("quantization", &info.quantization), ("kv_cache_type", &info.kv_cache_type)])
+            Metrics::new(&[("model", &model_name), ("quantization", &info.quantization), ("kv_cache_type", &info.kv_cache_type)], &info.plan)
                 .map_err(|e| format!("metrics: {e}"))?,
         );
         metrics.set_kv(0, num_blocks);

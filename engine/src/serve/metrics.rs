@@ -1,5 +1,6 @@
 //! The engine's Prometheus metrics: vLLM's semantics under a `tessera_` prefix.
 
+use crate::model::PlanEntry;
 use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// Every metric the engine updates, registered in one registry.
@@ -56,8 +57,10 @@ const TOKEN: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0
 const COUNT: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0];
 
 impl Metrics {
-    /// Creates and registers every metric; `info` labels become `tessera_model_info`.
-    pub fn new(info: &[(&str, &str)]) -> prometheus::Result<Self> {
+    /// Creates and registers every metric; `info` labels become `tessera_model_info`, and the
+    /// kernel plan becomes `tessera_quant_plan_layers` (layers per scheme, storage, activation
+    /// handling and kernel).
+    pub fn new(info: &[(&str, &str)], plan: &[PlanEntry]) -> prometheus::Result<Self> {
         let registry = Registry::new();
         let hist = |name: &str, help: &str, buckets: &[f64]| -> prometheus::Result<Histogram> {
             let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))?;
@@ -87,6 +90,14 @@ impl Metrics {
         let model_info = IntGaugeVec::new(Opts::new("tessera_model_info", "The served model (value 1; labels describe it)."), &names)?;
         registry.register(Box::new(model_info.clone()))?;
         model_info.with_label_values(&info.iter().map(|(_, v)| *v).collect::<Vec<_>>()).set(1);
+        let plan_layers = IntGaugeVec::new(
+            Opts::new("tessera_quant_plan_layers", "Linear layers per weight scheme, storage, activation handling and kernel."),
+            &["scheme", "storage", "activations", "kernel"],
+        )?;
+        registry.register(Box::new(plan_layers.clone()))?;
+        for e in plan {
+            plan_layers.with_label_values(&[&e.scheme, &e.storage, &e.activations, &e.kernel]).inc();
+        }
         Ok(Metrics {
             ttft: hist("tessera_time_to_first_token_seconds", "Time from arrival to the first output token.", LATENCY)?,
             inter_token: hist("tessera_inter_token_latency_seconds", "Time between consecutive output tokens.", TOKEN)?,

@@ -47,15 +47,15 @@ unsafe fn e4m3x8_scaled(p: *const u8) -> __m256 {
 /// Returns `res[j][t] = Σ_b sw[j][b] · xs[t·nb + b] · part(j, t, b)`.
 ///
 /// # Safety
-/// AVX2 + FMA available; `w` holds `PR × k` floats, `x` `T × k` floats, `xs` `T × k / bw`
-/// floats, each `sw[j]` `k / bw` floats; `bw` is a multiple of 8 dividing `k`.
+/// AVX2 + FMA available; `w` holds `PR × k` floats, `x` `T × k` floats, `xs` `T × ceil(k / bw)`
+/// floats, each `sw[j]` `ceil(k / bw)` floats; `bw` is a multiple of 8 (the last block may be partial).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const T: usize>(w: *const f32, x: *const f32, k: usize, bw: usize, sw: [*const f32; PR], xs: *const f32) -> [[f32; T]; PR] {
-    let nb = k / bw;
+    let nb = k.div_ceil(bw);
     let mut res = [[0f32; T]; PR];
     for b in 0..nb {
         let mut acc = [[_mm256_setzero_ps(); T]; PR];
-        for c in (b * bw..(b + 1) * bw).step_by(8) {
+        for c in (b * bw..((b + 1) * bw).min(k)).step_by(8) {
             let mut xv = [_mm256_setzero_ps(); T];
             for (t, v) in xv.iter_mut().enumerate() {
                 // SAFETY: t < T rows of k floats, c + 8 <= k.
@@ -87,13 +87,13 @@ unsafe fn tile<const T: usize>(w: *const f32, x: *const f32, k: usize, bw: usize
 ///
 /// # Safety
 /// AVX2 + FMA + F16C available; each `q[j]` holds `k` bytes, `x` `k` floats, `xs` and each
-/// `sw[j]` `k / bw` floats; `bw` is a multiple of 8 dividing `k`.
+/// `sw[j]` `ceil(k / bw)` floats; `bw` is a multiple of 8 (the last block may be partial).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_direct(q: [*const u8; DR], x: *const f32, k: usize, bw: usize, sw: [*const f32; DR], xs: *const f32) -> [f32; DR] {
     let mut res = [0f32; DR];
-    for b in 0..k / bw {
+    for b in 0..k.div_ceil(bw) {
         let mut acc = [_mm256_setzero_ps(); DR];
-        for c in (b * bw..(b + 1) * bw).step_by(8) {
+        for c in (b * bw..((b + 1) * bw).min(k)).step_by(8) {
             // SAFETY: c + 8 <= k floats of x and bytes of each row (caller).
             unsafe {
                 let xv = _mm256_loadu_ps(x.add(c));
@@ -103,7 +103,7 @@ unsafe fn tile_direct(q: [*const u8; DR], x: *const f32, k: usize, bw: usize, sw
             }
         }
         for (j, (r, &a)) in res.iter_mut().zip(&acc).enumerate() {
-            // SAFETY: AVX available; b < k / bw scales per row and for the token (caller).
+            // SAFETY: AVX available; b < ceil(k / bw) scales per row and for the token (caller).
             unsafe {
                 let part = hsum(a) * 256.0;
                 *r += *sw[j].add(b) * *xs.add(b) * part;
@@ -117,11 +117,11 @@ unsafe fn tile_direct(q: [*const u8; DR], x: *const f32, k: usize, bw: usize, sw
 ///
 /// # Safety
 /// AVX2 + FMA + F16C available; `r0 <= r1 <= w.rows()`, `codes.len() == m * k`,
-/// `xs.len() == m * k / bw`, `out.len() >= (r1 - r0) * m`.
+/// `xs.len() == m * ceil(k / bw)`, `out.len() >= (r1 - r0) * m`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_fp8(w: &Fp8Matrix, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
     let (k, bw) = (w.cols(), w.block()[1]);
-    let nb = k / bw;
+    let nb = k.div_ceil(bw);
     if m == 1 {
         for p0 in (r0..r1).step_by(DR) {
             let rows = DR.min(r1 - p0);
@@ -186,11 +186,12 @@ fn put<const T: usize>(res: &[[f32; T]; PR], rows: usize, m: usize, at: usize, o
 /// step 2⁻⁹) below 2⁻⁶.
 ///
 /// # Safety
-/// AVX2 available; `group` is a multiple of 8, `x.len() == codes.len() == group * scales.len()`.
+/// AVX2 available; `group` and `x.len()` are multiples of 8, `x.len() == codes.len()`,
+/// `scales.len() == ceil(x.len() / group)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32], scales: &mut [f32]) {
     let signbit = _mm256_set1_ps(-0.0);
-    for ((xs, cs), s) in x.chunks_exact(group).zip(codes.chunks_exact_mut(group)).zip(scales.iter_mut()) {
+    for ((xs, cs), s) in x.chunks(group).zip(codes.chunks_mut(group)).zip(scales.iter_mut()) {
         let mut amax = _mm256_setzero_ps();
         for v in xs.chunks_exact(8) {
             // SAFETY: 8 floats in v.

@@ -17,23 +17,23 @@ pub struct Fp8Matrix {
 impl Fp8Matrix {
     /// `q` is `rows × cols` E4M3 bytes row-major (NaN codes are refused). `block` is
     /// `[rows, cols]` for one per-tensor scale, `[1, cols]` for per-channel scales, or
-    /// e.g. `[128, 128]`; `scales` is `ceil(rows / bh) × ceil(cols / bw)` row-major. A block
-    /// width below `cols` must be a multiple of 32 dividing `cols` (activations are
-    /// quantized per token per block of columns).
+    /// e.g. `[128, 128]`; `scales` is `ceil(rows / bh) × ceil(cols / bw)` row-major (edge
+    /// blocks may be partial). A block width below `cols` must be a multiple of 32
+    /// (activations are quantized per token per block of columns).
     pub fn new(rows: usize, cols: usize, block: [usize; 2], q: Vec<u8>, scales: Vec<f32>) -> Result<Self, String> {
         let [bh, bw] = block;
-        if bh == 0 || bw == 0 || bw > cols || bh > rows.max(1) {
+        if bh == 0 || bw == 0 {
             return Err(format!("block {block:?} for {rows}x{cols}"));
         }
-        if !cols.is_multiple_of(32) || !cols.is_multiple_of(bw) || (bw < cols && !bw.is_multiple_of(32)) {
-            return Err(format!("fp8 kernels need 32 | cols and whole column blocks (cols {cols}, block width {bw})"));
+        if !cols.is_multiple_of(32) || (bw < cols && !bw.is_multiple_of(32)) {
+            return Err(format!("fp8 kernels need 32 | cols and 32 | block width (cols {cols}, block width {bw})"));
         }
         if q.len() != rows * cols {
             return Err(format!("{} values for {rows}x{cols}", q.len()));
         }
-        let n = rows.div_ceil(bh) * (cols / bw);
+        let n = rows.div_ceil(bh) * cols.div_ceil(bw);
         if scales.len() != n {
-            return Err(format!("{} scales, expected {}x{}", scales.len(), rows.div_ceil(bh), cols / bw));
+            return Err(format!("{} scales, expected {}x{}", scales.len(), rows.div_ceil(bh), cols.div_ceil(bw)));
         }
         if let Some(bad) = scales.iter().find(|s| !s.is_finite()) {
             return Err(format!("non-finite scale {bad}"));
@@ -71,7 +71,7 @@ impl Fp8Matrix {
 
     /// Scales along row `r` (one per column block).
     pub fn row_scales(&self, r: usize) -> &[f32] {
-        let nb = self.cols / self.block[1];
+        let nb = self.cols.div_ceil(self.block[1]);
         let rb = r / self.block[0];
         &self.scales[rb * nb..(rb + 1) * nb]
     }
@@ -79,7 +79,7 @@ impl Fp8Matrix {
     /// Dequantizes row `r`.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let bw = self.block[1];
-        for ((o, q), &s) in out.chunks_exact_mut(bw).zip(self.row(r).chunks_exact(bw)).zip(self.row_scales(r)) {
+        for ((o, q), &s) in out.chunks_mut(bw).zip(self.row(r).chunks(bw)).zip(self.row_scales(r)) {
             for (o, &b) in o.iter_mut().zip(q) {
                 *o = e4m3_to_f32(b) * s;
             }
@@ -87,11 +87,11 @@ impl Fp8Matrix {
     }
 
     /// Scalar W8A8 FP8: activations already rounded to E4M3 (`codes`, f32 values) with one
-    /// scale per token and column block (`xs`, `m × cols / bw`);
+    /// scale per token and column block (`xs`, `m × ceil(cols / bw)`; the last block may be partial);
     /// `out[(r - r0) * m + i] = Σ_b s_w[r, b] · xs[i, b] · Σ_{c∈b} code · e4m3(q)` in f32.
     pub fn rows_fp8_scalar(&self, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
         let (k, bw) = (self.cols, self.block[1]);
-        let nb = k / bw;
+        let nb = k.div_ceil(bw);
         let mut w = vec![0f32; k];
         for r in r0..r1 {
             for (o, &b) in w.iter_mut().zip(self.row(r)) {
@@ -101,7 +101,7 @@ impl Fp8Matrix {
             for i in 0..m {
                 let xi = &codes[i * k..(i + 1) * k];
                 let mut acc = 0f32;
-                for (b, (ws, cs)) in w.chunks_exact(bw).zip(xi.chunks_exact(bw)).enumerate() {
+                for (b, (ws, cs)) in w.chunks(bw).zip(xi.chunks(bw)).enumerate() {
                     let part: f32 = ws.iter().zip(cs).map(|(a, c)| a * c).sum();
                     acc += sw[b] * xs[i * nb + b] * part;
                 }
@@ -111,7 +111,7 @@ impl Fp8Matrix {
     }
 
     /// [`Self::rows_fp8_scalar`] on the given ISA. `codes` is `m × cols`, `xs` is
-    /// `m × cols / bw`, `out` holds at least `(r1 - r0) × m` values. AVX2 sums each column
+    /// `m × ceil(cols / bw)`, `out` holds at least `(r1 - r0) × m` values. AVX2 sums each column
     /// block in 8 lanes (a different order from scalar, within `k · eps · Σ|w x|`); on either
     /// ISA a token's result does not depend on the other tokens of the batch.
     ///
@@ -119,7 +119,7 @@ impl Fp8Matrix {
     /// On shapes other than the above, or if `isa` is not available on this CPU.
     #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
     pub fn rows_fp8(&self, isa: Isa, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
-        let (k, nb) = (self.cols, self.cols / self.block[1]);
+        let (k, nb) = (self.cols, self.cols.div_ceil(self.block[1]));
         assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
         assert!(codes.len() == m * k && xs.len() == m * nb, "activations: {} codes, {} scales for {m} tokens", codes.len(), xs.len());
         assert!(out.len() >= (r1 - r0) * m, "output tile too small");

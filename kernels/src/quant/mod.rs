@@ -29,6 +29,7 @@ use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::SyncPtr;
 use rayon::prelude::*;
 use std::fmt;
+use std::sync::Arc;
 
 /// How activations enter a quantized linear layer at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -127,7 +128,7 @@ enum Prepared<'a> {
 /// A quantized linear layer `y = x · Wᵀ` with its kernel chosen.
 #[derive(Clone, Debug)]
 pub struct QuantLinear {
-    w: QuantMatrix,
+    w: Arc<QuantMatrix>,
     act: ActQuant,
     isa: Isa,
     /// Input columns gathered before the product (act-order checkpoints), `x'[c] = x[perm[c]]`.
@@ -137,14 +138,15 @@ pub struct QuantLinear {
 impl QuantLinear {
     /// Pairs a matrix with its activation handling, for the best ISA of this CPU. Refuses
     /// pairs without a kernel (e.g. FP8 weights with int8 activations).
-    pub fn new(w: QuantMatrix, act: ActQuant, caps: &CpuCaps) -> Result<Self, String> {
+    pub fn new(w: impl Into<Arc<QuantMatrix>>, act: ActQuant, caps: &CpuCaps) -> Result<Self, String> {
         Self::with_isa(w, act, caps.best_isa())
     }
 
     /// As [`QuantLinear::new`] for an explicit ISA (tests compare paths with it).
-    pub fn with_isa(w: QuantMatrix, act: ActQuant, isa: Isa) -> Result<Self, String> {
+    pub fn with_isa(w: impl Into<Arc<QuantMatrix>>, act: ActQuant, isa: Isa) -> Result<Self, String> {
+        let w = w.into();
         let ok = matches!(
-            (&w, act),
+            (&*w, act),
             (QuantMatrix::Int4(_), ActQuant::F32 | ActQuant::Int8PerToken)
                 | (QuantMatrix::Int8(_), ActQuant::Int8PerToken)
                 | (QuantMatrix::Fp8(_), ActQuant::Fp8PerToken)
@@ -248,11 +250,12 @@ impl QuantLinear {
                 Prepared::Int8 { q, scales }
             }
             ActQuant::Fp8PerToken => {
-                let QuantMatrix::Fp8(w) = &self.w else { unreachable!("checked in with_isa") };
+                let QuantMatrix::Fp8(w) = &*self.w else { unreachable!("checked in with_isa") };
                 let bw = w.block()[1];
                 let mut codes = vec![0f32; m * k];
-                let mut scales = vec![0f32; m * (k / bw)];
-                for ((x, c), s) in x.chunks_exact(k).zip(codes.chunks_exact_mut(k)).zip(scales.chunks_exact_mut(k / bw)) {
+                let nb = k.div_ceil(bw);
+                let mut scales = vec![0f32; m * nb];
+                for ((x, c), s) in x.chunks_exact(k).zip(codes.chunks_exact_mut(k)).zip(scales.chunks_exact_mut(nb)) {
                     act::quantize_fp8_row(x, bw, c, s);
                 }
                 Prepared::Fp8 { codes, scales }
@@ -262,7 +265,7 @@ impl QuantLinear {
 
     /// Weight rows `r0..r1` for all tokens into `tile[(r - r0) * m + i]`.
     fn row_range(&self, prep: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
-        match (&self.w, prep) {
+        match (&*self.w, prep) {
             (QuantMatrix::Int4(w), Prepared::F32(x)) => w.rows_f32(self.isa, r0, r1, x, m, tile),
             (QuantMatrix::Int4(w), Prepared::Int8 { q, scales }) => w.rows_int8(self.isa, r0, r1, q, scales, m, tile),
             (QuantMatrix::Int8(w), Prepared::Int8 { q, scales }) => w.rows_int8(self.isa, r0, r1, q, scales, m, tile),
@@ -274,7 +277,7 @@ impl QuantLinear {
 
 impl fmt::Display for QuantLinear {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scheme = match (&self.w, self.act) {
+        let scheme = match (&*self.w, self.act) {
             (QuantMatrix::Int4(_), ActQuant::F32) => "w4a16.int4xf32",
             (QuantMatrix::Int4(_), _) => "w4a8.int4xint8",
             (QuantMatrix::Int8(_), _) => "w8a8.int8xint8",

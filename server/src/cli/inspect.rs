@@ -3,6 +3,7 @@
 use super::model_path::ModelArg;
 use anyhow::Result;
 use clap::Args;
+use tessera_engine::model::PlanEntry;
 use tessera_kernels::linear::LinearPolicy;
 
 /// Arguments of `tessera inspect`.
@@ -33,19 +34,38 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let mut counts = std::collections::BTreeMap::new();
     let mut bytes = 0usize;
     for t in ck.tensors.values() {
-        *counts.entry(t.ty.name()).or_insert(0) += 1;
+        *counts.entry(t.ty.name().to_string()).or_insert(0) += 1;
         bytes += t.data.bytes().len();
     }
-    println!("tensors: {} ({:.1} MiB): {:?}", ck.tensors.len(), bytes as f64 / (1 << 20) as f64, counts);
+    for q in ck.quantized.values() {
+        *counts.entry(q.matrix.storage()).or_insert(0) += 1;
+        bytes += q.matrix.bytes();
+    }
+    println!("tensors: {} ({:.1} MiB): {:?}", ck.tensors.len() + ck.quantized.len(), bytes as f64 / (1 << 20) as f64, counts);
     if !args.brief {
         for (name, t) in &ck.tensors {
             println!("  {name:<28} {:<5} {:?}", t.ty.name(), t.shape);
         }
     }
     println!("embedding lookup: token_embd.weight ({}), dequantized row by row", lm.model.embedding_type());
-    println!("\n{:<28} {:<6} {:<12} kernel", "layer", "type", "shape");
-    for e in lm.model.plan() {
-        println!("{:<28} {:<6} {:<12} {}", e.tensor, e.storage.name(), format!("{}x{}", e.shape[0], e.shape[1]), e.kernel);
+    println!("quantization: {}", ck.quantization.as_deref().unwrap_or("none (weights as stored)"));
+    let plan = lm.model.plan();
+    let w = |f: fn(&PlanEntry) -> usize| plan.iter().map(f).max().unwrap_or(0);
+    let (ws, wst, wa) = (w(|e| e.scheme.len()).max(6), w(|e| e.storage.len()).max(7), w(|e| e.activations.len()).max(11));
+    println!("\n{:<28} {:<ws$} {:<wst$} {:<wa$} {:<10} kernel", "layer", "scheme", "storage", "activations", "shape");
+    for e in &plan {
+        println!(
+            "{:<28} {:<ws$} {:<wst$} {:<wa$} {:<10} {}",
+            e.tensor,
+            e.scheme,
+            e.storage,
+            e.activations,
+            format!("{}x{}", e.shape[0], e.shape[1]),
+            e.kernel
+        );
+        if let Some(n) = &e.note {
+            println!("{:<28} note: {n}", "");
+        }
     }
     Ok(())
 }

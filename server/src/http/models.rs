@@ -7,6 +7,7 @@ use axum::extract::{Path, State};
 use axum::Json;
 use serde::Serialize;
 use std::sync::Arc;
+use tessera_engine::model::PlanEntry;
 
 #[derive(Serialize)]
 struct ModelList {
@@ -22,16 +23,9 @@ struct ModelCard {
     owned_by: &'static str,
     max_model_len: usize,
     quantization: String,
+    quantization_config: Option<String>,
     kv_cache_type: String,
-    plan: Vec<PlanRow>,
-}
-
-#[derive(Serialize)]
-struct PlanRow {
-    tensor: String,
-    storage: &'static str,
-    shape: [usize; 2],
-    kernel: String,
+    plan: Vec<PlanEntry>,
 }
 
 fn card(state: &AppState) -> ModelCard {
@@ -43,12 +37,9 @@ fn card(state: &AppState) -> ModelCard {
         owned_by: "tessera",
         max_model_len: info.max_model_len,
         quantization: info.quantization.clone(),
+        quantization_config: info.quantization_config.clone(),
         kv_cache_type: info.kv_cache_type.clone(),
-        plan: info
-            .plan
-            .iter()
-            .map(|e| PlanRow { tensor: e.tensor.clone(), storage: e.storage.name(), shape: e.shape, kernel: e.kernel.clone() })
-            .collect(),
+        plan: info.plan.clone(),
     }
 }
 
