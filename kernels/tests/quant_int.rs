@@ -1,6 +1,7 @@
 //! Int4 / int8 quantized linear layers (W4A16, W4A8, W8A8 int8): the AVX2 kernels against the
 //! scalar ones and an f64 reference, and batch invariance (a token's result does not depend on
-//! the batch, the row range or the task split) on random data.
+//! the batch, the row range or the task split) on random data. Int4 groups include ragged ones
+//! (`group` not dividing `cols`: the last group of a row is short) and groups wider than the row.
 //!
 //! Tolerances (`eps` = f32 epsilon, `Σ|w·x|` in f64 over the dequantized row and the activations
 //! the kernel saw):
@@ -35,10 +36,11 @@ fn scale(r: &mut ChaCha8Rng) -> f32 {
     r.gen_range(0.005f32..0.05) * if r.gen() { 1.0 } else { -1.0 }
 }
 
-/// Random int4 matrix (values and zero points over the full -8..=7 range).
+/// Random int4 matrix (values and zero points over the full -8..=7 range), `ceil(cols / group)`
+/// groups per row.
 fn int4(r: &mut ChaCha8Rng, rows: usize, cols: usize, group: usize, asym: bool) -> Int4Matrix {
     let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
-    let ng = rows * cols / group;
+    let ng = rows * cols.div_ceil(group);
     let scales = (0..ng).map(|_| scale(r)).collect();
     let zeros = asym.then(|| (0..ng).map(|_| r.gen_range(-8..=7)).collect());
     Int4Matrix::new(rows, cols, group, &q, scales, zeros).unwrap()
@@ -116,7 +118,7 @@ fn reference(l: &QuantLinear, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
 /// Error bound factor (times `eps · Σ|w·x|`) of one kernel against the exact sum.
 fn bound(l: &QuantLinear) -> f64 {
     let (k, ng) = match l.matrix() {
-        QuantMatrix::Int4(w) => (w.cols(), w.cols() / w.group()),
+        QuantMatrix::Int4(w) => (w.cols(), w.groups()),
         m => (m.cols(), 1),
     };
     match l.act() {
@@ -137,7 +139,10 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// Shapes (rows, cols) and int4 groups: per channel, 32, 64, 128, 192; SmolLM2's 576/1536;
-/// odd row counts leave partial tasks and row tiles.
+/// odd row counts leave partial tasks and row tiles. Ragged groups: 576 in 128s (4 x 128 + 64),
+/// 320 in 128s (128, 128, 64), 1536 in 640s (640, 640, 256: a group spans more than 8 runs of
+/// int16 partial sums), 1120 in 448s (the last group crosses a W4A16 column block); groups wider
+/// than the row (one group per row).
 const INT4_CASES: &[(usize, usize, usize, bool)] = &[
     (576, 576, 576, false),
     (576, 576, 32, true),
@@ -147,6 +152,14 @@ const INT4_CASES: &[(usize, usize, usize, bool)] = &[
     (576, 1536, 1536, true),
     (37, 576, 192, true),
     (37, 1536, 128, false),
+    (1536, 576, 128, true),
+    (192, 576, 128, false),
+    (37, 320, 128, true),
+    (96, 320, 128, false),
+    (37, 1536, 640, true),
+    (29, 1120, 448, false),
+    (37, 320, 512, true),
+    (40, 576, 1024, false),
 ];
 
 const INT8_CASES: &[(usize, usize)] = &[(576, 576), (192, 576), (1536, 576), (576, 1536), (37, 576)];
@@ -204,6 +217,16 @@ fn batching_never_changes_results() {
         (Scheme::W4A8 { group: 64, asym: true }, 37, 576),
         (Scheme::W4A8 { group: 576, asym: false }, 40, 576),
         (Scheme::W4A8 { group: 128, asym: true }, 45, 1536),
+        // Ragged last groups (576 = 4 x 128 + 64, 320 = 2 x 128 + 64), a last group crossing a
+        // W4A16 column block only for wide token blocks (1120 in 448s), a group wider than the row.
+        (Scheme::W4A16 { group: 128, asym: true }, 37, 576),
+        (Scheme::W4A16 { group: 128, asym: false }, 45, 320),
+        (Scheme::W4A16 { group: 448, asym: true }, 29, 1120),
+        (Scheme::W4A16 { group: 640, asym: false }, 21, 1536),
+        (Scheme::W4A8 { group: 128, asym: true }, 37, 576),
+        (Scheme::W4A8 { group: 128, asym: false }, 45, 320),
+        (Scheme::W4A8 { group: 640, asym: true }, 21, 1536),
+        (Scheme::W4A8 { group: 1024, asym: true }, 19, 576),
         (Scheme::W8A8, 37, 576),
         (Scheme::W8A8, 40, 1536),
     ];
@@ -236,13 +259,17 @@ fn row_ranges_never_change_results() {
     let w4 = int4(&mut r, rows, cols, 64, true);
     let w8 = int8(&mut r, rows, cols);
     let x = randn(&mut r, m * cols);
+    // Ragged groups: 576 = 4 x 128 + 64.
+    let w4r = int4(&mut r, rows, cols, 128, true);
     let mut xq = vec![0i8; m * cols];
     let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(x, q)| quantize_int8_row(x, q)).collect();
     let splits: [&[usize]; 4] = [&[0, 37], &[0, 1, 37], &[0, 5, 6, 19, 37], &[0, 8, 16, 24, 32, 37]];
     for isa in isas() {
-        let kernels: [(&str, RowKernel); 3] = [
+        let kernels: [(&str, RowKernel); 5] = [
             ("w4a16", Box::new(|a, b, o: &mut [f32]| w4.rows_f32(isa, a, b, &x, m, o))),
             ("w4a8", Box::new(|a, b, o: &mut [f32]| w4.rows_int8(isa, a, b, &xq, &xs, m, o))),
+            ("w4a16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_f32(isa, a, b, &x, m, o))),
+            ("w4a8 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_int8(isa, a, b, &xq, &xs, m, o))),
             ("w8a8", Box::new(|a, b, o: &mut [f32]| w8.rows_int8(isa, a, b, &xq, &xs, m, o))),
         ];
         for (name, k) in &kernels {
@@ -294,27 +321,31 @@ fn int8_rows_accept_minus_128() {
     let w4 = int4(&mut r, rows, cols, 64, true);
     let xq: Vec<i8> = (0..m * cols).map(|i| if i % 7 == 0 { i8::MIN } else { r.gen() }).collect();
     let xs: Vec<f32> = (0..m).map(|_| r.gen_range(0.001..0.1)).collect();
+    let w4r = int4(&mut r, rows, cols, 128, true);
     let mut want = vec![0f32; rows * m];
     for isa in isas() {
         let mut got = vec![0f32; rows * m];
         w8.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
         w8.rows_int8(isa, 0, rows, &xq, &xs, m, &mut got);
         assert_eq!(bits(&got), bits(&want), "w8a8 {isa:?}");
-        w4.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
-        w4.rows_int8(isa, 0, rows, &xq, &xs, m, &mut got);
-        assert_eq!(bits(&got), bits(&want), "w4a8 {isa:?}");
+        for (name, w) in [("w4a8", &w4), ("w4a8 ragged", &w4r)] {
+            w.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
+            w.rows_int8(isa, 0, rows, &xq, &xs, m, &mut got);
+            assert_eq!(bits(&got), bits(&want), "{name} {isa:?}");
+        }
     }
 }
 
 /// Extreme int4 codes: every weight -8 or 7 with zero points at both ends, and activations at
-/// ±absmax, stress the int16 partial sums (8 runs of 2·15·127) and the offset correction.
+/// ±absmax, stress the int16 partial sums (8 runs of 2·15·127) and the offset correction, also
+/// with ragged groups (1536 in 640s: 640, 640, 256; in 1024s: 1024, 512).
 #[test]
 fn int4_extremes_match_scalar() {
     let mut r = rng(16);
-    let (rows, cols, m) = (24, 1536, 4);
-    for (group, zero) in [(1536usize, -8i8), (256, 7), (32, -8)] {
+    let (rows, cols, m) = (24usize, 1536usize, 4);
+    for (group, zero) in [(1536usize, -8i8), (256, 7), (32, -8), (640, 7), (1024, -8)] {
         let q: Vec<i8> = (0..rows * cols).map(|i| if (i / 3) % 2 == 0 { -8 } else { 7 }).collect();
-        let ng = rows * cols / group;
+        let ng = rows * cols.div_ceil(group);
         let w = Int4Matrix::new(rows, cols, group, &q, (0..ng).map(|_| scale(&mut r)).collect(), Some(vec![zero; ng])).unwrap();
         let xq: Vec<i8> = (0..m * cols).map(|i| if (i / 5) % 2 == 0 { 127 } else { -127 }).collect();
         let xs = vec![0.01f32; m];
@@ -355,4 +386,45 @@ fn int8_activation_quantizer_matches_scalar() {
         assert_eq!(sa.to_bits(), sb.to_bits(), "scale of {x:?}");
         assert_eq!(a, b, "codes of {x:?}");
     }
+}
+
+/// The group geometry: `ceil(cols / group)` groups per row with a short last one, one group for
+/// `group >= cols`, dequantization by column (`g = c / group`), storage names, and clear errors
+/// for group sizes the kernels cannot take.
+#[test]
+fn int4_ragged_groups_layout_and_errors() {
+    let mut r = rng(18);
+    for (rows, cols, group, asym) in [(3usize, 576usize, 128usize, true), (2, 320, 128, false), (2, 1536, 640, true), (3, 64, 128, true), (2, 576, 576, false)] {
+        let ng = cols.div_ceil(group);
+        let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
+        let s: Vec<f32> = (0..rows * ng).map(|_| scale(&mut r)).collect();
+        let z: Option<Vec<i8>> = asym.then(|| (0..rows * ng).map(|_| r.gen_range(-8..=7)).collect());
+        let w = Int4Matrix::new(rows, cols, group, &q, s.clone(), z.clone()).unwrap();
+        assert_eq!((w.group(), w.groups(), w.per_channel()), (group, ng, group >= cols), "{cols}/{group}");
+        let mut row = vec![0f32; cols];
+        for j in 0..rows {
+            assert_eq!(w.row_scales(j).len(), ng);
+            w.dequantize_row(j, &mut row);
+            for (c, &v) in row.iter().enumerate() {
+                let g = j * ng + c / group;
+                let zg = z.as_ref().map_or(0, |z| z[g]);
+                assert_eq!(v.to_bits(), ((q[j * cols + c] - zg) as f32 * s[g]).to_bits(), "{cols}/{group} row {j} col {c}");
+            }
+        }
+        let storage = QuantMatrix::Int4(w).storage();
+        let want = if group >= cols { "channel".to_string() } else { format!("g{group}") };
+        assert_eq!(storage, format!("int4 {want} {}", if asym { "asym" } else { "sym" }));
+    }
+    let q = vec![0i8; 2 * 576];
+    let err = |cols: usize, group: usize, n: usize| Int4Matrix::new(2, cols, group, &q[..2 * cols], vec![0.01; n], None).unwrap_err();
+    for group in [0usize, 16, 48, 100] {
+        let e = err(576, group, 10);
+        assert!(e.contains("group") && e.contains(&format!("group {group}")), "group {group}: {e}");
+    }
+    assert!(err(560, 128, 10).contains("cols 560"), "cols not a multiple of 32");
+    // Floor instead of ceil: 2 rows x 4 groups is one group short per row.
+    let e = err(576, 128, 8);
+    assert!(e.contains("8 scales") && e.contains("2x5"), "{e}");
+    let e = Int4Matrix::new(2, 576, 128, &q, vec![0.01; 10], Some(vec![0; 8])).unwrap_err();
+    assert!(e.contains("8 zero points") && e.contains("2x5"), "{e}");
 }

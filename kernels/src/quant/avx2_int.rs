@@ -9,9 +9,10 @@
 //! lands in, or the row range:
 //! - W4A16 keeps one 8-lane f32 accumulator per `(row, token)` for the current group,
 //!   fed in a fixed column order (`0..8, 16..24, 8..16, 24..32` of each 32-column run), folded
-//!   into an 8-lane total with `total = fma(s[g], acc, total)` at each group end, and summed
-//!   across lanes by one fixed tree ([`hsum_ps`]). Tiles only choose how many of these
-//!   independent accumulators run side by side; column blocks save and restore them exactly.
+//!   into an 8-lane total with `total = fma(s[g], acc, total)` at each group end (the row end
+//!   for a short last group), and summed across lanes by one fixed tree ([`hsum_ps`]). Tiles
+//!   only choose how many of these independent accumulators run side by side; column blocks
+//!   save and restore them exactly.
 //! - W4A8 and W8A8 sum integer products exactly (int16 partial sums that cannot overflow,
 //!   then int32), so any grouping gives the same integers, and the f32 epilogue repeats the
 //!   scalar kernel's operations in its order. The integer paths are therefore bit-identical to
@@ -163,8 +164,9 @@ unsafe fn f32_block<const R: usize, const T: usize>(
 }
 
 /// Rows `r..r + R`, columns `c0..c1` (whole runs), `T` activation rows of `x` (stride
-/// `cols`): `acc += (q - z) · x` per column, and at each group end
-/// `total = fma(s[g], acc, total)`, `acc = 0`.
+/// `cols`): `acc += (q - z) · x` per column, and at each group end (`min((g + 1) · group,
+/// cols)`, so a short last group closes at the row end) `total = fma(s[g], acc, total)`,
+/// `acc = 0`.
 ///
 /// # Safety
 /// AVX2+FMA available; `r + R <= w.rows()`; `c0`, `c1` multiples of 32 with
@@ -187,7 +189,9 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
     let mut col = c0;
     while col < c1 {
         let g = col / group;
-        let gend = ((g + 1) * group).min(c1);
+        // Group g ends at the row end if it is the short last one; this block may stop earlier.
+        let glast = ((g + 1) * group).min(k);
+        let gend = glast.min(c1);
         let off: [__m256i; R] = std::array::from_fn(|rr| _mm256_set1_epi32(8 + w.row_zeros(r + rr).map_or(0, |z| z[g]) as i32));
         for c in (col..gend).step_by(RUN) {
             for rr in 0..R {
@@ -209,7 +213,7 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
                 }
             }
         }
-        if gend == (g + 1) * group {
+        if gend == glast {
             for (rr, s) in st.chunks_exact_mut(STATE).enumerate() {
                 let sc = _mm256_set1_ps(w.row_scales(r + rr)[g]);
                 for (total, a) in s[TOKENS..TOKENS + T].iter_mut().zip(&mut acc[rr]) {
@@ -263,14 +267,15 @@ pub(super) unsafe fn int4_int8(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], 
 }
 
 /// `sums[i * ng + g] = Σ xq[i, c]` over the columns of group `g` (exact, via `sad` of the
-/// bytes offset to unsigned). `group` is a multiple of 32 dividing `k`.
+/// bytes offset to unsigned), `ng = ceil(k / group)`. `k` and `group` are multiples of 32; the
+/// last group may be short.
 #[target_feature(enable = "avx2,fma")]
 fn group_sums(xq: &[i8], k: usize, group: usize) -> Vec<i32> {
-    let ng = k / group;
+    let ng = k.div_ceil(group);
     let mut sums = vec![0i32; xq.len() / k * ng];
     let flip = _mm256_set1_epi8(i8::MIN);
     for (row, s) in xq.chunks_exact(k).zip(sums.chunks_exact_mut(ng)) {
-        for (grp, s) in row.chunks_exact(group).zip(s) {
+        for (grp, s) in row.chunks(group).zip(s) {
             let mut acc = _mm256_setzero_si256();
             for run in grp.chunks_exact(RUN) {
                 // SAFETY: `run` holds 32 bytes.
@@ -280,7 +285,7 @@ fn group_sums(xq: &[i8], k: usize, group: usize) -> Vec<i32> {
             let mut lanes = [0i64; 4];
             // SAFETY: 32 bytes into a 4 x i64 array.
             unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), acc) };
-            *s = (lanes.iter().sum::<i64>() - 128 * group as i64) as i32;
+            *s = (lanes.iter().sum::<i64>() - 128 * grp.len() as i64) as i32;
         }
     }
     sums
@@ -303,7 +308,7 @@ unsafe fn int4_block<const R: usize, const T: usize>(
     t0: usize,
     out: &mut [f32],
 ) {
-    let (k, ng) = (w.cols(), w.cols() / w.group());
+    let (k, ng) = (w.cols(), w.groups());
     let xt = &xq[t0 * k..(t0 + T) * k];
     let at = &asum[t0 * ng..(t0 + T) * ng];
     let xst = &xs[t0..t0 + T];
@@ -343,15 +348,17 @@ unsafe fn int4_block<const R: usize, const T: usize>(
 }
 
 /// Rows `r..r + R` against `T` int8 activation rows: `lanes[(rr * T + t) * ng + g]` gets 8
-/// int32 partial sums of `Σ n · a` over group `g` (`n = q + 8`).
+/// int32 partial sums of `Σ n · a` over group `g` (`n = q + 8`; the last group stops at the
+/// row end).
 ///
 /// # Safety
 /// AVX2 available; `r + R <= w.rows()`; `xq.len() == T * w.cols()`;
 /// `lanes.len() == R * T * ng`.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, xq: &[i8], lanes: &mut [__m256i]) {
-    let (k, ng) = (w.cols(), w.cols() / w.group());
+    let (k, ng) = (w.cols(), w.groups());
     let runs = w.group() / RUN;
+    let row_runs = k / RUN;
     let rows: [*const u8; R] = std::array::from_fn(|rr| w.packed_row(r + rr).as_ptr());
     let nib_mask = _mm256_set1_epi8(0x0F);
     // Low 128-bit lane keeps the low nibbles (columns 0..16), high lane takes the high ones.
@@ -359,7 +366,7 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
     let ones = _mm256_set1_epi16(1);
     let xp = xq.as_ptr();
     for g in 0..ng {
-        let (mut run, end) = (g * runs, (g + 1) * runs);
+        let (mut run, end) = (g * runs, ((g + 1) * runs).min(row_runs));
         while run < end {
             // At most 8 runs in int16: each lane adds 8 pairs of |n·a| <= 15·128.
             let stop = (run + 8).min(end);

@@ -1,5 +1,7 @@
 //! Int4 weight matrices (W4A16, W4A8): signed 4-bit values in groups along the input
-//! dimension, one f32 scale (and optionally one signed zero point) per row and group.
+//! dimension, one f32 scale (and optionally one signed zero point) per row and group. A row
+//! has `ceil(cols / group)` groups; the last one may be short (compressed-tensors keeps
+//! `group_size` 128 on a 576-column input: groups of 128, 128, 128, 128 and 64).
 //!
 //! Layout (private to the kernels): row-major; each run of 32 columns is 16 bytes, byte `j`
 //! holding column `j` in its low nibble and column `j + 16` in its high nibble, as `q + 8`
@@ -10,7 +12,8 @@ use crate::cpu::Isa;
 /// Columns per packed run.
 pub const RUN: usize = 32;
 
-/// An int4 matrix: `W[r, c] = (q[r, c] - z[r, g]) * s[r, g]` with `g = c / group`.
+/// An int4 matrix: `W[r, c] = (q[r, c] - z[r, g]) * s[r, g]` with `g = c / group`
+/// (`ceil(cols / group)` groups per row, the last one covering the remaining columns).
 #[derive(Clone, Debug)]
 pub struct Int4Matrix {
     rows: usize,
@@ -23,25 +26,31 @@ pub struct Int4Matrix {
 
 impl Int4Matrix {
     /// Packs `q` (`rows × cols` row-major, each in -8..=7) with `scales` and optional `zeros`
-    /// (both `rows × cols / group`, row-major; zero points in -8..=7). `group` is a multiple
-    /// of 32 that divides `cols` (`cols` itself for per-channel scales).
+    /// (both `rows × ceil(cols / group)`, row-major; zero points in -8..=7). `cols` and
+    /// `group` are multiples of 32; `group` need not divide `cols` (the last group of each row
+    /// covers the remaining columns), and `group >= cols` means one group per row (per-channel
+    /// scales).
     pub fn new(rows: usize, cols: usize, group: usize, q: &[i8], scales: Vec<f32>, zeros: Option<Vec<i8>>) -> Result<Self, String> {
-        if !cols.is_multiple_of(RUN) || group == 0 || !group.is_multiple_of(RUN) || !cols.is_multiple_of(group) {
-            return Err(format!("int4 kernels need 32 | group and group | cols (cols {cols}, group {group})"));
+        if !cols.is_multiple_of(RUN) {
+            return Err(format!("int4 kernels need a multiple of 32 input columns (cols {cols})"));
+        }
+        if group == 0 || !group.is_multiple_of(RUN) {
+            return Err(format!("int4 kernels need a group size that is a positive multiple of 32 (group {group})"));
         }
         if q.len() != rows * cols {
             return Err(format!("{} values for {rows}x{cols}", q.len()));
         }
-        let ng = rows * (cols / group);
+        let per_row = cols.div_ceil(group);
+        let ng = rows * per_row;
         if scales.len() != ng {
-            return Err(format!("{} scales, expected {rows}x{}", scales.len(), cols / group));
+            return Err(format!("{} scales, expected {rows}x{per_row}", scales.len()));
         }
         if let Some(bad) = scales.iter().find(|s| !s.is_finite()) {
             return Err(format!("non-finite scale {bad}"));
         }
         if let Some(z) = &zeros {
             if z.len() != ng {
-                return Err(format!("{} zero points, expected {rows}x{}", z.len(), cols / group));
+                return Err(format!("{} zero points, expected {rows}x{per_row}", z.len()));
             }
             if let Some(bad) = z.iter().find(|&&v| !(-8..=7).contains(&v)) {
                 return Err(format!("zero point {bad} outside -8..=7"));
@@ -69,9 +78,20 @@ impl Int4Matrix {
         self.cols
     }
 
-    /// Columns per scale group.
+    /// Columns per scale group, as given to [`Self::new`] (the last group of a row may be
+    /// shorter, and a group of `cols` or more means one group per row).
     pub fn group(&self) -> usize {
         self.group
+    }
+
+    /// Scale groups per row: `ceil(cols / group)`.
+    pub fn groups(&self) -> usize {
+        self.cols.div_ceil(self.group)
+    }
+
+    /// Whether each row has a single scale group (per-channel scales, `group >= cols`).
+    pub fn per_channel(&self) -> bool {
+        self.group >= self.cols
     }
 
     /// Whether zero points are stored (asymmetric).
@@ -90,15 +110,15 @@ impl Int4Matrix {
         &self.packed[r * rb..(r + 1) * rb]
     }
 
-    /// Scales of row `r` (one per group).
+    /// Scales of row `r` (one per group, [`Self::groups`] of them).
     pub fn row_scales(&self, r: usize) -> &[f32] {
-        let ng = self.cols / self.group;
+        let ng = self.groups();
         &self.scales[r * ng..(r + 1) * ng]
     }
 
     /// Zero points of row `r`, if asymmetric.
     pub fn row_zeros(&self, r: usize) -> Option<&[i8]> {
-        let ng = self.cols / self.group;
+        let ng = self.groups();
         self.zeros.as_ref().map(|z| &z[r * ng..(r + 1) * ng])
     }
 
@@ -118,7 +138,7 @@ impl Int4Matrix {
         let mut q = vec![0i8; self.cols];
         self.row_values(r, &mut q);
         let zeros = self.row_zeros(r);
-        for (g, (o, qs)) in out.chunks_exact_mut(self.group).zip(q.chunks_exact(self.group)).enumerate() {
+        for (g, (o, qs)) in out.chunks_mut(self.group).zip(q.chunks(self.group)).enumerate() {
             let (s, z) = (self.row_scales(r)[g], zeros.map_or(0, |z| z[g]));
             for (o, &v) in o.iter_mut().zip(qs) {
                 *o = (v - z) as f32 * s;
@@ -136,7 +156,7 @@ impl Int4Matrix {
             for i in 0..m {
                 let xi = &x[i * k..(i + 1) * k];
                 let mut acc = 0f32;
-                for (g, (qs, xs)) in q.chunks_exact(self.group).zip(xi.chunks_exact(self.group)).enumerate() {
+                for (g, (qs, xs)) in q.chunks(self.group).zip(xi.chunks(self.group)).enumerate() {
                     let zg = z.map_or(0, |z| z[g]);
                     let part: f32 = qs.iter().zip(xs).map(|(&v, &xv)| (v - zg) as f32 * xv).sum();
                     acc += s[g] * part;
@@ -157,7 +177,7 @@ impl Int4Matrix {
             for i in 0..m {
                 let xi = &xq[i * k..(i + 1) * k];
                 let mut acc = 0f32;
-                for (g, (qs, xg)) in q.chunks_exact(self.group).zip(xi.chunks_exact(self.group)).enumerate() {
+                for (g, (qs, xg)) in q.chunks(self.group).zip(xi.chunks(self.group)).enumerate() {
                     let zg = z.map_or(0, |z| z[g]) as i32;
                     let part: i32 = qs.iter().zip(xg).map(|(&v, &a)| (v as i32 - zg) * a as i32).sum();
                     acc += s[g] * part as f32;

@@ -105,7 +105,7 @@ impl QuantMatrix {
     pub fn storage(&self) -> String {
         match self {
             QuantMatrix::Int4(w) => {
-                let g = if w.group() == w.cols() { "channel".to_string() } else { format!("g{}", w.group()) };
+                let g = if w.per_channel() { "channel".to_string() } else { format!("g{}", w.group()) };
                 format!("int4 {g} {}", if w.has_zeros() { "asym" } else { "sym" })
             }
             QuantMatrix::Int8(_) => "int8 channel".into(),
