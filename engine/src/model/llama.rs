@@ -120,20 +120,24 @@ impl LlamaModel {
             blocks,
             config: c,
         };
+        if let Some(q) = &ckpt.quantization {
+            tracing::info!(quantization = %q, "checkpoint quantization");
+        }
         model.log_plan();
         Ok(model)
     }
 
-    /// Logs the kernel plan: one line per distinct (storage, kernel) at info, every layer at debug.
+    /// Logs the kernel plan: one line per distinct (scheme, storage, activations, kernel) at
+    /// info, every layer at debug.
     fn log_plan(&self) {
         let plan = self.plan();
         let mut counts = std::collections::BTreeMap::new();
         for e in &plan {
-            tracing::debug!(tensor = %e.tensor, storage = %e.storage, shape = ?e.shape, kernel = %e.kernel, "linear layer");
-            *counts.entry((e.storage.clone(), e.kernel.clone())).or_insert(0usize) += 1;
+            tracing::debug!(tensor = %e.tensor, scheme = %e.scheme, storage = %e.storage, shape = ?e.shape, kernel = %e.kernel, note = ?e.note, "linear layer");
+            *counts.entry((&e.scheme, &e.storage, &e.activations, &e.kernel)).or_insert(0usize) += 1;
         }
-        for ((storage, kernel), n) in counts {
-            tracing::info!(layers = n, %storage, %kernel, "kernel plan");
+        for ((scheme, storage, activations, kernel), n) in counts {
+            tracing::info!(layers = n, %scheme, %storage, %activations, %kernel, "kernel plan");
         }
     }
 

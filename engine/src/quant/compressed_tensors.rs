@@ -297,11 +297,12 @@ fn load_packed(module: &str, w: &Args, t: &TensorSet) -> Result<(QuantMatrix, Op
     let wpr = cols.div_ceil(8);
     packed.expect_shape(&[&[rows, wpr]])?;
     let q: Vec<i8> = unpack_last_axis(&packed.to_i32()?, rows, wpr, cols, NibbleOrder::Plain).into_iter().map(|u| u as i8 - 8).collect();
-    let groups = match w.strategy {
-        Strategy::Group(g) => cols.div_ceil(g),
-        Strategy::Channel => 1,
+    let group = match w.strategy {
+        Strategy::Group(g) => g,
+        Strategy::Channel => cols,
         s => return Err(tensor_err(&packed.name, format!("int4 strategy {s:?} (expected group or channel)"))),
     };
+    let groups = cols.div_ceil(group);
     let scale = t.take(&format!("{module}.weight_scale"), "pack-quantized weights")?;
     scale.expect_shape(&[&[rows, groups]])?;
     let scales = scale.to_f32()?;
@@ -325,7 +326,7 @@ fn load_packed(module: &str, w: &Args, t: &TensorSet) -> Result<(QuantMatrix, Op
         None if w.actorder_group => return Err(tensor_err(&format!("{module}.weight_g_idx"), "missing (required by actorder: group)")),
         None => None,
     };
-    int4_matrix(&packed.name, rows, cols, q, scales, zeros, g_idx.as_deref())
+    int4_matrix(&packed.name, rows, cols, group, q, scales, zeros, g_idx.as_deref())
 }
 
 /// `int-quantized` int8: `weight` I8 `[out, in]` and a channel or tensor `weight_scale`.

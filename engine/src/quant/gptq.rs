@@ -148,7 +148,7 @@ impl QuantScheme for LegacyInt4 {
                 return Err(tensor_err(&bias.name, "linear biases are not supported"));
             }
         }
-        let (matrix, perm) = int4_matrix(&qw.name, rows, cols, q, transpose(&scales.to_f32()?, groups, rows), Some(zeros), g_idx.as_deref())?;
+        let (matrix, perm) = int4_matrix(&qw.name, rows, cols, group, q, transpose(&scales.to_f32()?, groups, rows), Some(zeros), g_idx.as_deref())?;
         let scheme = format!("{} W4A16", self.method());
         Ok(Some(QuantizedWeight { module: module.into(), scheme, matrix, act: ActQuant::F32, perm, note: None }))
     }

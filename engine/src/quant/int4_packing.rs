@@ -65,24 +65,25 @@ pub fn twos_complement(u: u8) -> i8 {
     ((u << 4) as i8) >> 4
 }
 
-/// Builds the kernel matrix for `rows × cols` signed values `q` (-8..=7) with `rows × groups`
-/// scales and optional zero points, `group = cols / groups`. With `g_idx` (act-order: the
-/// group of each input column), columns are sorted by group and the input permutation is
-/// returned alongside. `name` is the tensor errors name.
+/// Builds the kernel matrix for `rows × cols` signed values `q` (-8..=7) with
+/// `rows × ceil(cols / group)` scales and optional zero points (the last group may be short).
+/// With `g_idx` (act-order: the group of each input column), columns are sorted by group and
+/// the input permutation is returned alongside. `name` is the tensor errors name.
+#[allow(clippy::too_many_arguments)]
 pub fn int4_matrix(
     name: &str,
     rows: usize,
     cols: usize,
+    group: usize,
     q: Vec<i8>,
     scales: Vec<f32>,
     zeros: Option<Vec<i8>>,
     g_idx: Option<&[i32]>,
 ) -> Result<(QuantMatrix, Option<Vec<u32>>), LoadError> {
-    let groups = scales.len() / rows.max(1);
-    if groups == 0 || scales.len() != rows * groups || cols % groups != 0 {
-        return Err(tensor_err(name, format!("{} scales do not divide into {rows} rows of whole groups over {cols} columns", scales.len())));
+    let group = group.min(cols);
+    if group == 0 || scales.len() != rows * cols.div_ceil(group) {
+        return Err(tensor_err(name, format!("{} scales for {rows} rows of {cols} columns in groups of {group}", scales.len())));
     }
-    let group = cols / groups;
     let (q, perm) = match g_idx.map(|g| act_order_permutation(name, g, cols, group)).transpose()?.flatten() {
         None => (q, None),
         Some(perm) => {
@@ -100,7 +101,7 @@ pub fn int4_matrix(
 }
 
 /// The column order that makes act-order groups contiguous, or `None` when `g_idx` is
-/// already `c / group`. Each group must hold exactly `group` columns.
+/// already `c / group`. Each group must hold exactly as many columns as `c / group` gives it.
 fn act_order_permutation(name: &str, g_idx: &[i32], cols: usize, group: usize) -> Result<Option<Vec<u32>>, LoadError> {
     if g_idx.len() != cols {
         return Err(tensor_err(name, format!("g_idx has {} entries for {cols} input columns", g_idx.len())));
@@ -108,14 +109,15 @@ fn act_order_permutation(name: &str, g_idx: &[i32], cols: usize, group: usize) -
     if g_idx.iter().enumerate().all(|(c, &g)| g as usize == c / group && g >= 0) {
         return Ok(None);
     }
-    let groups = cols / group;
+    let groups = cols.div_ceil(group);
     let mut counts = vec![0usize; groups];
     for &g in g_idx {
         let gi = usize::try_from(g).ok().filter(|&g| g < groups).ok_or_else(|| tensor_err(name, format!("g_idx entry {g} outside 0..{groups}")))?;
         counts[gi] += 1;
     }
-    if let Some(g) = counts.iter().position(|&n| n != group) {
-        return Err(tensor_err(name, format!("act-order group {g} has {} columns, expected {group}", counts[g])));
+    let size = |g: usize| group.min(cols - g * group);
+    if let Some(g) = (0..groups).find(|&g| counts[g] != size(g)) {
+        return Err(tensor_err(name, format!("act-order group {g} has {} columns, expected {}", counts[g], size(g))));
     }
     let mut perm: Vec<u32> = (0..cols as u32).collect();
     perm.sort_by_key(|&c| g_idx[c as usize]);

@@ -265,7 +265,7 @@ impl Quark {
                 }
             }
         }
-        Ok(int4_matrix(&name, rows, cols, q, scales, None, None)?.0)
+        Ok(int4_matrix(&name, rows, cols, cols, q, scales, None, None)?.0)
     }
 
     /// A single-stage int4 / uint4 layer, per channel (`[out, in/8]`) or per group
@@ -278,7 +278,7 @@ impl Quark {
                 let (name, rows, cols, q) = self.int4_rows(module, t, unsigned)?;
                 let scales = t.take(&format!("{module}.weight_scale"), "int4 weights")?.per_row_f32(rows)?;
                 let zeros = self.zero_points(&zname, t, s, 1, rows.div_ceil(8), rows)?;
-                int4_matrix(&name, rows, cols, q, scales, zeros, None)
+                int4_matrix(&name, rows, cols, cols, q, scales, zeros, None)
             }
             "per_group" => {
                 let g = s.group_size.ok_or_else(|| config_err("weight.group_size", format!("missing for per_group int4 (layer {module})")))?;
@@ -293,7 +293,7 @@ impl Quark {
                 st.expect_shape(&[&[groups, rows], &[rows, groups]])?;
                 let scales = if st.shape == [groups, rows] { transpose(&st.to_f32()?, groups, rows) } else { st.to_f32()? };
                 let zeros = self.zero_points(&zname, t, s, groups, rows.div_ceil(8), rows)?.map(|z| transpose(&z, groups, rows));
-                int4_matrix(&wt.name, rows, cols, q, scales, zeros, None)
+                int4_matrix(&wt.name, rows, cols, g, q, scales, zeros, None)
             }
             q => Err(config_err("weight.qscheme", format!("{q:?} for int4 weights (layer {module})"))),
         }
