@@ -10,12 +10,15 @@
 //! - [`perplexity`]: llama.cpp-compatible perplexity evaluation.
 
 pub mod checkpoint;
+pub mod convert;
+pub mod float_dtype;
 pub mod generate;
 pub mod kv;
 mod loaded;
 pub mod model;
 pub mod perplexity;
 pub mod quant;
+pub mod quantize;
 pub mod sample;
 pub mod serve;
 pub mod tokenizer;

@@ -21,12 +21,16 @@ struct Cli {
 enum Command {
     /// Prefill (pp) and decode (tg) speed, measured like llama-bench.
     Bench(cli::bench::BenchArgs),
+    /// Convert a checkpoint to another format (gguf-to-hf).
+    Convert(cli::convert::ConvertArgs),
     /// Generate text from a prompt and report prefill/decode speed.
     Generate(cli::generate::GenerateArgs),
     /// Architecture, tensors and the per-layer kernel plan.
     Inspect(cli::inspect::InspectArgs),
     /// Perplexity of a text file, llama.cpp's method (ctx windows, second half scored).
     Perplexity(cli::perplexity::PerplexityArgs),
+    /// Quantize a Hugging Face directory file to file (compressed-tensors or Quark).
+    Quantize(cli::quantize::QuantizeArgs),
     /// OpenAI-compatible HTTP server (continuous batching over a paged KV cache).
     Serve(cli::serve::ServeArgs),
 }
@@ -52,9 +56,11 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Bench(a) => cli::bench::run(a),
+        Command::Convert(a) => cli::convert::run(a),
         Command::Generate(a) => cli::generate::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Perplexity(a) => cli::perplexity::run(a),
+        Command::Quantize(a) => cli::quantize::run(a),
         Command::Serve(a) => cli::serve::run(a, cli.log_format),
     };
     match result {

@@ -1,10 +1,12 @@
 //! One module per `tessera` subcommand, plus shared argument groups.
 
 pub mod bench;
+pub mod convert;
 pub mod generate;
 pub mod inspect;
 pub mod model_path;
 pub mod perplexity;
+pub mod quantize;
 pub mod serve;
 
 use anyhow::{anyhow, Result};

@@ -1,0 +1,179 @@
+//! compressed-tensors output (checkpoint-formats.md §2): tensors per quantized linear `P` and
+//! the `quantization_config` that vLLM and Tessera's loader read.
+//!
+//! - `pack-quantized` int4: `P.weight_packed` I32 `[out, in/8]` (value `q + 8` in nibble `j` of
+//!   word `w` = column `8w + j`, low nibble first), `P.weight_scale` in the input's float type
+//!   `[out, in/group]` (`[out, 1]` per channel), `P.weight_shape` I64 `[out, in]`.
+//! - `int-quantized` int8: `P.weight` I8 `[out, in]`, `P.weight_scale` `[out, 1]`.
+//! - `float-quantized` FP8: `P.weight` F8_E4M3 `[out, in]`, `P.weight_scale` `[out, 1]`.
+//!
+//! Symmetric schemes write no zero points. Dequantization: `w = q · scale`.
+
+use super::math::{quantize_fp8_rows, quantize_int_groups, INT4, INT8};
+use super::{find, OutTensor};
+use crate::float_dtype::FloatDtype;
+use safetensors::Dtype;
+use serde_json::{json, Value};
+use tessera_kernels::quant::fp8::e4m3_to_f32;
+
+/// Packs int4 values (`[rows, cols]`, cols a multiple of 8) into little-endian I32 words:
+/// `q + 8` of column `8w + j` in bits `4j..4j+3` of word `w`.
+pub fn pack_int4(q: &[i8]) -> Vec<u8> {
+    q.chunks_exact(8)
+        .flat_map(|g| {
+            let word = g.iter().enumerate().fold(0u32, |acc, (j, &v)| acc | ((((v as i32) + 8) as u32 & 0xF) << (4 * j)));
+            word.to_le_bytes()
+        })
+        .collect()
+}
+
+/// The int4 values of `pack_int4`'s words.
+fn unpack_int4(bytes: &[u8]) -> Vec<i8> {
+    bytes
+        .chunks_exact(4)
+        .flat_map(|c| {
+            let word = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            (0..8).map(move |j| ((word >> (4 * j)) & 0xF) as i8 - 8)
+        })
+        .collect()
+}
+
+/// int4 `pack-quantized` tensors for `prefix` with scales per `group` columns.
+pub fn int4_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize, group: usize, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
+    let (q, scales) = quantize_int_groups(w, cols, group, INT4, scale_dtype);
+    let shape = [rows as i64, cols as i64].iter().flat_map(|d| d.to_le_bytes()).collect::<Vec<u8>>();
+    vec![
+        OutTensor::owned(format!("{prefix}.weight_packed"), Dtype::I32, vec![rows, cols / 8], pack_int4(&q)),
+        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, cols / group], scale_dtype.encode(&scales)),
+        OutTensor::owned(format!("{prefix}.weight_shape"), Dtype::I64, vec![2], shape),
+    ]
+}
+
+/// int8 `int-quantized` tensors (per-row scales).
+pub fn int8_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
+    let (q, scales) = quantize_int_groups(w, cols, cols, INT8, scale_dtype);
+    vec![
+        OutTensor::owned(format!("{prefix}.weight"), Dtype::I8, vec![rows, cols], q.iter().map(|&v| v as u8).collect()),
+        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, 1], scale_dtype.encode(&scales)),
+    ]
+}
+
+/// FP8 `float-quantized` tensors (per-row scales).
+pub fn fp8_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
+    let (q, scales) = quantize_fp8_rows(w, cols, scale_dtype);
+    vec![
+        OutTensor::owned(format!("{prefix}.weight"), Dtype::F8_E4M3, vec![rows, cols], q),
+        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, 1], scale_dtype.encode(&scales)),
+    ]
+}
+
+/// The float scales of `P.weight_scale`, whatever float type they were written in.
+fn scales(prefix: &str, tensors: &[OutTensor<'_>]) -> Result<(Vec<f32>, Vec<usize>), String> {
+    let t = find(tensors, &format!("{prefix}.weight_scale"))?;
+    let dtype = FloatDtype::from_safetensors(t.dtype).ok_or_else(|| format!("{}: dtype {:?} is not a float", t.name, t.dtype))?;
+    Ok((dtype.decode(&t.data), t.shape.clone()))
+}
+
+/// Dequantizes a layer's written tensors (any of the three formats) back to `[rows, cols]` f32.
+pub fn decode(prefix: &str, tensors: &[OutTensor<'_>], rows: usize, cols: usize) -> Result<Vec<f32>, String> {
+    let (s, s_shape) = scales(prefix, tensors)?;
+    let per_row = *s_shape.get(1).ok_or_else(|| format!("{prefix}.weight_scale is not 2-D"))?;
+    let group = cols / per_row.max(1);
+    let values: Vec<f32> = if let Ok(packed) = find(tensors, &format!("{prefix}.weight_packed")) {
+        unpack_int4(&packed.data).into_iter().map(f32::from).collect()
+    } else {
+        let w = find(tensors, &format!("{prefix}.weight"))?;
+        match w.dtype {
+            Dtype::I8 => w.data.iter().map(|&b| b as i8 as f32).collect(),
+            Dtype::F8_E4M3 => w.data.iter().map(|&b| e4m3_to_f32(b)).collect(),
+            other => return Err(format!("{}: unexpected dtype {other:?}", w.name)),
+        }
+    };
+    if values.len() != rows * cols || s.len() != rows * per_row {
+        return Err(format!("{prefix}: {} values and {} scales for [{rows}, {cols}]", values.len(), s.len()));
+    }
+    Ok(values.iter().enumerate().map(|(i, v)| v * s[(i / cols) * per_row + (i % cols) / group]).collect())
+}
+
+/// One `config_groups` entry's quantization arguments for integer weights.
+fn int_weights(bits: u32, strategy: &str, group: Option<usize>) -> Value {
+    json!({
+        "num_bits": bits, "type": "int", "symmetric": true, "strategy": strategy,
+        "group_size": group, "dynamic": false, "actorder": null, "observer": "minmax",
+    })
+}
+
+/// Dynamic per-token activation arguments (`int` or `float`).
+fn token_activations(ty: &str) -> Value {
+    json!({ "num_bits": 8, "type": ty, "symmetric": true, "strategy": "token", "dynamic": true, "observer": null })
+}
+
+/// The weights/activation arguments and format of a compressed-tensors scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// int4 `pack-quantized`: group size (`None`: per channel) and whether activations are
+    /// dynamic int8 per token (W4A8) rather than left in 16 bits (W4A16).
+    Int4 {
+        /// Columns per scale, `None` for one scale per row.
+        group: Option<usize>,
+        /// W4A8 (int8 per-token activations) instead of W4A16.
+        int8_act: bool,
+    },
+    /// W8A8 int8, `int-quantized`.
+    Int8,
+    /// W8A8 FP8, `float-quantized`.
+    Fp8,
+}
+
+/// `quantization_config` for a scheme with the given ignored (unquantized) module names.
+pub fn quantization_config(scheme: &Scheme, ignore: &[String]) -> Value {
+    let (format, weights, input) = match scheme {
+        Scheme::Int4 { group, int8_act } => (
+            "pack-quantized",
+            match group {
+                Some(g) => int_weights(4, "group", Some(*g)),
+                None => int_weights(4, "channel", None),
+            },
+            if *int8_act { token_activations("int") } else { Value::Null },
+        ),
+        Scheme::Int8 => ("int-quantized", int_weights(8, "channel", None), token_activations("int")),
+        Scheme::Fp8 => (
+            "float-quantized",
+            json!({ "num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel", "group_size": null, "dynamic": false, "observer": "minmax" }),
+            token_activations("float"),
+        ),
+    };
+    json!({
+        "quant_method": "compressed-tensors",
+        "version": "0.20.0",
+        "format": format,
+        "quantization_status": "compressed",
+        "global_compression_ratio": null,
+        "config_groups": { "group_0": {
+            "targets": ["Linear"],
+            "format": format,
+            "weights": weights,
+            "input_activations": input,
+            "output_activations": null,
+        }},
+        "ignore": ignore,
+        "kv_cache_scheme": null,
+        "sparsity_config": {},
+        "transform_config": {},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nibble_order_matches_the_documented_example() {
+        // checkpoint-formats.md §2.4: [-2,-3,-1,-1,2,2,-1,-5] -> nibbles [6,5,7,7,10,10,7,3].
+        let b = pack_int4(&[-2, -3, -1, -1, 2, 2, -1, -5]);
+        let word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let nibbles: Vec<u32> = (0..8).map(|j| (word >> (4 * j)) & 0xF).collect();
+        assert_eq!(nibbles, vec![6, 5, 7, 7, 10, 10, 7, 3]);
+        assert_eq!(unpack_int4(&b), vec![-2, -3, -1, -1, 2, 2, -1, -5]);
+    }
+}

@@ -1,0 +1,459 @@
+//! File-to-file weight quantization of a Hugging Face directory into compressed-tensors or
+//! AMD Quark checkpoints (the formats of checkpoint-formats.md §2 and §4).
+//!
+//! One safetensors shard at a time: the input shard is memory-mapped, its linear weights are
+//! quantized and every other tensor is copied byte for byte, the matching output shard is
+//! written, and everything is dropped before the next shard, so memory stays bounded by the
+//! largest shard. config.json gets a `quantization_config` naming the unquantized linear
+//! modules concretely; tokenizer, generation and chat-template files are copied.
+//!
+//! Which tensors are quantized: the 2-D `.weight` of every Linear module (`*_proj`, including
+//! MoE experts `mlp.experts.E.*_proj`) unless excluded. Never quantized: embeddings, norms,
+//! routers (`mlp.gate`, `shared_expert_gate`) and `lm_head` (llm-compressor's default
+//! `ignore=["lm_head"]`). `--exclude` globs (Python's fnmatch: `*` crosses dots, the whole name must match) and `experts_only` exclude
+//! more; excluded linears are copied unchanged.
+//!
+//! Every quantized tensor is decoded back from the bytes written and measured against the input
+//! ([`report`]).
+
+pub mod compressed_tensors;
+pub mod math;
+pub mod quark;
+pub mod report;
+
+use crate::float_dtype::FloatDtype;
+use crate::quant::pattern::fnmatch;
+use memmap2::Mmap;
+use report::{Report, TensorStats};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::{json, Value};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Errors while quantizing. Messages name the file, tensor or option at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantizeError {
+    /// A meaningless combination of options.
+    #[error("{0}")]
+    Usage(String),
+    /// A file that cannot be read or written.
+    #[error("{path}: {msg}")]
+    Io {
+        /// File at fault.
+        path: PathBuf,
+        /// What failed.
+        msg: String,
+    },
+    /// A tensor that cannot be quantized.
+    #[error("tensor {name}: {msg}")]
+    Tensor {
+        /// Tensor name in the input checkpoint.
+        name: String,
+        /// What was wrong.
+        msg: String,
+    },
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> QuantizeError {
+    QuantizeError::Io { path: path.into(), msg: e.to_string() }
+}
+
+/// Quantization schemes (weights and activations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// int4 weights (group scales), 16-bit activations.
+    W4A16,
+    /// int4 weights per channel, 8-bit dynamic activations.
+    W4A8,
+    /// FP8 E4M3 weights per channel, FP8 dynamic per-token activations.
+    W8A8Fp8,
+    /// int8 weights per channel, int8 dynamic per-token activations.
+    W8A8Int8,
+}
+
+impl Scheme {
+    /// The CLI name (`w4a16`, `w4a8`, `w8a8-fp8`, `w8a8-int8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::W4A16 => "w4a16",
+            Scheme::W4A8 => "w4a8",
+            Scheme::W8A8Fp8 => "w8a8-fp8",
+            Scheme::W8A8Int8 => "w8a8-int8",
+        }
+    }
+}
+
+/// Output checkpoint formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// compressed-tensors (llm-compressor), `quant_method: "compressed-tensors"`.
+    CompressedTensors,
+    /// AMD Quark, `quant_method: "quark"`.
+    Quark,
+}
+
+impl Format {
+    /// The CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::CompressedTensors => "compressed-tensors",
+            Format::Quark => "quark",
+        }
+    }
+}
+
+/// Default int4 group size of w4a16 (compressed-tensors' W4A16 preset).
+pub const DEFAULT_GROUP_SIZE: usize = 128;
+
+/// A resolved scheme in one format: what is written per layer and in config.json.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recipe {
+    /// A compressed-tensors scheme.
+    CompressedTensors(compressed_tensors::Scheme),
+    /// A Quark scheme.
+    Quark(quark::Scheme),
+}
+
+impl Recipe {
+    /// Resolves a scheme, an optional format (default: Quark for w4a8, else compressed-tensors)
+    /// and an optional group size (w4a16 only; default [`DEFAULT_GROUP_SIZE`]).
+    pub fn resolve(scheme: Scheme, format: Option<Format>, group_size: Option<usize>) -> Result<Self, QuantizeError> {
+        let usage = |m: &str| Err(QuantizeError::Usage(m.to_string()));
+        if group_size.is_some() && scheme != Scheme::W4A16 {
+            return Err(QuantizeError::Usage(format!(
+                "--group-size applies to w4a16 only: {} uses one scale per output channel",
+                scheme.name()
+            )));
+        }
+        if let Some(g) = group_size {
+            if g == 0 || !g.is_multiple_of(8) {
+                return Err(QuantizeError::Usage(format!("--group-size {g}: must be a positive multiple of 8")));
+            }
+        }
+        let format = format.unwrap_or(if scheme == Scheme::W4A8 { Format::Quark } else { Format::CompressedTensors });
+        use compressed_tensors::Scheme as Ct;
+        Ok(match (scheme, format) {
+            (Scheme::W4A16, Format::CompressedTensors) => {
+                Recipe::CompressedTensors(Ct::Int4 { group: Some(group_size.unwrap_or(DEFAULT_GROUP_SIZE)), int8_act: false })
+            }
+            (Scheme::W4A8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Int4 { group: None, int8_act: true }),
+            (Scheme::W8A8Int8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Int8),
+            (Scheme::W8A8Fp8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Fp8),
+            (Scheme::W4A8, Format::Quark) => Recipe::Quark(quark::Scheme::W4A8),
+            (Scheme::W8A8Fp8, Format::Quark) => Recipe::Quark(quark::Scheme::Fp8),
+            (Scheme::W4A16, Format::Quark) => {
+                return usage(
+                    "w4a16 is not written in Quark format (Quark's per_group int4 layout stores transposed [in, out/8] weights \
+                     and [in/group, out] scales, which Tessera does not implement); use --format compressed-tensors",
+                )
+            }
+            (Scheme::W8A8Int8, Format::Quark) => return usage("w8a8-int8 is not written in Quark format; use --format compressed-tensors"),
+        })
+    }
+
+    /// The output format.
+    pub fn format(&self) -> Format {
+        match self {
+            Recipe::CompressedTensors(_) => Format::CompressedTensors,
+            Recipe::Quark(_) => Format::Quark,
+        }
+    }
+
+    /// Columns per finest scale (report blocks).
+    fn block_cols(&self, cols: usize) -> usize {
+        match self {
+            Recipe::CompressedTensors(compressed_tensors::Scheme::Int4 { group: Some(g), .. }) => *g,
+            _ => cols,
+        }
+    }
+
+    /// Quantizes one `[rows, cols]` weight of module `prefix`; `Err` says why it cannot be.
+    fn quantize(&self, prefix: &str, w: &[f32], rows: usize, cols: usize, dtype: FloatDtype) -> Result<Vec<OutTensor<'static>>, String> {
+        use compressed_tensors::Scheme as Ct;
+        let int4 = matches!(self, Recipe::CompressedTensors(Ct::Int4 { .. }) | Recipe::Quark(quark::Scheme::W4A8));
+        if int4 && !cols.is_multiple_of(8) {
+            return Err(format!("{cols} input columns are not a multiple of 8 (int4 packs 8 values per I32 word)"));
+        }
+        let block = self.block_cols(cols);
+        if !cols.is_multiple_of(block) {
+            return Err(format!("{cols} input columns are not a multiple of the group size {block} (pass a --group-size that divides it)"));
+        }
+        Ok(match self {
+            Recipe::CompressedTensors(Ct::Int4 { .. }) => compressed_tensors::int4_tensors(prefix, w, rows, cols, block, dtype),
+            Recipe::CompressedTensors(Ct::Int8) => compressed_tensors::int8_tensors(prefix, w, rows, cols, dtype),
+            Recipe::CompressedTensors(Ct::Fp8) => compressed_tensors::fp8_tensors(prefix, w, rows, cols, dtype),
+            Recipe::Quark(quark::Scheme::W4A8) => quark::w4a8_tensors(prefix, w, rows, cols),
+            Recipe::Quark(quark::Scheme::Fp8) => quark::fp8_tensors(prefix, w, rows, cols),
+        })
+    }
+
+    /// Decodes a layer's written tensors back to f32.
+    fn decode(&self, prefix: &str, tensors: &[OutTensor<'_>], rows: usize, cols: usize) -> Result<Vec<f32>, String> {
+        match self {
+            Recipe::CompressedTensors(_) => compressed_tensors::decode(prefix, tensors, rows, cols),
+            Recipe::Quark(_) => quark::decode(prefix, tensors, rows, cols),
+        }
+    }
+
+    /// `quantization_config` with the unquantized linear modules.
+    pub fn quantization_config(&self, ignored: &[String]) -> Value {
+        match self {
+            Recipe::CompressedTensors(s) => compressed_tensors::quantization_config(s, ignored),
+            Recipe::Quark(s) => quark::quantization_config(s, ignored),
+        }
+    }
+}
+
+/// One tensor of an output shard: quantized data (owned) or an input tensor (borrowed).
+#[derive(Clone, Debug)]
+pub struct OutTensor<'a> {
+    /// Tensor name.
+    pub name: String,
+    /// Storage type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Little-endian bytes.
+    pub data: Cow<'a, [u8]>,
+}
+
+impl OutTensor<'static> {
+    /// A tensor owning its bytes.
+    pub fn owned(name: String, dtype: Dtype, shape: Vec<usize>, data: Vec<u8>) -> Self {
+        OutTensor { name, dtype, shape, data: Cow::Owned(data) }
+    }
+}
+
+/// The tensor called `name` among `tensors`.
+fn find<'t, 'a>(tensors: &'t [OutTensor<'a>], name: &str) -> Result<&'t OutTensor<'a>, String> {
+    tensors.iter().find(|t| t.name == name).ok_or_else(|| format!("{name} was not written"))
+}
+
+/// Options of [`quantize_dir`].
+#[derive(Clone, Debug)]
+pub struct QuantizeOptions {
+    /// Input Hugging Face directory (plain float weights).
+    pub input: PathBuf,
+    /// Output directory (created if missing; must differ from the input).
+    pub output: PathBuf,
+    /// What to write.
+    pub recipe: Recipe,
+    /// fnmatch globs of module names (no `.weight`) to leave unquantized.
+    pub exclude: Vec<String>,
+    /// Leave every linear outside `.mlp.experts.` unquantized.
+    pub experts_only: bool,
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct QuantizeSummary {
+    /// Output shard files, in order.
+    pub shards: Vec<String>,
+    /// Tensors copied unchanged.
+    pub copied: usize,
+    /// The unquantized linear modules written into config.json.
+    pub ignored: Vec<String>,
+    /// `--exclude` patterns that matched no module.
+    pub unmatched_patterns: Vec<String>,
+    /// Non-weight files copied (tokenizer, generation config, chat template).
+    pub copied_files: Vec<String>,
+    /// Reconstruction statistics of every quantized tensor.
+    pub report: Report,
+}
+
+/// Whether a module is a router (never quantized).
+fn is_router(module: &str) -> bool {
+    matches!(module.rsplit('.').next(), Some("gate" | "shared_expert_gate"))
+}
+
+/// Whether a module is a Linear layer whose weight a quantizer targets.
+fn is_linear(module: &str) -> bool {
+    module == "lm_head" || module.ends_with(".lm_head") || is_router(module) || module.rsplit('.').next().is_some_and(|l| l.ends_with("_proj"))
+}
+
+/// Which linear modules are quantized.
+struct Selection<'a> {
+    patterns: &'a [String],
+    experts_only: bool,
+    hits: Vec<usize>,
+}
+
+impl Selection<'_> {
+    fn quantized(&mut self, module: &str) -> bool {
+        let mut excluded = is_router(module) || module == "lm_head" || module.ends_with(".lm_head");
+        excluded |= self.experts_only && !module.contains(".mlp.experts.");
+        for (p, hits) in self.patterns.iter().zip(self.hits.iter_mut()) {
+            if fnmatch(p.as_bytes(), module.as_bytes()) {
+                *hits += 1;
+                excluded = true;
+            }
+        }
+        !excluded
+    }
+}
+
+/// The shard files of an input directory (from the index, else `model.safetensors`).
+fn input_shards(dir: &Path) -> Result<Vec<String>, QuantizeError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let v = read_json(&index)?;
+        let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| io(&index, "no weight_map object"))?;
+        let files: BTreeSet<String> = map.values().filter_map(Value::as_str).map(str::to_owned).collect();
+        return Ok(files.into_iter().collect());
+    }
+    if dir.join("model.safetensors").exists() {
+        return Ok(vec!["model.safetensors".into()]);
+    }
+    Err(io(dir, "no model.safetensors or model.safetensors.index.json"))
+}
+
+fn read_json(path: &Path) -> Result<Value, QuantizeError> {
+    let text = std::fs::read_to_string(path).map_err(|e| io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| io(path, format!("invalid JSON: {e}")))
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<(), QuantizeError> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| io(path, e))?;
+    std::fs::write(path, text + "\n").map_err(|e| io(path, e))
+}
+
+/// Files copied next to the weights (fnmatch patterns over file names).
+const COPIED_FILES: [&str; 7] =
+    ["tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json", "chat_template*"];
+
+/// The f32 values of a float weight; errors name the tensor.
+fn float_weights(name: &str, view: &TensorView<'_>) -> Result<(FloatDtype, Vec<f32>), QuantizeError> {
+    let bad = |msg: String| QuantizeError::Tensor { name: name.into(), msg };
+    let dtype = FloatDtype::from_safetensors(view.dtype())
+        .ok_or_else(|| bad(format!("dtype {:?} is not a float type (only F32, F16 and BF16 weights can be quantized)", view.dtype())))?;
+    let w = dtype.decode(view.data());
+    if let Some(i) = w.iter().position(|x| !x.is_finite()) {
+        return Err(bad(format!("value {} at index {i} is not finite", w[i])));
+    }
+    Ok((dtype, w))
+}
+
+/// Quantizes one input shard into `out_path`; returns the names written and per-tensor stats.
+fn quantize_shard(
+    in_path: &Path,
+    out_path: &Path,
+    recipe: &Recipe,
+    sel: &mut Selection<'_>,
+    ignored: &mut BTreeSet<String>,
+) -> Result<(Vec<String>, usize, Vec<TensorStats>, u64), QuantizeError> {
+    let file = std::fs::File::open(in_path).map_err(|e| io(in_path, e))?;
+    // SAFETY: read-only map of an input file that is not modified while we read it.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| io(in_path, e))?;
+    let st = SafeTensors::deserialize(&map).map_err(|e| io(in_path, format!("invalid safetensors: {e}")))?;
+    let mut names: Vec<String> = st.names().into_iter().cloned().collect();
+    names.sort();
+    let mut out: Vec<OutTensor<'_>> = Vec::with_capacity(names.len());
+    let mut stats = Vec::new();
+    let mut copied = 0;
+    for name in &names {
+        let view = st.tensor(name).map_err(|e| io(in_path, format!("{name}: {e}")))?;
+        let linear = name.strip_suffix(".weight").filter(|m| view.shape().len() == 2 && is_linear(m));
+        let module = match linear {
+            Some(m) if sel.quantized(m) => m,
+            other => {
+                ignored.extend(other.map(str::to_owned));
+                out.push(OutTensor { name: name.clone(), dtype: view.dtype(), shape: view.shape().to_vec(), data: Cow::Borrowed(view.data()) });
+                copied += 1;
+                continue;
+            }
+        };
+        let (rows, cols) = (view.shape()[0], view.shape()[1]);
+        let (dtype, w) = float_weights(name, &view)?;
+        let tensors = recipe.quantize(module, &w, rows, cols, dtype).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
+        let w_hat = recipe
+            .decode(module, &tensors, rows, cols)
+            .map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg: format!("decoding what was written: {msg}") })?;
+        stats.push(TensorStats::measure(name, &w, &w_hat, cols, recipe.block_cols(cols)));
+        out.extend(tensors);
+    }
+    let views = out
+        .iter()
+        .map(|t| TensorView::new(t.dtype, t.shape.clone(), &t.data).map(|v| (t.name.clone(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| io(out_path, e))?;
+    let metadata = match recipe.format() {
+        // transformers' (and llm-compressor's) header; Quark writes none.
+        Format::CompressedTensors => Some(HashMap::from([("format".to_string(), "pt".to_string())])),
+        Format::Quark => None,
+    };
+    safetensors::serialize_to_file(views, &metadata, out_path).map_err(|e| io(out_path, e))?;
+    let bytes = out.iter().map(|t| t.data.len() as u64).sum();
+    Ok((out.into_iter().map(|t| t.name).collect(), copied, stats, bytes))
+}
+
+/// Quantizes `opts.input` into `opts.output`, one shard at a time.
+pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeError> {
+    let (input, output) = (&opts.input, &opts.output);
+    let mut config = read_json(&input.join("config.json"))?;
+    let cfg_path = input.join("config.json");
+    let cfg = config.as_object_mut().ok_or_else(|| io(&cfg_path, "not a JSON object"))?;
+    if cfg.get("quantization_config").is_some_and(|q| !q.is_null()) {
+        return Err(io(&cfg_path, "already has a quantization_config (the input must hold float weights)"));
+    }
+    let shards = input_shards(input)?;
+    std::fs::create_dir_all(output).map_err(|e| io(output, e))?;
+    let same = std::fs::canonicalize(input).ok().zip(std::fs::canonicalize(output).ok()).is_some_and(|(a, b)| a == b);
+    if same {
+        return Err(QuantizeError::Usage(format!("--output {} is the input directory", output.display())));
+    }
+
+    let mut sel = Selection { patterns: &opts.exclude, experts_only: opts.experts_only, hits: vec![0; opts.exclude.len()] };
+    let mut ignored = BTreeSet::from(["lm_head".to_string()]);
+    let mut weight_map = BTreeMap::new();
+    let (mut stats, mut copied, mut total) = (Vec::new(), 0, 0u64);
+    for shard in &shards {
+        let (names, c, s, bytes) = quantize_shard(&input.join(shard), &output.join(shard), &opts.recipe, &mut sel, &mut ignored)?;
+        tracing::info!(shard, tensors = names.len(), quantized = s.len(), "shard written");
+        weight_map.extend(names.into_iter().map(|n| (n, shard.clone())));
+        stats.extend(s);
+        copied += c;
+        total += bytes;
+    }
+    // Quark and sharded transformers checkpoints carry an index; write it even for one shard.
+    write_json(&output.join("model.safetensors.index.json"), &json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
+
+    let ignored: Vec<String> = ignored.into_iter().collect();
+    cfg.insert("quantization_config".into(), opts.recipe.quantization_config(&ignored));
+    write_json(&output.join("config.json"), &config)?;
+
+    let mut copied_files = Vec::new();
+    let entries = std::fs::read_dir(input).map_err(|e| io(input, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io(input, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.path().is_file() && COPIED_FILES.iter().any(|p| fnmatch(p.as_bytes(), name.as_bytes())) {
+            std::fs::copy(entry.path(), output.join(&name)).map_err(|e| io(&entry.path(), e))?;
+            copied_files.push(name);
+        }
+    }
+    copied_files.sort();
+
+    let unmatched_patterns = opts.exclude.iter().zip(&sel.hits).filter(|(_, &h)| h == 0).map(|(p, _)| p.clone()).collect();
+    let scheme_name = scheme_of(&opts.recipe);
+    Ok(QuantizeSummary {
+        shards,
+        copied,
+        ignored,
+        unmatched_patterns,
+        copied_files,
+        report: Report::new(scheme_name, opts.recipe.format().name(), stats),
+    })
+}
+
+/// The scheme a recipe implements (for reports).
+fn scheme_of(recipe: &Recipe) -> &'static str {
+    use compressed_tensors::Scheme as Ct;
+    match recipe {
+        Recipe::CompressedTensors(Ct::Int4 { int8_act: false, .. }) => Scheme::W4A16.name(),
+        Recipe::CompressedTensors(Ct::Int4 { int8_act: true, .. }) | Recipe::Quark(quark::Scheme::W4A8) => Scheme::W4A8.name(),
+        Recipe::CompressedTensors(Ct::Int8) => Scheme::W8A8Int8.name(),
+        Recipe::CompressedTensors(Ct::Fp8) | Recipe::Quark(quark::Scheme::Fp8) => Scheme::W8A8Fp8.name(),
+    }
+}

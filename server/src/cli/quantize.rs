@@ -1,0 +1,100 @@
+//! `tessera quantize`: file-to-file quantization of a Hugging Face directory into a
+//! compressed-tensors or Quark checkpoint, with the histogram-gate report.
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+use tessera_engine::quantize::{quantize_dir, Format, QuantizeOptions, Recipe, Scheme};
+
+/// Quantization scheme.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum SchemeArg {
+    /// int4 weights (group scales), 16-bit activations.
+    W4a16,
+    /// int4 weights per channel, 8-bit dynamic activations.
+    W4a8,
+    /// FP8 weights per channel, FP8 dynamic per-token activations.
+    W8a8Fp8,
+    /// int8 weights per channel, int8 dynamic per-token activations.
+    W8a8Int8,
+}
+
+/// Output format.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FormatArg {
+    /// compressed-tensors (default for w4a16, w8a8-int8, w8a8-fp8).
+    CompressedTensors,
+    /// AMD Quark (default for w4a8).
+    Quark,
+}
+
+/// Arguments of `tessera quantize`.
+#[derive(Args, Debug)]
+pub struct QuantizeArgs {
+    /// Input Hugging Face directory (F32/F16/BF16 weights).
+    #[arg(long)]
+    input: PathBuf,
+    /// Output directory (created if missing).
+    #[arg(long)]
+    output: PathBuf,
+    /// Quantization scheme.
+    #[arg(long, value_enum)]
+    scheme: SchemeArg,
+    /// Output format (default: quark for w4a8, compressed-tensors otherwise).
+    #[arg(long, value_enum)]
+    format: Option<FormatArg>,
+    /// Columns per int4 scale for w4a16 (default 128).
+    #[arg(long)]
+    group_size: Option<usize>,
+    /// Module-name glob (fnmatch, e.g. '*self_attn*', '*mlp.gate') to leave unquantized; repeatable.
+    #[arg(long)]
+    exclude: Vec<String>,
+    /// Quantize only MoE experts (`.mlp.experts.`): every other linear stays as it is.
+    #[arg(long)]
+    experts_only: bool,
+    /// Write the per-tensor reconstruction report (JSON) here.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+/// Runs the command.
+pub fn run(args: QuantizeArgs) -> Result<()> {
+    let scheme = match args.scheme {
+        SchemeArg::W4a16 => Scheme::W4A16,
+        SchemeArg::W4a8 => Scheme::W4A8,
+        SchemeArg::W8a8Fp8 => Scheme::W8A8Fp8,
+        SchemeArg::W8a8Int8 => Scheme::W8A8Int8,
+    };
+    let format = args.format.map(|f| match f {
+        FormatArg::CompressedTensors => Format::CompressedTensors,
+        FormatArg::Quark => Format::Quark,
+    });
+    let recipe = Recipe::resolve(scheme, format, args.group_size)?;
+    let opts = QuantizeOptions {
+        input: args.input.clone(),
+        output: args.output.clone(),
+        recipe,
+        exclude: args.exclude,
+        experts_only: args.experts_only,
+    };
+    let s = quantize_dir(&opts).with_context(|| format!("quantizing {}", args.input.display()))?;
+    for p in &s.unmatched_patterns {
+        eprintln!("warning: --exclude {p:?} matched no linear module");
+    }
+    println!(
+        "wrote {} ({}): {} shard(s), {} tensors quantized, {} copied, {} linear modules left unquantized; copied {}",
+        args.output.display(),
+        recipe.format().name(),
+        s.shards.len(),
+        s.report.tensors.len(),
+        s.copied,
+        s.ignored.len(),
+        s.copied_files.join(", ")
+    );
+    print!("{}", s.report.summary(5));
+    if let Some(path) = &args.report {
+        std::fs::write(path, s.report.to_json() + "\n").with_context(|| format!("writing {}", path.display()))?;
+        println!("report: {}", path.display());
+    }
+    Ok(())
+}
