@@ -526,13 +526,16 @@ fn bad_input_is_an_error_naming_what_is_wrong() {
         run(dir, out.path(), recipe, &[], false).unwrap_err()
     };
 
-    // A group size that does not divide a layer's columns.
+    // A group size that does not divide a layer's columns is not an error: the last group of
+    // each row is short (96 columns in groups of 64: 64 + 32), as compressed-tensors writes.
     let dir = tempfile::tempdir().unwrap();
     random_dir(dir.path(), |_, _| {});
-    let e = err(dir.path(), w4a16(64));
-    assert!(e.contains("model.layers.0.mlp.down_proj.weight") && e.contains("96") && e.contains("64"), "{e}");
-    let e = err(dir.path(), Recipe::resolve(Scheme::W4A16, None, None).unwrap());
-    assert!(e.contains("not a multiple of the group size 128"), "{e}");
+    let out = tempfile::tempdir().unwrap();
+    run(dir.path(), out.path(), w4a16(64), &[], false).unwrap();
+    let files: Vec<_> = std::fs::read_dir(out.path()).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "safetensors")).collect();
+    let set = tessera_engine::quant::tensors::TensorSet::open(&files).unwrap();
+    let scale = set.take("model.layers.0.mlp.down_proj.weight_scale", "test").unwrap();
+    assert_eq!(scale.shape[1], 2, "ceil(96 / 64) groups per row");
 
     // A shard named by the index is missing.
     std::fs::remove_file(dir.path().join(shard_name(1))).unwrap();

@@ -44,7 +44,7 @@ pub fn int4_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize, group: us
     let shape = [rows as i64, cols as i64].iter().flat_map(|d| d.to_le_bytes()).collect::<Vec<u8>>();
     vec![
         OutTensor::owned(format!("{prefix}.weight_packed"), Dtype::I32, vec![rows, cols / 8], pack_int4(&q)),
-        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, cols / group], scale_dtype.encode(&scales)),
+        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, cols.div_ceil(group)], scale_dtype.encode(&scales)),
         OutTensor::owned(format!("{prefix}.weight_shape"), Dtype::I64, vec![2], shape),
     ]
 }
@@ -74,11 +74,14 @@ fn scales(prefix: &str, tensors: &[OutTensor<'_>]) -> Result<(Vec<f32>, Vec<usiz
     Ok((dtype.decode(&t.data), t.shape.clone()))
 }
 
-/// Dequantizes a layer's written tensors (any of the three formats) back to `[rows, cols]` f32.
-pub fn decode(prefix: &str, tensors: &[OutTensor<'_>], rows: usize, cols: usize) -> Result<Vec<f32>, String> {
+/// Dequantizes a layer's written tensors (any of the three formats) back to `[rows, cols]`
+/// f32; `group` is the columns per scale (`cols` for per-channel scales).
+pub fn decode(prefix: &str, tensors: &[OutTensor<'_>], rows: usize, cols: usize, group: usize) -> Result<Vec<f32>, String> {
     let (s, s_shape) = scales(prefix, tensors)?;
     let per_row = *s_shape.get(1).ok_or_else(|| format!("{prefix}.weight_scale is not 2-D"))?;
-    let group = cols / per_row.max(1);
+    if per_row != cols.div_ceil(group) {
+        return Err(format!("{prefix}.weight_scale has {per_row} columns for groups of {group} over {cols}"));
+    }
     let values: Vec<f32> = if let Ok(packed) = find(tensors, &format!("{prefix}.weight_packed")) {
         unpack_int4(&packed.data).into_iter().map(f32::from).collect()
     } else {

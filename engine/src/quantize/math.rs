@@ -48,13 +48,14 @@ fn absmax(v: &[f32]) -> f32 {
 }
 
 /// Integer quantization with one scale per `group` consecutive columns of each row
-/// (`group == cols`: per row). Returns the integers `[rows * cols]` and the scales
-/// `[rows * cols / group]` (row-major, already rounded to `scale_dtype`).
-/// `cols` must be a multiple of `group` (checked by the caller).
+/// (`group >= cols`: per row; the last group of a row may be shorter, as compressed-tensors
+/// writes for widths that `group` does not divide). Returns the integers `[rows * cols]` and
+/// the scales `[rows * ceil(cols / group)]` (row-major, already rounded to `scale_dtype`).
 pub fn quantize_int_groups(w: &[f32], cols: usize, group: usize, grid: IntGrid, scale_dtype: FloatDtype) -> (Vec<i8>, Vec<f32>) {
+    let per_row = cols.div_ceil(group);
     let mut q = vec![0i8; w.len()];
-    let mut scales = vec![0f32; w.len() / group];
-    q.par_chunks_mut(cols).zip(scales.par_chunks_mut(cols / group)).zip(w.par_chunks(cols)).for_each(|((qr, sr), wr)| {
+    let mut scales = vec![0f32; w.len() / cols * per_row];
+    q.par_chunks_mut(cols).zip(scales.par_chunks_mut(per_row)).zip(w.par_chunks(cols)).for_each(|((qr, sr), wr)| {
         for ((qg, s), wg) in qr.chunks_mut(group).zip(sr.iter_mut()).zip(wr.chunks(group)) {
             *s = scale_for(absmax(wg), grid.divisor, scale_dtype);
             for (qv, &x) in qg.iter_mut().zip(wg) {

@@ -121,10 +121,13 @@ impl Recipe {
     /// and an optional group size (w4a16 only; default [`DEFAULT_GROUP_SIZE`]).
     pub fn resolve(scheme: Scheme, format: Option<Format>, group_size: Option<usize>) -> Result<Self, QuantizeError> {
         let usage = |m: &str| Err(QuantizeError::Usage(m.to_string()));
-        if group_size.is_some() && scheme != Scheme::W4A16 {
+        let format = format.unwrap_or(if scheme == Scheme::W4A8 { Format::Quark } else { Format::CompressedTensors });
+        let grouped = scheme == Scheme::W4A16 || (scheme == Scheme::W4A8 && format == Format::CompressedTensors);
+        if group_size.is_some() && !grouped {
             return Err(QuantizeError::Usage(format!(
-                "--group-size applies to w4a16 only: {} uses one scale per output channel",
-                scheme.name()
+                "--group-size applies to w4a16, and to w4a8 in compressed-tensors format: {} in {} format uses one scale per output channel",
+                scheme.name(),
+                format.name()
             )));
         }
         if let Some(g) = group_size {
@@ -132,13 +135,12 @@ impl Recipe {
                 return Err(QuantizeError::Usage(format!("--group-size {g}: must be a positive multiple of 8")));
             }
         }
-        let format = format.unwrap_or(if scheme == Scheme::W4A8 { Format::Quark } else { Format::CompressedTensors });
         use compressed_tensors::Scheme as Ct;
         Ok(match (scheme, format) {
             (Scheme::W4A16, Format::CompressedTensors) => {
                 Recipe::CompressedTensors(Ct::Int4 { group: Some(group_size.unwrap_or(DEFAULT_GROUP_SIZE)), int8_act: false })
             }
-            (Scheme::W4A8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Int4 { group: None, int8_act: true }),
+            (Scheme::W4A8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Int4 { group: group_size, int8_act: true }),
             (Scheme::W8A8Int8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Int8),
             (Scheme::W8A8Fp8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Fp8),
             (Scheme::W4A8, Format::Quark) => Recipe::Quark(quark::Scheme::W4A8),
@@ -164,7 +166,7 @@ impl Recipe {
     /// Columns per finest scale (report blocks).
     fn block_cols(&self, cols: usize) -> usize {
         match self {
-            Recipe::CompressedTensors(compressed_tensors::Scheme::Int4 { group: Some(g), .. }) => *g,
+            Recipe::CompressedTensors(compressed_tensors::Scheme::Int4 { group: Some(g), .. }) => (*g).min(cols),
             _ => cols,
         }
     }
@@ -177,9 +179,6 @@ impl Recipe {
             return Err(format!("{cols} input columns are not a multiple of 8 (int4 packs 8 values per I32 word)"));
         }
         let block = self.block_cols(cols);
-        if !cols.is_multiple_of(block) {
-            return Err(format!("{cols} input columns are not a multiple of the group size {block} (pass a --group-size that divides it)"));
-        }
         Ok(match self {
             Recipe::CompressedTensors(Ct::Int4 { .. }) => compressed_tensors::int4_tensors(prefix, w, rows, cols, block, dtype),
             Recipe::CompressedTensors(Ct::Int8) => compressed_tensors::int8_tensors(prefix, w, rows, cols, dtype),
@@ -192,7 +191,7 @@ impl Recipe {
     /// Decodes a layer's written tensors back to f32.
     fn decode(&self, prefix: &str, tensors: &[OutTensor<'_>], rows: usize, cols: usize) -> Result<Vec<f32>, String> {
         match self {
-            Recipe::CompressedTensors(_) => compressed_tensors::decode(prefix, tensors, rows, cols),
+            Recipe::CompressedTensors(_) => compressed_tensors::decode(prefix, tensors, rows, cols, self.block_cols(cols)),
             Recipe::Quark(_) => quark::decode(prefix, tensors, rows, cols),
         }
     }

@@ -44,7 +44,8 @@ pub struct TensorStats {
 }
 
 impl TensorStats {
-    /// Measures `w_hat` against `w` (`[rows, cols]`), with blocks of `block_cols` columns.
+    /// Measures `w_hat` against `w` (`[rows, cols]`), with blocks of `block_cols` columns
+    /// within each row (the last block of a row may be shorter).
     pub fn measure(name: &str, w: &[f32], w_hat: &[f32], cols: usize, block_cols: usize) -> Self {
         let (mut sq_err, mut abs_err, mut max_abs_err, mut sq_norm, mut zero_collapse) = (0f64, 0f64, 0f64, 0f64, 0u64);
         for (&a, &b) in w.iter().zip(w_hat) {
@@ -57,7 +58,7 @@ impl TensorStats {
         }
         let mut spiky_blocks = 0u64;
         let mut blocks = 0u64;
-        for block in w.chunks(block_cols) {
+        for block in w.chunks(cols.max(1)).flat_map(|row| row.chunks(block_cols.max(1))) {
             let sq = block.iter().map(|&x| x as f64 * x as f64).sum::<f64>();
             let amax = block.iter().fold(0f64, |m, &x| m.max((x as f64).abs()));
             let rest_rms = ((sq - amax * amax).max(0.0) / (block.len() - 1).max(1) as f64).sqrt();

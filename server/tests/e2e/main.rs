@@ -8,4 +8,5 @@ mod harness;
 mod loadtest;
 mod ops;
 mod python;
+mod quantized;
 mod scheduling;
