@@ -35,7 +35,7 @@ impl RawTensor {
 
     /// Fails unless the shape is one of `allowed`.
     pub fn expect_shape(&self, allowed: &[&[usize]]) -> Result<(), LoadError> {
-        if allowed.iter().any(|s| *s == self.shape.as_slice()) {
+        if allowed.contains(&self.shape.as_slice()) {
             return Ok(());
         }
         let list: Vec<String> = allowed.iter().map(|s| format!("{s:?}")).collect();
