@@ -149,8 +149,9 @@ fn read_output(dir: &Path) -> BTreeMap<String, Stored> {
 /// What the output of one quantized linear must look like, from checkpoint-formats.md.
 #[derive(Clone, Copy, Debug)]
 enum Layout {
-    /// compressed-tensors pack-quantized int4 with `group` columns per scale (group == in: channel).
-    CtInt4 { group: Option<usize> },
+    /// compressed-tensors pack-quantized int4 with `group` columns per scale (`None`: channel),
+    /// with zero points when `asym`.
+    CtInt4 { group: Option<usize>, asym: bool },
     /// compressed-tensors int-quantized int8.
     CtInt8,
     /// compressed-tensors float-quantized FP8.
@@ -165,7 +166,7 @@ impl Layout {
     fn of(recipe: Recipe) -> Self {
         use tessera_engine::quantize::{compressed_tensors as ct, quark};
         match recipe {
-            Recipe::CompressedTensors(ct::Scheme::Int4 { group, .. }) => Layout::CtInt4 { group },
+            Recipe::CompressedTensors(ct::Scheme::Int4 { group, asymmetric, .. }) => Layout::CtInt4 { group, asym: asymmetric },
             Recipe::CompressedTensors(ct::Scheme::Int8) => Layout::CtInt8,
             Recipe::CompressedTensors(ct::Scheme::Fp8) => Layout::CtFp8,
             Recipe::Quark(quark::Scheme::W4A8) => Layout::QuarkW4A8,
@@ -176,7 +177,7 @@ impl Layout {
     /// Columns sharing one scale.
     fn block(self, cols: usize) -> usize {
         match self {
-            Layout::CtInt4 { group: Some(g) } => g,
+            Layout::CtInt4 { group: Some(g), .. } => g,
             _ => cols,
         }
     }
@@ -184,11 +185,18 @@ impl Layout {
     /// (suffix, dtype, shape) of every tensor written for a `[rows, cols]` weight (BF16 input).
     fn tensors(self, rows: usize, cols: usize) -> Vec<(&'static str, Dtype, Vec<usize>)> {
         match self {
-            Layout::CtInt4 { .. } => vec![
-                ("weight_packed", Dtype::I32, vec![rows, cols / 8]),
-                ("weight_scale", Dtype::BF16, vec![rows, cols / self.block(cols)]),
-                ("weight_shape", Dtype::I64, vec![2]),
-            ],
+            Layout::CtInt4 { asym, .. } => {
+                let groups = cols.div_ceil(self.block(cols));
+                let mut t = vec![
+                    ("weight_packed", Dtype::I32, vec![rows, cols / 8]),
+                    ("weight_scale", Dtype::BF16, vec![rows, groups]),
+                    ("weight_shape", Dtype::I64, vec![2]),
+                ];
+                if asym {
+                    t.push(("weight_zero_point", Dtype::I32, vec![rows.div_ceil(8), groups]));
+                }
+                t
+            }
             Layout::CtInt8 => vec![("weight", Dtype::I8, vec![rows, cols]), ("weight_scale", Dtype::BF16, vec![rows, 1])],
             Layout::CtFp8 => vec![("weight", Dtype::F8_E4M3, vec![rows, cols]), ("weight_scale", Dtype::BF16, vec![rows, 1])],
             Layout::QuarkW4A8 => vec![
@@ -238,9 +246,37 @@ fn decode_and_bound(layout: Layout, prefix: &str, out: &BTreeMap<String, Stored>
             };
             let scales = f32s(get("weight_scale"));
             let block = layout.block(cols);
+            let groups = cols.div_ceil(block);
+            if let Layout::CtInt4 { asym: true, .. } = layout {
+                // Zero point of row r, group g: nibble r % 8 of word [r / 8, g], stored as zp + 8.
+                let zw = words(get("weight_zero_point"));
+                let nib = |r: usize, g: usize| ((zw[(r / 8) * groups + g] >> (4 * (r % 8))) & 0xF) as i32;
+                for r in rows..rows.div_ceil(8) * 8 {
+                    (0..groups).for_each(|g| assert_eq!(nib(r, g), 0, "{prefix}: padding nibble of row {r}"));
+                }
+                for r in 0..rows {
+                    for (g, wg) in w[r * cols..(r + 1) * cols].chunks(block).enumerate() {
+                        let (s, zp) = (scales[r * groups + g], nib(r, g) - 8);
+                        // The range includes 0; scale over 15 steps, zp = qmin - round(min / scale).
+                        let (lo, hi) = wg.iter().fold((0f32, 0f32), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                        assert_eq!(s, bf16::from_f32(((hi - lo) / 15.0).max(f32::EPSILON)).to_f32(), "{prefix} row {r} group {g}: scale rule");
+                        assert_eq!(zp, ((-lo / s).round_ties_even() as i32 - 8).clamp(-8, 7), "{prefix} row {r} group {g}: zero point");
+                        let exact = (hi - lo) as f64 / 15.0;
+                        let bound = 0.5 * s as f64 + 15.0 * (exact - s as f64).max(0.0) + 1e-6 * s as f64;
+                        for (j, &x) in wg.iter().enumerate() {
+                            let i = r * cols + g * block + j;
+                            assert_eq!(q[i], ((x / s).round_ties_even() as i32 + zp).clamp(-8, 7), "{prefix}[{i}]: q rule");
+                            w_hat[i] = (q[i] - zp) as f32 * s;
+                            let e = (x as f64 - w_hat[i] as f64).abs();
+                            assert!(e <= bound, "{prefix}[{i}]: |{x} - {}| = {e} > {bound}", w_hat[i]);
+                        }
+                    }
+                }
+                return w_hat;
+            }
             for r in 0..rows {
                 for (g, wg) in w[r * cols..(r + 1) * cols].chunks(block).enumerate() {
-                    let s = scales[r * (cols / block) + g];
+                    let s = scales[r * groups + g];
                     let amax = wg.iter().fold(0f32, |m, x| m.max(x.abs()));
                     assert_eq!(s, bf16::from_f32((amax / div).max(f32::EPSILON)).to_f32(), "{prefix} row {r} group {g}: scale rule");
                     let exact = amax as f64 / div as f64;
@@ -314,7 +350,8 @@ fn check_stats(st: &TensorStats, w: &[f32], w_hat: &[f32], cols: usize, block: u
     let zc = w.iter().zip(w_hat).filter(|(&a, &b)| a != 0.0 && b == 0.0).count() as u64;
     assert_eq!(st.zero_collapse, zc, "{}: zero collapse", st.name);
     let spiky = w
-        .chunks(block)
+        .chunks(cols)
+        .flat_map(|row| row.chunks(block))
         .filter(|b| {
             // The largest magnitude against the RMS of the others.
             let k = (0..b.len()).max_by(|&i, &j| b[i].abs().total_cmp(&b[j].abs())).unwrap();
@@ -322,7 +359,7 @@ fn check_stats(st: &TensorStats, w: &[f32], w_hat: &[f32], cols: usize, block: u
             b[k].abs() as f64 > 8.0 * (others / (b.len() - 1) as f64).sqrt()
         })
         .count() as u64;
-    assert_eq!((st.spiky_blocks, st.blocks), (spiky, (w.len() / block) as u64), "{}: spiky blocks", st.name);
+    assert_eq!((st.spiky_blocks, st.blocks), (spiky, (w.len() / cols * cols.div_ceil(block)) as u64), "{}: spiky blocks", st.name);
     assert_eq!(st.shape, [w.len() / cols, cols]);
 }
 
@@ -386,7 +423,7 @@ fn recipes(group: usize) -> Vec<Recipe> {
         (Scheme::W8A8Fp8, Some(Format::Quark), None),
     ]
     .into_iter()
-    .map(|(s, f, g)| Recipe::resolve(s, f, g).unwrap())
+    .map(|(s, f, g)| Recipe::resolve(s, f, g, false).unwrap())
     .collect()
 }
 
@@ -446,8 +483,8 @@ fn every_scheme_writes_the_documented_checkpoint() {
                 assert_eq!(w["symmetric"], true);
                 assert_eq!(w["dynamic"], false);
                 let (format, bits, ty, strategy, group, act) = match layout {
-                    Layout::CtInt4 { group: Some(g) } => ("pack-quantized", 4, "int", "group", json!(g), None),
-                    Layout::CtInt4 { group: None } => ("pack-quantized", 4, "int", "channel", Value::Null, Some("int")),
+                    Layout::CtInt4 { group: Some(g), .. } => ("pack-quantized", 4, "int", "group", json!(g), None),
+                    Layout::CtInt4 { group: None, .. } => ("pack-quantized", 4, "int", "channel", Value::Null, Some("int")),
                     Layout::CtInt8 => ("int-quantized", 8, "int", "channel", Value::Null, Some("int")),
                     _ => ("float-quantized", 8, "float", "channel", Value::Null, Some("float")),
                 };
@@ -474,7 +511,7 @@ fn every_scheme_writes_the_documented_checkpoint() {
 fn exclusions_are_fnmatch_on_module_names_and_copied_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let input = random_dir(dir.path(), |_, _| {});
-    let recipe = Recipe::resolve(Scheme::W4A8, None, None).unwrap();
+    let recipe = Recipe::resolve(Scheme::W4A8, None, None, false).unwrap();
     let seed = ["*self_attn*", "*mlp.gate", "*lm_head", "*mlp.gate_proj", "*mlp.up_proj", "*mlp.down_proj", "*shared_experts*", "*mm_projector*", "*vision_tower*"];
     let experts: Vec<String> =
         (0..4).flat_map(|e| ["down_proj", "gate_proj", "up_proj"].map(|p| format!("model.layers.1.mlp.experts.{e}.{p}"))).collect();
@@ -504,7 +541,7 @@ fn exclusions_are_fnmatch_on_module_names_and_copied_bit_for_bit() {
     }
 
     // `*mlp.gate` is the router only; `*mlp.up_proj` the dense MLP only, not experts.N.up_proj.
-    let recipe = Recipe::resolve(Scheme::W8A8Int8, None, None).unwrap();
+    let recipe = Recipe::resolve(Scheme::W8A8Int8, None, None, false).unwrap();
     let out = tempfile::tempdir().unwrap();
     let s = run(dir.path(), out.path(), recipe, &["*mlp.gate", "*mlp.up_proj", "model.layers.?.self_attn.[kv]_proj"], false).unwrap();
     let quantized = check_output(recipe, &input, out.path(), &s);
@@ -520,7 +557,7 @@ fn exclusions_are_fnmatch_on_module_names_and_copied_bit_for_bit() {
 
 #[test]
 fn bad_input_is_an_error_naming_what_is_wrong() {
-    let w4a16 = |g| Recipe::resolve(Scheme::W4A16, None, Some(g)).unwrap();
+    let w4a16 = |g| Recipe::resolve(Scheme::W4A16, None, Some(g), false).unwrap();
     let err = |dir: &Path, recipe| {
         let out = tempfile::tempdir().unwrap();
         run(dir, out.path(), recipe, &[], false).unwrap_err()
@@ -557,7 +594,7 @@ fn bad_input_is_an_error_naming_what_is_wrong() {
             t.2[10..12].copy_from_slice(&bf16::NAN.to_le_bytes());
         }
     });
-    let e = err(dir.path(), Recipe::resolve(Scheme::W8A8Fp8, None, None).unwrap());
+    let e = err(dir.path(), Recipe::resolve(Scheme::W8A8Fp8, None, None, false).unwrap());
     assert!(e.contains("model.layers.1.mlp.experts.2.up_proj.weight") && e.contains("index 5"), "{e}");
 
     // An already quantized input, and the output written over the input.
@@ -568,12 +605,72 @@ fn bad_input_is_an_error_naming_what_is_wrong() {
     assert!(e.contains("config.json") || e.contains("input directory"), "{e}");
 
     // Meaningless option combinations.
-    let usage = |s, f, g| Recipe::resolve(s, f, g).unwrap_err().to_string();
+    let usage = |s, f, g| Recipe::resolve(s, f, g, false).unwrap_err().to_string();
     assert!(usage(Scheme::W4A16, Some(Format::Quark), None).contains("compressed-tensors"));
     assert!(usage(Scheme::W8A8Int8, Some(Format::Quark), None).contains("compressed-tensors"));
     assert!(usage(Scheme::W8A8Fp8, None, Some(32)).contains("--group-size"));
     assert!(usage(Scheme::W4A8, None, Some(64)).contains("--group-size"));
     assert!(usage(Scheme::W4A16, None, Some(12)).contains("multiple of 8"));
+    let asym = |s, f| Recipe::resolve(s, f, None, true).unwrap_err().to_string();
+    for (s, f, named) in [
+        (Scheme::W4A8, None, "w4a8 in quark format"),
+        (Scheme::W8A8Int8, None, "w8a8-int8 in compressed-tensors format"),
+        (Scheme::W8A8Fp8, Some(Format::Quark), "w8a8-fp8 in quark format"),
+    ] {
+        let e = asym(s, f);
+        assert!(e.contains("--asymmetric") && e.contains(named) && e.contains("symmetric only"), "{e}");
+    }
+    assert!(asym(Scheme::W4A16, Some(Format::Quark)).contains("compressed-tensors"));
+}
+
+/// `--asymmetric` (W4A16_ASYM, and W4A8 with zero points in compressed-tensors): the documented
+/// tensors and config, values from the doc's decoder (ragged groups: 96 columns in groups of
+/// 64; zero-point padding: k_proj with 20 rows; an all-positive row), and Tessera's loader
+/// dequantizing the checkpoint to exactly those values.
+#[test]
+fn asymmetric_int4_matches_the_doc_and_the_loader() {
+    use tessera_engine::quant::{from_config, tensors::TensorSet};
+    use tessera_kernels::cpu::CpuCaps;
+    use tessera_kernels::quant::QuantLinear;
+
+    let dir = tempfile::tempdir().unwrap();
+    let input = random_dir(dir.path(), |name, t| {
+        if name == "model.layers.0.self_attn.k_proj.weight" {
+            let mut w: Vec<f32> = (0..20 * H).map(|i| ((i * 37 % 101) as f32 - 40.0) * 1e-3).collect();
+            w[..H].iter_mut().for_each(|x| *x = x.abs() + 0.01);
+            *t = (Dtype::BF16, vec![20, H], FloatDtype::BF16.encode(&w));
+        }
+    });
+    for (scheme, format, group) in [(Scheme::W4A16, None, Some(64)), (Scheme::W4A8, Some(Format::CompressedTensors), None)] {
+        let recipe = Recipe::resolve(scheme, format, group, true).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let s = run(dir.path(), out.path(), recipe, &[], false).unwrap();
+        assert_eq!(s.report.scheme, format!("{}-asym", scheme.name()));
+        let quantized = check_output(recipe, &input, out.path(), &s);
+        assert_eq!(quantized.len(), 21);
+        let q = &config(out.path())["quantization_config"];
+        let w = &q["config_groups"]["group_0"]["weights"];
+        assert_eq!((q["format"].as_str(), w["symmetric"].as_bool(), w["num_bits"].as_u64()), (Some("pack-quantized"), Some(false), Some(4)));
+        assert_eq!(w["group_size"], json!(group));
+
+        let stored = read_output(out.path());
+        let scheme_q = from_config(q).unwrap();
+        let files: Vec<_> = s.shards.iter().map(|f| out.path().join(f)).collect();
+        let set = TensorSet::open(&files).unwrap();
+        for module in &quantized {
+            let t = &input[&format!("{module}.weight")];
+            let (rows, cols) = (t.1[0], t.1[1]);
+            let w_hat = decode_and_bound(Layout::of(recipe), module, &stored, &f32s(t), rows, cols);
+            let lin = scheme_q.load_linear(module, &set).unwrap().unwrap_or_else(|| panic!("{module}: not quantized"));
+            assert!(lin.matrix.storage().starts_with("int4") && lin.matrix.storage().ends_with("asym"), "{module}: {}", lin.matrix.storage());
+            let op = QuantLinear::new(lin.matrix.clone(), lin.act, &CpuCaps::detect()).unwrap();
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                op.dequantize_row(r, &mut row);
+                assert_eq!(row, w_hat[r * cols..(r + 1) * cols], "{module} row {r}: loader vs doc decoder");
+            }
+        }
+    }
 }
 
 /// The bf16 conversion of the default model through every scheme: documented tensors, values

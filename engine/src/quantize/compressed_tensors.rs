@@ -3,13 +3,16 @@
 //!
 //! - `pack-quantized` int4: `P.weight_packed` I32 `[out, in/8]` (value `q + 8` in nibble `j` of
 //!   word `w` = column `8w + j`, low nibble first), `P.weight_scale` in the input's float type
-//!   `[out, in/group]` (`[out, 1]` per channel), `P.weight_shape` I64 `[out, in]`.
+//!   `[out, in/group]` (`[out, 1]` per channel), `P.weight_shape` I64 `[out, in]`; asymmetric
+//!   also `P.weight_zero_point` I32 `[ceil(out/8), groups]` (`zp + 8` of output row `8r + j` in
+//!   nibble `j` of word row `r`, packed along the output dimension).
 //! - `int-quantized` int8: `P.weight` I8 `[out, in]`, `P.weight_scale` `[out, 1]`.
 //! - `float-quantized` FP8: `P.weight` F8_E4M3 `[out, in]`, `P.weight_scale` `[out, 1]`.
 //!
-//! Symmetric schemes write no zero points. Dequantization: `w = q · scale`.
+//! Symmetric schemes write no zero points. Dequantization: `w = (q − zp) · scale` (`zp = 0`
+//! when symmetric).
 
-use super::math::{quantize_fp8_rows, quantize_int_groups, INT4, INT8};
+use super::math::{quantize_asym_groups, quantize_fp8_rows, quantize_int_groups, INT4, INT8};
 use super::{find, OutTensor};
 use crate::float_dtype::FloatDtype;
 use safetensors::Dtype;
@@ -38,15 +41,38 @@ fn unpack_int4(bytes: &[u8]) -> Vec<i8> {
         .collect()
 }
 
-/// int4 `pack-quantized` tensors for `prefix` with scales per `group` columns.
-pub fn int4_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize, group: usize, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
-    let (q, scales) = quantize_int_groups(w, cols, group, INT4, scale_dtype);
+/// Packs int4 zero points (`[rows, groups]`) along the rows: `zp + 8` of row `8r + j` in bits
+/// `4j..4j+3` of word `[r, g]`; rows past the end leave their nibbles 0.
+fn pack_int4_rows(z: &[i8], rows: usize, groups: usize) -> Vec<u8> {
+    let mut words = vec![0u32; rows.div_ceil(8) * groups];
+    for (i, &v) in z.iter().enumerate() {
+        let (r, g) = (i / groups, i % groups);
+        words[(r / 8) * groups + g] |= (((v as i32) + 8) as u32 & 0xF) << (4 * (r % 8));
+    }
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// int4 `pack-quantized` tensors for `prefix` with scales per `group` columns, and zero
+/// points when `asymmetric`.
+pub fn int4_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize, group: usize, asymmetric: bool, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
+    let groups = cols.div_ceil(group);
+    let (q, scales, zeros) = if asymmetric {
+        let (q, s, z) = quantize_asym_groups(w, cols, group, INT4, scale_dtype);
+        (q, s, Some(z))
+    } else {
+        let (q, s) = quantize_int_groups(w, cols, group, INT4, scale_dtype);
+        (q, s, None)
+    };
     let shape = [rows as i64, cols as i64].iter().flat_map(|d| d.to_le_bytes()).collect::<Vec<u8>>();
-    vec![
+    let mut out = vec![
         OutTensor::owned(format!("{prefix}.weight_packed"), Dtype::I32, vec![rows, cols / 8], pack_int4(&q)),
-        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, cols.div_ceil(group)], scale_dtype.encode(&scales)),
+        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, groups], scale_dtype.encode(&scales)),
         OutTensor::owned(format!("{prefix}.weight_shape"), Dtype::I64, vec![2], shape),
-    ]
+    ];
+    if let Some(z) = zeros {
+        out.push(OutTensor::owned(format!("{prefix}.weight_zero_point"), Dtype::I32, vec![rows.div_ceil(8), groups], pack_int4_rows(&z, rows, groups)));
+    }
+    out
 }
 
 /// int8 `int-quantized` tensors (per-row scales).
@@ -74,8 +100,9 @@ fn scales(prefix: &str, tensors: &[OutTensor<'_>]) -> Result<(Vec<f32>, Vec<usiz
     Ok((dtype.decode(&t.data), t.shape.clone()))
 }
 
-/// Dequantizes a layer's written tensors (any of the three formats) back to `[rows, cols]`
-/// f32; `group` is the columns per scale (`cols` for per-channel scales).
+/// Dequantizes a layer's written tensors (any of the three formats, with `weight_zero_point`
+/// when present) back to `[rows, cols]` f32; `group` is the columns per scale (`cols` for
+/// per-channel scales).
 pub fn decode(prefix: &str, tensors: &[OutTensor<'_>], rows: usize, cols: usize, group: usize) -> Result<Vec<f32>, String> {
     let (s, s_shape) = scales(prefix, tensors)?;
     let per_row = *s_shape.get(1).ok_or_else(|| format!("{prefix}.weight_scale is not 2-D"))?;
@@ -95,13 +122,29 @@ pub fn decode(prefix: &str, tensors: &[OutTensor<'_>], rows: usize, cols: usize,
     if values.len() != rows * cols || s.len() != rows * per_row {
         return Err(format!("{prefix}: {} values and {} scales for [{rows}, {cols}]", values.len(), s.len()));
     }
-    Ok(values.iter().enumerate().map(|(i, v)| v * s[(i / cols) * per_row + (i % cols) / group]).collect())
+    let zeros = match find(tensors, &format!("{prefix}.weight_zero_point")) {
+        Ok(z) if z.shape != [rows.div_ceil(8), per_row] => return Err(format!("{}: shape {:?} for [{rows}, {cols}]", z.name, z.shape)),
+        Ok(z) => {
+            // Nibble r % 8 of word [r / 8, g] is row r's zero point for group g.
+            let u = unpack_int4(&z.data);
+            (0..rows * per_row).map(|k| u[((k / per_row / 8) * per_row + k % per_row) * 8 + (k / per_row) % 8]).collect()
+        }
+        Err(_) => vec![0i8; rows * per_row],
+    };
+    Ok(values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let k = (i / cols) * per_row + (i % cols) / group;
+            (v - f32::from(zeros[k])) * s[k]
+        })
+        .collect())
 }
 
 /// One `config_groups` entry's quantization arguments for integer weights.
-fn int_weights(bits: u32, strategy: &str, group: Option<usize>) -> Value {
+fn int_weights(bits: u32, symmetric: bool, strategy: &str, group: Option<usize>) -> Value {
     json!({
-        "num_bits": bits, "type": "int", "symmetric": true, "strategy": strategy,
+        "num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": strategy,
         "group_size": group, "dynamic": false, "actorder": null, "observer": "minmax",
     })
 }
@@ -121,6 +164,8 @@ pub enum Scheme {
         group: Option<usize>,
         /// W4A8 (int8 per-token activations) instead of W4A16.
         int8_act: bool,
+        /// Zero points per scale (W4A16_ASYM) instead of symmetric weights.
+        asymmetric: bool,
     },
     /// W8A8 int8, `int-quantized`.
     Int8,
@@ -131,15 +176,15 @@ pub enum Scheme {
 /// `quantization_config` for a scheme with the given ignored (unquantized) module names.
 pub fn quantization_config(scheme: &Scheme, ignore: &[String]) -> Value {
     let (format, weights, input) = match scheme {
-        Scheme::Int4 { group, int8_act } => (
+        Scheme::Int4 { group, int8_act, asymmetric } => (
             "pack-quantized",
             match group {
-                Some(g) => int_weights(4, "group", Some(*g)),
-                None => int_weights(4, "channel", None),
+                Some(g) => int_weights(4, !asymmetric, "group", Some(*g)),
+                None => int_weights(4, !asymmetric, "channel", None),
             },
             if *int8_act { token_activations("int") } else { Value::Null },
         ),
-        Scheme::Int8 => ("int-quantized", int_weights(8, "channel", None), token_activations("int")),
+        Scheme::Int8 => ("int-quantized", int_weights(8, true, "channel", None), token_activations("int")),
         Scheme::Fp8 => (
             "float-quantized",
             json!({ "num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel", "group_size": null, "dynamic": false, "observer": "minmax" }),
@@ -178,5 +223,14 @@ mod tests {
         let nibbles: Vec<u32> = (0..8).map(|j| (word >> (4 * j)) & 0xF).collect();
         assert_eq!(nibbles, vec![6, 5, 7, 7, 10, 10, 7, 3]);
         assert_eq!(unpack_int4(&b), vec![-2, -3, -1, -1, 2, 2, -1, -5]);
+    }
+
+    #[test]
+    fn zero_points_pack_along_rows_with_zero_padding() {
+        // 9 rows, 2 groups: word [0, g] holds rows 0..8, word [1, g] row 8 then zero nibbles.
+        let z: Vec<i8> = (0..18).map(|i| (i % 16) as i8 - 8).collect();
+        let b = pack_int4_rows(&z, 9, 2);
+        let words: Vec<u32> = b.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(words, vec![0xECA8_6420, 0xFDB9_7531, 0x0, 0x1]);
     }
 }

@@ -1,13 +1,14 @@
-//! The quantization arithmetic, on row-major `[rows, cols]` f32 matrices: symmetric integer
-//! quantization with per-group (or per-row) scales, per-row FP8 E4M3, and Quark's two-stage
-//! FP8 → INT4 "progressive" scheme.
+//! The quantization arithmetic, on row-major `[rows, cols]` f32 matrices: symmetric and
+//! asymmetric (zero-point) integer quantization with per-group (or per-row) scales, per-row
+//! FP8 E4M3, and Quark's two-stage FP8 → INT4 "progressive" scheme.
 //!
 //! Rules shared by every scheme:
 //! - a scale is `absmax / divisor`, floored at `f32::EPSILON` (compressed-tensors clamps its
 //!   scales the same way, so an all-zero group quantizes to zeros, not NaN), then rounded to the
 //!   dtype it is stored in; values are quantized **with the stored scale**, so the file's
 //!   integers and scales agree exactly;
-//! - integers are `clamp(round_half_even(w / scale), qmin, qmax)` with the division in f32;
+//! - integers are `clamp(round_half_even(w / scale), qmin, qmax)` with the division in f32
+//!   (asymmetric: `+ zp` before the clamp, see [`quantize_asym_groups`]);
 //! - FP8 values are `e4m3(w / scale)`, rounded to nearest even and saturating at ±448.
 
 use crate::float_dtype::FloatDtype;
@@ -66,6 +67,33 @@ pub fn quantize_int_groups(w: &[f32], cols: usize, group: usize, grid: IntGrid, 
     (q, scales)
 }
 
+/// Asymmetric integer quantization on `grid`'s range with the group layout of
+/// [`quantize_int_groups`] (compressed-tensors' min/max observer, range widened to include 0):
+/// `scale = (max - min) / (qmax - qmin)` (floored and rounded as for symmetric scales),
+/// `zp = clamp(round_half_even(-min / scale) + qmin, qmin, qmax)`,
+/// `q = clamp(round_half_even(w / scale) + zp, qmin, qmax)`; dequantization `(q - zp) · scale`.
+/// Returns the integers, the scales and the zero points (one per scale).
+pub fn quantize_asym_groups(w: &[f32], cols: usize, group: usize, grid: IntGrid, scale_dtype: FloatDtype) -> (Vec<i8>, Vec<f32>, Vec<i8>) {
+    let per_row = cols.div_ceil(group);
+    let n_scales = w.len() / cols * per_row;
+    let (mut q, mut scales, mut zeros) = (vec![0i8; w.len()], vec![0f32; n_scales], vec![0i8; n_scales]);
+    let (qmin, qmax) = (grid.qmin as f32, grid.qmax as f32);
+    q.par_chunks_mut(cols).zip(scales.par_chunks_mut(per_row)).zip(zeros.par_chunks_mut(per_row)).zip(w.par_chunks(cols)).for_each(
+        |(((qr, sr), zr), wr)| {
+            for (((qg, s), z), wg) in qr.chunks_mut(group).zip(sr.iter_mut()).zip(zr.iter_mut()).zip(wr.chunks(group)) {
+                let (lo, hi) = wg.iter().fold((0f32, 0f32), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                *s = scale_for(hi - lo, qmax - qmin, scale_dtype);
+                let zp = ((-lo / *s).round_ties_even() + qmin).clamp(qmin, qmax);
+                *z = zp as i8;
+                for (qv, &x) in qg.iter_mut().zip(wg) {
+                    *qv = ((x / *s).round_ties_even() + zp).clamp(qmin, qmax) as i8;
+                }
+            }
+        },
+    );
+    (q, scales, zeros)
+}
+
 /// FP8 E4M3 with one scale per row, `absmax / 448` rounded to `scale_dtype`.
 /// Returns the E4M3 bytes `[rows * cols]` and the row scales.
 pub fn quantize_fp8_rows(w: &[f32], cols: usize, scale_dtype: FloatDtype) -> (Vec<u8>, Vec<f32>) {
@@ -119,6 +147,17 @@ mod tests {
         // An all-zero group: scale EPSILON, zeros.
         let (q, s) = quantize_int_groups(&[0.0; 4], 4, 4, INT4, FloatDtype::BF16);
         assert_eq!((q, s), (vec![0; 4], vec![f32::EPSILON]));
+    }
+
+    #[test]
+    fn int4_asym_zero_point_and_range() {
+        // min -1, max 2: scale 3/15 = 0.2, zp = round(5) - 8 = -3; 2.0 -> 10 - 3 = 7, -1.0 -> -8.
+        let (q, s, z) = quantize_asym_groups(&[-1.0, 2.0, 0.0, 0.4], 4, 4, INT4, FloatDtype::F32);
+        assert_eq!((s, z), (vec![0.2], vec![-3]));
+        assert_eq!(q, vec![-8, 7, -3, -1]);
+        // All positive: the range includes 0, so zp = -8; an all-zero group: scale EPSILON, zeros.
+        let (q, s, z) = quantize_asym_groups(&[1.0, 3.0, 0.0, 0.0], 2, 2, INT4, FloatDtype::F32);
+        assert_eq!((q, s, z), (vec![-3, 7, -8, -8], vec![0.2, f32::EPSILON], vec![-8, -8]));
     }
 
     #[test]

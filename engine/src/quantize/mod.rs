@@ -117,15 +117,24 @@ pub enum Recipe {
 }
 
 impl Recipe {
-    /// Resolves a scheme, an optional format (default: Quark for w4a8, else compressed-tensors)
-    /// and an optional group size (w4a16 only; default [`DEFAULT_GROUP_SIZE`]).
-    pub fn resolve(scheme: Scheme, format: Option<Format>, group_size: Option<usize>) -> Result<Self, QuantizeError> {
+    /// Resolves a scheme, an optional format (default: Quark for w4a8, else compressed-tensors),
+    /// an optional group size (w4a16 only; default [`DEFAULT_GROUP_SIZE`]) and whether int4
+    /// weights get zero points (compressed-tensors int4 only).
+    pub fn resolve(scheme: Scheme, format: Option<Format>, group_size: Option<usize>, asymmetric: bool) -> Result<Self, QuantizeError> {
         let usage = |m: &str| Err(QuantizeError::Usage(m.to_string()));
         let format = format.unwrap_or(if scheme == Scheme::W4A8 { Format::Quark } else { Format::CompressedTensors });
-        let grouped = scheme == Scheme::W4A16 || (scheme == Scheme::W4A8 && format == Format::CompressedTensors);
-        if group_size.is_some() && !grouped {
+        let ct_int4 = scheme == Scheme::W4A16 || (scheme == Scheme::W4A8 && format == Format::CompressedTensors);
+        if group_size.is_some() && !ct_int4 {
             return Err(QuantizeError::Usage(format!(
                 "--group-size applies to w4a16, and to w4a8 in compressed-tensors format: {} in {} format uses one scale per output channel",
+                scheme.name(),
+                format.name()
+            )));
+        }
+        if asymmetric && !ct_int4 {
+            return Err(QuantizeError::Usage(format!(
+                "--asymmetric applies to int4 weights in compressed-tensors format (w4a16, or w4a8 with --format compressed-tensors): \
+                 {} in {} format is written symmetric only",
                 scheme.name(),
                 format.name()
             )));
@@ -138,9 +147,9 @@ impl Recipe {
         use compressed_tensors::Scheme as Ct;
         Ok(match (scheme, format) {
             (Scheme::W4A16, Format::CompressedTensors) => {
-                Recipe::CompressedTensors(Ct::Int4 { group: Some(group_size.unwrap_or(DEFAULT_GROUP_SIZE)), int8_act: false })
+                Recipe::CompressedTensors(Ct::Int4 { group: Some(group_size.unwrap_or(DEFAULT_GROUP_SIZE)), int8_act: false, asymmetric })
             }
-            (Scheme::W4A8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Int4 { group: group_size, int8_act: true }),
+            (Scheme::W4A8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Int4 { group: group_size, int8_act: true, asymmetric }),
             (Scheme::W8A8Int8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Int8),
             (Scheme::W8A8Fp8, Format::CompressedTensors) => Recipe::CompressedTensors(Ct::Fp8),
             (Scheme::W4A8, Format::Quark) => Recipe::Quark(quark::Scheme::W4A8),
@@ -180,7 +189,7 @@ impl Recipe {
         }
         let block = self.block_cols(cols);
         Ok(match self {
-            Recipe::CompressedTensors(Ct::Int4 { .. }) => compressed_tensors::int4_tensors(prefix, w, rows, cols, block, dtype),
+            Recipe::CompressedTensors(Ct::Int4 { asymmetric, .. }) => compressed_tensors::int4_tensors(prefix, w, rows, cols, block, *asymmetric, dtype),
             Recipe::CompressedTensors(Ct::Int8) => compressed_tensors::int8_tensors(prefix, w, rows, cols, dtype),
             Recipe::CompressedTensors(Ct::Fp8) => compressed_tensors::fp8_tensors(prefix, w, rows, cols, dtype),
             Recipe::Quark(quark::Scheme::W4A8) => quark::w4a8_tensors(prefix, w, rows, cols),
@@ -446,10 +455,12 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     })
 }
 
-/// The scheme a recipe implements (for reports).
+/// The scheme a recipe implements (for reports; `-asym` for int4 with zero points).
 fn scheme_of(recipe: &Recipe) -> &'static str {
     use compressed_tensors::Scheme as Ct;
     match recipe {
+        Recipe::CompressedTensors(Ct::Int4 { int8_act: false, asymmetric: true, .. }) => "w4a16-asym",
+        Recipe::CompressedTensors(Ct::Int4 { int8_act: true, asymmetric: true, .. }) => "w4a8-asym",
         Recipe::CompressedTensors(Ct::Int4 { int8_act: false, .. }) => Scheme::W4A16.name(),
         Recipe::CompressedTensors(Ct::Int4 { int8_act: true, .. }) | Recipe::Quark(quark::Scheme::W4A8) => Scheme::W4A8.name(),
         Recipe::CompressedTensors(Ct::Int8) => Scheme::W8A8Int8.name(),

@@ -46,6 +46,10 @@ pub struct QuantizeArgs {
     /// Columns per int4 scale for w4a16 (default 128).
     #[arg(long)]
     group_size: Option<usize>,
+    /// Asymmetric int4 weights with a zero point per scale (compressed-tensors W4A16_ASYM):
+    /// w4a16, or w4a8 with --format compressed-tensors.
+    #[arg(long)]
+    asymmetric: bool,
     /// Module-name glob (fnmatch, e.g. '*self_attn*', '*mlp.gate') to leave unquantized; repeatable.
     #[arg(long)]
     exclude: Vec<String>,
@@ -69,7 +73,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         FormatArg::CompressedTensors => Format::CompressedTensors,
         FormatArg::Quark => Format::Quark,
     });
-    let recipe = Recipe::resolve(scheme, format, args.group_size)?;
+    let recipe = Recipe::resolve(scheme, format, args.group_size, args.asymmetric)?;
     let opts = QuantizeOptions {
         input: args.input.clone(),
         output: args.output.clone(),
