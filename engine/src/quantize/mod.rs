@@ -188,6 +188,19 @@ impl Recipe {
             return Err(format!("{cols} input columns are not a multiple of 8 (int4 packs 8 values per I32 word)"));
         }
         let block = self.block_cols(cols);
+        if !cols.is_multiple_of(block) {
+            // compressed-tensors writes the same layout (with a warning), but its 0.20
+            // decompression refuses it; Tessera and the format itself are fine with it.
+            static RAGGED: std::sync::Once = std::sync::Once::new();
+            RAGGED.call_once(|| {
+                tracing::warn!(
+                    layer = prefix,
+                    cols,
+                    group = block,
+                    "ragged last int4 group: Tessera loads it, compressed-tensors 0.20's decompress (so transformers) refuses it; use a --group-size that divides the input width for interchange"
+                )
+            });
+        }
         Ok(match self {
             Recipe::CompressedTensors(Ct::Int4 { asymmetric, .. }) => compressed_tensors::int4_tensors(prefix, w, rows, cols, block, *asymmetric, dtype),
             Recipe::CompressedTensors(Ct::Int8) => compressed_tensors::int8_tensors(prefix, w, rows, cols, dtype),
