@@ -169,7 +169,9 @@ fn malformed_directories_name_what_is_wrong() {
         std::fs::write(&cfg_path, c.to_string()).unwrap();
         Checkpoint::open(dir.path()).err().map(|e| e.to_string()).unwrap_or_default()
     };
-    assert!(with_cfg(&|c| c["quantization_config"] = json!({"quant_method": "gptq"})).contains("quantization_config"));
+    // Metadata that says quantized over plain weights: the first quantized layer is named.
+    assert!(with_cfg(&|c| c["quantization_config"] = json!({"quant_method": "gptq"})).contains("qweight: missing: quant_method gptq quantizes this layer"));
+    assert!(with_cfg(&|c| c["quantization_config"] = json!({"quant_method": "bitsandbytes"})).contains("quantization_config.quant_method"));
     assert!(with_cfg(&|c| c["model_type"] = json!("qwen3_moe")).contains("qwen3_moe"));
     assert!(with_cfg(&|c| c.as_object_mut().unwrap().remove("hidden_size").map(|_| ()).unwrap()).contains("hidden_size"));
     assert!(with_cfg(&|c| c["num_key_value_heads"] = json!(4)).contains("num_kv_heads"));

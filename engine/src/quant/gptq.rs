@@ -8,7 +8,10 @@
 //! - AWQ (`version: gemm`): `qweight` I32 `[in, out/8]` packed along the output in the
 //!   interleaved nibble order, `qzeros` `[in/g, out/8]`, `scales` `[in/g, out]`.
 //!
-//! `W[o, i] = (q[i, o] - z[g, o]) · s[g, o]` with unsigned 4-bit `q` and `z`.
+//! `W[o, i] = (q[i, o] - z[g, o]) · s[g, o]` with unsigned 4-bit `q` and `z`. Every linear
+//! layer is quantized except the output head, AWQ's `modules_to_not_convert` and layers
+//! outside GPTQ's `modules_in_block_to_quantize`; a quantized layer stored as a plain weight
+//! is an error.
 
 use super::int4_packing::{int4_matrix, transpose, unpack_first_axis, unpack_last_axis, NibbleOrder};
 use super::pattern::{parse_list, NamePattern};
@@ -33,6 +36,8 @@ pub struct LegacyInt4 {
     flavor: Flavor,
     group: Option<usize>,
     not_converted: Vec<NamePattern>,
+    /// GPTQ's `modules_in_block_to_quantize` (module-name suffixes), when given.
+    only: Option<Vec<String>>,
 }
 
 fn check_bits(qc: &Value, keys: &[&str]) -> Result<(), LoadError> {
@@ -70,7 +75,16 @@ pub fn parse_gptq(qc: &Value) -> Result<Box<dyn QuantScheme>, LoadError> {
         "gptq_v2" => false,
         f => return Err(config_err("checkpoint_format", format!("{f:?} (expected gptq or gptq_v2)"))),
     };
-    Ok(Box::new(LegacyInt4 { flavor: Flavor::Gptq { v1 }, group: group_size(qc, &["group_size"])?, not_converted: Vec::new() }))
+    let only = match qc.get("modules_in_block_to_quantize") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let names: Option<Vec<String>> = v.as_array().map(|groups| {
+                groups.iter().flat_map(|g| g.as_array().into_iter().flatten().chain(std::iter::once(g))).filter_map(Value::as_str).map(str::to_owned).collect()
+            });
+            Some(names.ok_or_else(|| config_err("modules_in_block_to_quantize", format!("{v} is not a list of lists of names")))?)
+        }
+    };
+    Ok(Box::new(LegacyInt4 { flavor: Flavor::Gptq { v1 }, group: group_size(qc, &["group_size"])?, not_converted: Vec::new(), only }))
 }
 
 /// Parses `quantization_config` for `quant_method: "awq"`.
@@ -83,7 +97,7 @@ pub fn parse_awq(qc: &Value) -> Result<Box<dyn QuantScheme>, LoadError> {
         return Err(config_err("zero_point", "false: symmetric AWQ is not supported"));
     }
     let not_converted = parse_list(qc.get("modules_to_not_convert"), "quantization_config.modules_to_not_convert")?;
-    Ok(Box::new(LegacyInt4 { flavor: Flavor::Awq, group: group_size(qc, &["group_size", "q_group_size"])?, not_converted }))
+    Ok(Box::new(LegacyInt4 { flavor: Flavor::Awq, group: group_size(qc, &["group_size", "q_group_size"])?, not_converted, only: None }))
 }
 
 impl QuantScheme for LegacyInt4 {
@@ -104,8 +118,14 @@ impl QuantScheme for LegacyInt4 {
 
     fn load_linear(&self, module: &str, t: &TensorSet) -> Result<Option<QuantizedWeight>, LoadError> {
         let qname = format!("{module}.qweight");
-        if !t.contains(&qname) || self.not_converted.iter().any(|p| p.matches(module)) {
-            return Ok(None);
+        let skipped = self.not_converted.iter().any(|p| p.matches(module))
+            || module.ends_with("lm_head")
+            || self.only.as_ref().is_some_and(|o| !o.iter().any(|n| module.ends_with(&format!(".{n}"))));
+        if !t.contains(&qname) {
+            if skipped {
+                return Ok(None);
+            }
+            return Err(tensor_err(&qname, format!("missing: quant_method {} quantizes this layer, but it is stored unquantized", self.method())));
         }
         let qw = t.take(&qname, "GPTQ/AWQ weights")?;
         qw.expect_dtype(&[Dtype::I32])?;
