@@ -5,7 +5,7 @@
 //! `block_*` structs (little-endian, packed).
 
 use super::types::{GgmlType, QK_K};
-use half::{bf16, f16};
+use half::f16;
 
 #[inline]
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -33,8 +33,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
             }
         }
         GgmlType::BF16 => {
+            // bf16 is the top half of an f32: a shift, which the compiler vectorizes
+            // (`half`'s conversion branches per value to quiet NaNs, ~5x slower here).
             for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+                *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
             }
         }
         _ => {
