@@ -14,11 +14,11 @@
 use super::int4_packing::{int4_matrix, unpack_first_axis, unpack_last_axis, NibbleOrder};
 use super::pattern::{parse_list, NamePattern};
 use super::tensors::{RawTensor, TensorSet};
-use super::{config_err, dims2, get_usize, tensor_err, QuantScheme, QuantizedWeight};
+use super::{config_err, dims2, fp8_matrix, get_usize, tensor_err, QuantScheme, QuantizedWeight};
 use crate::checkpoint::LoadError;
 use safetensors::Dtype;
 use serde_json::Value;
-use tessera_kernels::quant::{ActQuant, Fp8Matrix, Int8Matrix, QuantMatrix};
+use tessera_kernels::quant::{ActQuant, Int8Matrix, QuantMatrix};
 
 /// Value type of quantization args.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,7 +239,7 @@ impl QuantScheme for CompressedTensors {
                 ))
             }
         };
-        Ok(Some(QuantizedWeight { module: module.into(), scheme: label(scheme), matrix, act, perm, note }))
+        Ok(Some(QuantizedWeight { module: module.into(), scheme: label(scheme), matrix: matrix.into(), act, perm, note }))
     }
 }
 
@@ -361,9 +361,4 @@ fn load_fp8(module: &str, w: &Args, t: &TensorSet) -> Result<QuantMatrix, LoadEr
         s => return Err(tensor_err(&wt.name, format!("FP8 weight strategy {s:?}"))),
     };
     fp8_matrix(&wt.name, rows, cols, block, wt.data.bytes().to_vec(), scales)
-}
-
-/// An [`Fp8Matrix`] or an error naming the tensor.
-pub(crate) fn fp8_matrix(name: &str, rows: usize, cols: usize, block: [usize; 2], q: Vec<u8>, scales: Vec<f32>) -> Result<QuantMatrix, LoadError> {
-    Fp8Matrix::new(rows, cols, block, q, scales).map(QuantMatrix::Fp8).map_err(|e| tensor_err(name, e))
 }

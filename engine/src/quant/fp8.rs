@@ -5,10 +5,9 @@
 //! Layers whose weight is stored in a float dtype are left unquantized only when listed in
 //! `ignored_layers` / `modules_to_not_convert` (or for the output head).
 
-use super::compressed_tensors::fp8_matrix;
 use super::pattern::{parse_list, NamePattern};
 use super::tensors::TensorSet;
-use super::{config_err, dims2, tensor_err, QuantScheme, QuantizedWeight};
+use super::{config_err, dims2, fp8_matrix, tensor_err, QuantScheme, QuantizedWeight};
 use crate::checkpoint::LoadError;
 use safetensors::Dtype;
 use serde_json::Value;
@@ -84,7 +83,7 @@ impl QuantScheme for Fp8 {
             None
         };
         let matrix = fp8_matrix(&wname, rows, cols, block, wt.data.bytes().to_vec(), scales)?;
-        Ok(Some(QuantizedWeight { module: module.into(), scheme: "fp8 W8A8-FP8".into(), matrix, act: ActQuant::Fp8PerToken, perm: None, note }))
+        Ok(Some(QuantizedWeight { module: module.into(), scheme: "fp8 W8A8-FP8".into(), matrix: matrix.into(), act: ActQuant::Fp8PerToken, perm: None, note }))
     }
 }
 

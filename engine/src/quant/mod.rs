@@ -23,7 +23,8 @@ pub mod tensors;
 use crate::checkpoint::LoadError;
 use serde_json::Value;
 use std::fmt::Debug;
-use tessera_kernels::quant::{ActQuant, QuantMatrix};
+use std::sync::Arc;
+use tessera_kernels::quant::{ActQuant, Fp8Matrix, QuantMatrix};
 use tensors::TensorSet;
 
 /// A linear layer's weights as a scheme decoded them, ready for a kernel.
@@ -33,8 +34,9 @@ pub struct QuantizedWeight {
     pub module: String,
     /// Scheme label, e.g. `compressed-tensors W4A16`.
     pub scheme: String,
-    /// Values and scales in a kernel storage type.
-    pub matrix: QuantMatrix,
+    /// Values and scales in a kernel storage type (shared with the kernel built from it, so
+    /// the checkpoint and the model hold one copy).
+    pub matrix: Arc<QuantMatrix>,
     /// Run-time activation handling.
     pub act: ActQuant,
     /// Input-column permutation (act-order checkpoints): column `c` of `matrix` multiplies
@@ -105,4 +107,9 @@ pub(crate) fn get_usize(v: &Value, key: &str, path: &str) -> Result<Option<usize
         None | Some(Value::Null) => Ok(None),
         Some(x) => x.as_u64().map(|n| Some(n as usize)).ok_or_else(|| config_err(&format!("{path}.{key}"), format!("{x} is not an unsigned integer"))),
     }
+}
+
+/// An [`Fp8Matrix`] or an error naming the tensor.
+pub(crate) fn fp8_matrix(name: &str, rows: usize, cols: usize, block: [usize; 2], q: Vec<u8>, scales: Vec<f32>) -> Result<QuantMatrix, LoadError> {
+    Fp8Matrix::new(rows, cols, block, q, scales).map(QuantMatrix::Fp8).map_err(|e| tensor_err(name, e))
 }

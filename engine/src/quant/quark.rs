@@ -235,7 +235,7 @@ impl QuantScheme for Quark {
                 )));
             }
         };
-        Ok(Some(QuantizedWeight { module: module.into(), scheme: format!("quark {scheme}"), matrix, act, perm, note }))
+        Ok(Some(QuantizedWeight { module: module.into(), scheme: format!("quark {scheme}"), matrix: matrix.into(), act, perm, note }))
     }
 }
 
@@ -329,7 +329,7 @@ impl Quark {
             "per_channel" => ([1, cols], st.per_row_f32(rows)?),
             q => return Err(config_err("weight.qscheme", format!("{q:?} for FP8 weights (layer {module})"))),
         };
-        super::compressed_tensors::fp8_matrix(&wt.name, rows, cols, block, wt.data.bytes().to_vec(), scales)
+        super::fp8_matrix(&wt.name, rows, cols, block, wt.data.bytes().to_vec(), scales)
     }
 
     fn load_int8(&self, module: &str, s: &Spec, t: &TensorSet) -> Result<QuantMatrix, LoadError> {
