@@ -131,7 +131,7 @@ fn tokenizer_config(ck: &Checkpoint, tok: &Tokenizer) -> Value {
 }
 
 /// A tensor dequantized to f32, checking its byte length first (no panics on bad files).
-fn dequantize(name: &str, t: &crate::checkpoint::TensorEntry) -> Result<Vec<f32>, ConvertError> {
+pub fn dequantize(name: &str, t: &crate::checkpoint::TensorEntry) -> Result<Vec<f32>, ConvertError> {
     let n: usize = t.shape.iter().product();
     let bytes = t.data.bytes();
     if t.ty.row_bytes(n) != Some(bytes.len()) {
@@ -145,18 +145,30 @@ fn dequantize(name: &str, t: &crate::checkpoint::TensorEntry) -> Result<Vec<f32>
     Ok(out)
 }
 
-/// Splits `(hf name, canonical name, bytes)` into shards of at most `max` bytes (a tensor
-/// larger than `max` gets a shard of its own).
-fn plan_shards(tensors: Vec<(String, String, u64)>, max: Option<u64>) -> Vec<Vec<(String, String, u64)>> {
-    let mut shards: Vec<Vec<(String, String, u64)>> = vec![Vec::new()];
+/// One output tensor: its Hugging Face name, shape, and how to compute its values (called
+/// when its shard is written, so only one shard's values are in memory at a time).
+pub struct OutTensor<'a> {
+    /// Hugging Face name.
+    pub name: String,
+    /// Shape, outermost first.
+    pub shape: Vec<usize>,
+    /// Produces the values (row-major, `shape`'s product of them).
+    pub values: Box<dyn Fn() -> Result<Vec<f32>, ConvertError> + 'a>,
+}
+
+/// Splits tensors into shards of at most `max` bytes each (a tensor larger than `max` gets a
+/// shard of its own).
+fn plan_shards(tensors: Vec<OutTensor<'_>>, bytes_per_value: u64, max: Option<u64>) -> Vec<Vec<OutTensor<'_>>> {
+    let mut shards: Vec<Vec<OutTensor>> = vec![Vec::new()];
     let mut size = 0u64;
     for t in tensors {
+        let bytes = t.shape.iter().map(|&d| d as u64).product::<u64>() * bytes_per_value;
         let last = shards.last_mut().expect("at least one shard");
-        if max.is_some_and(|m| size + t.2 > m) && !last.is_empty() {
+        if max.is_some_and(|m| size + bytes > m) && !last.is_empty() {
             shards.push(Vec::new());
             size = 0;
         }
-        size += t.2;
+        size += bytes;
         shards.last_mut().expect("at least one shard").push(t);
     }
     shards
@@ -164,19 +176,28 @@ fn plan_shards(tensors: Vec<(String, String, u64)>, max: Option<u64>) -> Vec<Vec
 
 /// Writes `ck` as a Hugging Face Llama directory in `output` (created if missing).
 pub fn to_hf_dir(ck: &Checkpoint, output: &Path, opts: &ConvertOptions) -> Result<ConvertSummary, ConvertError> {
-    let tok = Tokenizer::from_checkpoint(ck)?;
-    std::fs::create_dir_all(output).map_err(|e| io(output, e))?;
-
+    if ck.config.moe.is_some() {
+        return Err(ConvertError::Tensor { name: "<model>".into(), msg: format!("{:?} is a mixture of experts; only dense Llama models convert", ck.config.arch) });
+    }
     let mut tensors = Vec::with_capacity(ck.tensors.len());
     for (canon, t) in &ck.tensors {
         let hf = names::hf_name(canon).ok_or_else(|| ConvertError::Tensor {
             name: canon.clone(),
             msg: "has no Hugging Face Llama name".into(),
         })?;
-        let n: u64 = t.shape.iter().map(|&d| d as u64).product();
-        tensors.push((hf, canon.clone(), n * opts.dtype.size() as u64));
+        tensors.push(OutTensor { name: hf, shape: t.shape.clone(), values: Box::new(move || dequantize(canon, t)) });
     }
-    let shards = plan_shards(tensors, opts.max_shard_bytes);
+    write_hf_dir(ck, output, opts, &hf_config(ck, opts.dtype), tensors)
+}
+
+/// Writes a Hugging Face directory: `tensors` rounded to `opts.dtype` into safetensors shards
+/// (with an index when there are several), `config`, and `ck`'s tokenizer, tokenizer config and
+/// generation config.
+pub fn write_hf_dir(ck: &Checkpoint, output: &Path, opts: &ConvertOptions, config: &Value, tensors: Vec<OutTensor<'_>>) -> Result<ConvertSummary, ConvertError> {
+    let tok = Tokenizer::from_checkpoint(ck)?;
+    std::fs::create_dir_all(output).map_err(|e| io(output, e))?;
+    let n_tensors = tensors.len();
+    let shards = plan_shards(tensors, opts.dtype.size() as u64, opts.max_shard_bytes);
     let count = shards.len();
     let mut weight_map = BTreeMap::new();
     let mut files = Vec::with_capacity(count);
@@ -185,10 +206,14 @@ pub fn to_hf_dir(ck: &Checkpoint, output: &Path, opts: &ConvertOptions) -> Resul
     for (i, shard) in shards.iter().enumerate() {
         let file = if count == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{count:05}.safetensors", i + 1) };
         let mut data = Vec::with_capacity(shard.len());
-        for (hf, canon, _) in shard {
-            let t = ck.tensor(canon)?;
-            data.push((hf.clone(), t.shape.clone(), opts.dtype.encode(&dequantize(canon, t)?)));
-            weight_map.insert(hf.clone(), file.clone());
+        for t in shard {
+            let values = (t.values)()?;
+            let n: usize = t.shape.iter().product();
+            if values.len() != n {
+                return Err(ConvertError::Tensor { name: t.name.clone(), msg: format!("{} values for shape {:?}", values.len(), t.shape) });
+            }
+            data.push((t.name.clone(), t.shape.clone(), opts.dtype.encode(&values)));
+            weight_map.insert(t.name.clone(), file.clone());
         }
         let views = data
             .iter()
@@ -205,7 +230,7 @@ pub fn to_hf_dir(ck: &Checkpoint, output: &Path, opts: &ConvertOptions) -> Resul
         write_json(&output.join("model.safetensors.index.json"), &index)?;
     }
 
-    write_json(&output.join("config.json"), &hf_config(ck, opts.dtype))?;
+    write_json(&output.join("config.json"), config)?;
     let tok_path = output.join("tokenizer.json");
     tok.inner().save(&tok_path, false).map_err(|e| io(&tok_path, e))?;
     write_json(&output.join("tokenizer_config.json"), &tokenizer_config(ck, &tok))?;
@@ -214,5 +239,5 @@ pub fn to_hf_dir(ck: &Checkpoint, output: &Path, opts: &ConvertOptions) -> Resul
         "eos_token_id": ids_json(&ck.special.eos),
     });
     write_json(&output.join("generation_config.json"), &generation)?;
-    Ok(ConvertSummary { tensors: ck.tensors.len(), shards: files, bytes: total })
+    Ok(ConvertSummary { tensors: n_tensors, shards: files, bytes: total })
 }

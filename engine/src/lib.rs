@@ -3,11 +3,12 @@
 //! - [`checkpoint`]: GGUF and Hugging Face loaders producing one [`checkpoint::Checkpoint`];
 //! - [`tokenizer`]: the checkpoint's tokenizer and streaming detokenization;
 //! - [`quant`]: checkpoint quantization schemes (compressed-tensors, Quark, FP8, GPTQ, AWQ);
-//! - [`model`]: architectures (Llama) built from a checkpoint with a kernel per layer;
+//! - [`model`]: architectures (Llama and its MoE relatives) built from a checkpoint with a kernel per layer;
 //! - [`kv`]: the per-sequence KV cache seam;
 //! - [`sample`]: logits processors, samplers and logprobs;
 //! - [`generate`]: single-sequence generation used by the CLI;
-//! - [`perplexity`]: llama.cpp-compatible perplexity evaluation.
+//! - [`perplexity`]: llama.cpp-compatible perplexity evaluation;
+//! - [`convert`], [`upcycle`], [`quantize`]: checkpoint writers (GGUF to HF, dense to MoE, quantization).
 
 pub mod checkpoint;
 pub mod convert;
@@ -22,5 +23,6 @@ pub mod quantize;
 pub mod sample;
 pub mod serve;
 pub mod tokenizer;
+pub mod upcycle;
 
 pub use loaded::LoadedModel;

@@ -1,11 +1,13 @@
 //! GGUF file -> [`Checkpoint`]: hyper-parameters from `{arch}.*` keys, tensors kept mapped
-//! (Q/K rows un-permuted into owned buffers), tokenizer vocabulary from `tokenizer.ggml.*`.
+//! (Q/K rows un-permuted into owned buffers, stacked experts split per expert), tokenizer
+//! vocabulary from `tokenizer.ggml.*`.
 
 use super::gguf::{GgufFile, MetaValue};
 use super::{
-    unpermute_qk_rows, Architecture, Checkpoint, CheckpointFormat, LoadError, ModelConfig, SpecialTokens,
-    TensorBytes, TensorEntry, TokenizerSource,
+    split_experts, unpermute_qk_rows, Architecture, Checkpoint, CheckpointFormat, LoadError, ModelConfig, MoeConfig,
+    SpecialTokens, TensorBytes, TensorEntry, TokenizerSource,
 };
+use crate::model::routing::{Routing, Scoring};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -68,6 +70,13 @@ fn token_id(f: &GgufFile, key: &str, vocab: usize) -> Result<Option<u32>, LoadEr
     }
 }
 
+/// `(layer, kind)` of llama.cpp's stacked expert tensors `blk.N.ffn_{gate,up,down}_exps.weight`.
+fn stacked_gguf_experts(name: &str) -> Option<(usize, &'static str)> {
+    let (idx, short) = name.strip_prefix("blk.")?.split_once('.')?;
+    let kind = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"].into_iter().find(|k| short.strip_suffix(".weight") == Some(*k))?;
+    Some((idx.parse().ok()?, kind))
+}
+
 /// Loads a GGUF checkpoint.
 pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
     let f = GgufFile::open(path).map_err(|error| LoadError::Gguf { path: path.into(), error })?;
@@ -97,15 +106,32 @@ pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
             return Err(LoadError::Config { key: a("rope.dimension_count"), msg: format!("{rot} (partial rotary is not supported; head_dim {head_dim})") });
         }
     }
+    let num_layers = meta_usize(&f, &a("block_count"))?;
+    // Mixtral GGUFs are `llama` with experts: softmax top-k, renormalized, every layer MoE.
+    let moe = match f.get(&a("expert_count")) {
+        None => None,
+        Some(_) => {
+            let n_experts = meta_usize(&f, &a("expert_count"))?;
+            let top_k = meta_usize(&f, &a("expert_used_count"))?;
+            Some(MoeConfig {
+                routing: Routing { scoring: Scoring::Softmax, n_experts, top_k, norm_topk: true, n_group: 1, topk_group: 1, scaling: 1.0 },
+                expert_ffn: meta_usize(&f, &a("feed_forward_length"))?,
+                shared_ffn: 0,
+                shared_gate: false,
+                correction_bias: false,
+                layers: vec![true; num_layers],
+            })
+        }
+    };
     let config = ModelConfig {
-        arch: Architecture::Llama,
+        arch: if moe.is_some() { Architecture::Mixtral } else { Architecture::Llama },
         vocab_size: match f.get(&a("vocab_size")) {
             Some(_) => meta_usize(&f, &a("vocab_size"))?,
             None => tokens.len(),
         },
         hidden_size: hidden,
         intermediate_size: meta_usize(&f, &a("feed_forward_length"))?,
-        num_layers: meta_usize(&f, &a("block_count"))?,
+        num_layers,
         num_heads,
         num_kv_heads: match f.get(&a("attention.head_count_kv")) {
             Some(_) => meta_usize(&f, &a("attention.head_count_kv"))?,
@@ -116,6 +142,9 @@ pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
         rms_norm_eps: meta_f32_or(&f, &a("attention.layer_norm_rms_epsilon"), 1e-5)?,
         max_position_embeddings: meta_usize(&f, &a("context_length"))?,
         tie_word_embeddings: !f.tensors.iter().any(|t| t.name == "output.weight"),
+        attn_bias: false,
+        qk_norm: false,
+        moe,
     };
     config.validate()?;
 
@@ -137,7 +166,13 @@ pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
         } else {
             TensorBytes::Mapped(f.map().clone(), range)
         };
-        tensors.insert(t.name.clone(), TensorEntry { source_name: t.name.clone(), ty: t.ty, shape, data });
+        let entry = TensorEntry { source_name: t.name.clone(), ty: t.ty, shape, data };
+        match stacked_gguf_experts(&t.name) {
+            Some((layer, kind)) => tensors.extend(split_experts(&entry, layer, &[(kind, entry.shape.get(1).copied().unwrap_or(0))])?),
+            None => {
+                tensors.insert(t.name.clone(), entry);
+            }
+        }
     }
 
     let vocab = GgufVocab {

@@ -3,12 +3,12 @@
 //! generation_config.json. Weights are F32/F16/BF16, or quantized as the config's
 //! `quantization_config` says (decoded by the scheme in [`crate::quant`]).
 
-use super::names::{canonical_name, is_linear};
+use super::hf_config::model_config;
+use super::names::{canonical_name, is_linear, stacked_experts, Stacked};
 use crate::quant::tensors::TensorSet;
 use crate::quant::{self, QuantScheme, QuantizedWeight};
 use super::{
-    Architecture, Checkpoint, CheckpointFormat, LoadError, ModelConfig, SpecialTokens, TensorEntry,
-    TokenizerSource,
+    split_experts, Checkpoint, CheckpointFormat, LoadError, SpecialTokens, TensorEntry, TokenizerSource,
 };
 use safetensors::Dtype;
 use serde_json::Value;
@@ -31,60 +31,6 @@ fn read_json_opt(path: &Path) -> Result<Option<Value>, LoadError> {
     } else {
         Ok(None)
     }
-}
-
-fn cfg_usize(cfg: &Value, key: &str) -> Result<usize, LoadError> {
-    cfg.get(key)
-        .and_then(Value::as_u64)
-        .map(|v| v as usize)
-        .ok_or_else(|| LoadError::Config { key: key.into(), msg: "missing or not an unsigned integer".into() })
-}
-
-fn cfg_f32(cfg: &Value, key: &str, default: f32) -> Result<f32, LoadError> {
-    match cfg.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(v) => v.as_f64().map(|x| x as f32).ok_or_else(|| LoadError::Config { key: key.into(), msg: format!("{v} is not a number") }),
-    }
-}
-
-/// Parses config.json into a [`ModelConfig`].
-fn model_config(cfg: &Value) -> Result<ModelConfig, LoadError> {
-    let model_type = cfg.get("model_type").and_then(Value::as_str).unwrap_or("");
-    if !matches!(model_type, "llama" | "mistral") {
-        return Err(LoadError::Architecture(model_type.to_string()));
-    }
-    if cfg.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-        return Err(LoadError::Config { key: "rope_scaling".into(), msg: "RoPE scaling is not supported yet".into() });
-    }
-    for key in ["attention_bias", "mlp_bias"] {
-        if cfg.get(key).and_then(Value::as_bool) == Some(true) {
-            return Err(LoadError::Config { key: key.into(), msg: "biases are not supported".into() });
-        }
-    }
-    if cfg.get("sliding_window").is_some_and(|v| !v.is_null()) {
-        return Err(LoadError::Config { key: "sliding_window".into(), msg: "sliding-window attention is not supported".into() });
-    }
-    let hidden = cfg_usize(cfg, "hidden_size")?;
-    let heads = cfg_usize(cfg, "num_attention_heads")?;
-    let c = ModelConfig {
-        arch: Architecture::Llama,
-        vocab_size: cfg_usize(cfg, "vocab_size")?,
-        hidden_size: hidden,
-        intermediate_size: cfg_usize(cfg, "intermediate_size")?,
-        num_layers: cfg_usize(cfg, "num_hidden_layers")?,
-        num_heads: heads,
-        num_kv_heads: if cfg.get("num_key_value_heads").is_some() { cfg_usize(cfg, "num_key_value_heads")? } else { heads },
-        head_dim: match cfg.get("head_dim") {
-            Some(Value::Null) | None => hidden / heads.max(1),
-            Some(_) => cfg_usize(cfg, "head_dim")?,
-        },
-        rope_theta: cfg_f32(cfg, "rope_theta", 10000.0)?,
-        rms_norm_eps: cfg_f32(cfg, "rms_norm_eps", 1e-6)?,
-        max_position_embeddings: cfg_usize(cfg, "max_position_embeddings")?,
-        tie_word_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
-    };
-    c.validate()?;
-    Ok(c)
 }
 
 fn storage_type(name: &str, dtype: Dtype, quantized: bool) -> Result<GgmlType, LoadError> {
@@ -143,6 +89,16 @@ fn resolve_tensors(set: &TensorSet, scheme: Option<&dyn QuantScheme>) -> Result<
     }
     let mut tensors = BTreeMap::new();
     for t in set.untaken() {
+        if let Some((layer, kind)) = stacked_experts(&t.name) {
+            let entry = TensorEntry { source_name: t.name.clone(), ty: storage_type(&t.name, t.dtype, scheme.is_some())?, shape: t.shape.clone(), data: t.data.clone() };
+            let rows = t.shape.get(1).copied().unwrap_or(0);
+            let parts: &[(&str, usize)] = match kind {
+                Stacked::GateUp => &[("ffn_gate_exps", rows / 2), ("ffn_up_exps", rows - rows / 2)],
+                Stacked::Down => &[("ffn_down_exps", rows)],
+            };
+            tensors.extend(split_experts(&entry, layer, parts)?);
+            continue;
+        }
         let Some(canon) = canonical_name(&t.name).map_err(|e| match scheme {
             Some(s) if quantized.values().any(|q: &QuantizedWeight| t.name.starts_with(&format!("{}.", q.module))) => {
                 LoadError::Tensor { name: t.name.clone(), msg: format!("not used by the {} scheme of its layer", s.method()) }

@@ -7,6 +7,7 @@
 
 pub mod gguf;
 mod gguf_model;
+mod hf_config;
 mod hf_dir;
 pub mod names;
 
@@ -15,6 +16,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use crate::model::routing::Routing;
 use crate::quant::QuantizedWeight;
 use tessera_kernels::ggml::GgmlType;
 
@@ -57,7 +59,7 @@ pub enum LoadError {
         msg: String,
     },
     /// An architecture Tessera does not run.
-    #[error("unsupported architecture {0:?} (supported: llama)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, mixtral, qwen2_moe, qwen3_moe, deepseek_v3 and kimi_k2 without MLA)")]
     Architecture(String),
     /// Tokenizer construction failed.
     #[error("tokenizer: {0}")]
@@ -69,6 +71,32 @@ pub enum LoadError {
 pub enum Architecture {
     /// Llama and its GQA descendants (SmolLM2, Mistral without sliding window, ...).
     Llama,
+    /// Mixtral: Llama attention, softmax top-k experts (`block_sparse_moe`).
+    Mixtral,
+    /// Qwen2-MoE: Q/K/V biases, softmax top-k experts plus a sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE: per-head Q/K RMSNorm, softmax top-k experts.
+    Qwen3Moe,
+    /// DeepSeek-V3 / Kimi-K2 routing (sigmoid, correction bias, groups, shared experts, dense
+    /// first layers) over GQA attention; MLA checkpoints are refused at load.
+    DeepseekV3,
+}
+
+/// Where and how a model's mixture-of-experts layers route and what they hold.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// The routing rule.
+    pub routing: Routing,
+    /// Inner width of each routed expert.
+    pub expert_ffn: usize,
+    /// Inner width of the shared expert (0: none).
+    pub shared_ffn: usize,
+    /// The shared expert's output is scaled by `sigmoid(shared_expert_gate · x)` (Qwen2-MoE).
+    pub shared_gate: bool,
+    /// The router has an `e_score_correction_bias` (DeepSeek-V3 `noaux_tc`).
+    pub correction_bias: bool,
+    /// Per layer: MoE (`true`) or dense MLP of `intermediate_size`.
+    pub layers: Vec<bool>,
 }
 
 /// Architecture hyper-parameters, from GGUF metadata or config.json.
@@ -98,6 +126,12 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// Output head shares the token embedding.
     pub tie_word_embeddings: bool,
+    /// Q, K and V projections have biases (Qwen2).
+    pub attn_bias: bool,
+    /// Per-head RMSNorm on Q and K before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Mixture-of-experts layers (`None`: every layer is a dense MLP).
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -130,6 +164,15 @@ impl ModelConfig {
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
             return bad("rms_norm_eps", format!("{}", self.rms_norm_eps));
         }
+        if let Some(moe) = &self.moe {
+            moe.routing.validate().or_else(|(key, msg)| bad(key, msg))?;
+            if moe.expert_ffn == 0 || moe.expert_ffn > 1 << 24 || moe.shared_ffn > 1 << 24 {
+                return bad("moe_intermediate_size", format!("{} (shared {}) is out of range", moe.expert_ffn, moe.shared_ffn));
+            }
+            if moe.layers.len() != self.num_layers {
+                return bad("num_hidden_layers", format!("{} MoE layer flags for {} layers", moe.layers.len(), self.num_layers));
+            }
+        }
         Ok(())
     }
 }
@@ -151,6 +194,39 @@ impl TensorBytes {
             TensorBytes::Owned(b) => b,
         }
     }
+
+    /// Bytes `range` of these (still mapped when these are).
+    fn slice(&self, range: Range<usize>) -> TensorBytes {
+        match self {
+            TensorBytes::Mapped(m, r) => TensorBytes::Mapped(m.clone(), r.start + range.start..r.start + range.end),
+            TensorBytes::Owned(b) => TensorBytes::Owned(Arc::from(&b[range])),
+        }
+    }
+}
+
+/// Splits a stacked expert tensor `[E, rows, cols]` into one canonical matrix per expert and
+/// part: `parts` are `(canonical kind, rows)` in row order (`[("ffn_gate_exps", I),
+/// ("ffn_up_exps", I)]` for a fused gate-up stack), summing to `rows`.
+fn split_experts(t: &TensorEntry, layer: usize, parts: &[(&str, usize)]) -> Result<Vec<(String, TensorEntry)>, LoadError> {
+    let err = |msg: String| LoadError::Tensor { name: t.source_name.clone(), msg };
+    let &[e, rows, cols] = t.shape.as_slice() else { return Err(err(format!("shape {:?} is not [experts, rows, cols]", t.shape))) };
+    if parts.iter().map(|p| p.1).sum::<usize>() != rows {
+        return Err(err(format!("{rows} rows do not split into {}", parts.iter().map(|p| format!("{} {}", p.0, p.1)).collect::<Vec<_>>().join(" + "))));
+    }
+    let rb = t.ty.row_bytes(cols).ok_or_else(|| err(format!("{cols} columns are not whole {} blocks", t.ty)))?;
+    if t.data.bytes().len() != e * rows * rb {
+        return Err(err(format!("{} bytes for shape {:?} of {}", t.data.bytes().len(), t.shape, t.ty)));
+    }
+    let mut out = Vec::with_capacity(e * parts.len());
+    for x in 0..e {
+        let mut row = x * rows;
+        for &(kind, n) in parts {
+            let data = t.data.slice(row * rb..(row + n) * rb);
+            out.push((names::expert_name(layer, kind, x), TensorEntry { source_name: format!("{}[{x}]", t.source_name), ty: t.ty, shape: vec![n, cols], data }));
+            row += n;
+        }
+    }
+    Ok(out)
 }
 
 /// One named tensor in its storage type.

@@ -86,6 +86,11 @@ impl Linear {
         self.rows
     }
 
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
     /// `y[i * ldy + j] = Σ_k x[i, k] W[j, k]` for the rows of `x`, which belong to sequences
     /// of `segments` tokens (each segment picks its kernel path by its own length).
     pub fn forward(&self, x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {

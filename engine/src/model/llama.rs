@@ -1,17 +1,21 @@
-//! The Llama decoder (SmolLM2, Llama 2/3 without RoPE scaling, Mistral without sliding window).
+//! The Llama-style decoder (SmolLM2, Llama 2/3 without RoPE scaling, Mistral without sliding
+//! window) and its mixture-of-experts relatives (Mixtral, Qwen2-MoE with Q/K/V biases,
+//! Qwen3-MoE with Q/K norms, DeepSeek-V3 routing over GQA attention).
 //!
 //! The model knows layers, not kernels: each [`Linear`] carries the kernel chosen for its
 //! storage type. The forward pass takes a batch of sequences of different lengths, runs every
 //! linear layer once over all their tokens, and attention per sequence over its own KV cache.
 
 use super::linear::{Linear, PlanEntry};
+use super::mlp::Mlp;
+use super::moe::MoeLayer;
 use crate::checkpoint::{Checkpoint, LoadError, ModelConfig, TensorEntry};
 use crate::kv::{KvError, SequenceKv};
 use tessera_kernels::attention::{attention_batch, AttnJob, AttnShape};
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::{dequantize_row, GgmlType};
 use tessera_kernels::linear::LinearPolicy;
-use tessera_kernels::ops::{rms_norm, silu_mul, Rope};
+use tessera_kernels::ops::{rms_norm, Rope};
 
 /// One sequence's part of a batch.
 pub struct SeqInput<'a> {
@@ -47,16 +51,24 @@ pub enum ForwardError {
     },
 }
 
+/// A block's feed-forward.
+enum Ffn {
+    Dense(Mlp),
+    Moe(MoeLayer),
+}
+
 struct Block {
     attn_norm: Vec<f32>,
     wq: Linear,
     wk: Linear,
     wv: Linear,
     wo: Linear,
+    /// Q, K, V biases concatenated (one row of the fused QKV output).
+    qkv_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights for Q and K.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    ffn: Ffn,
 }
 
 /// A loaded Llama model.
@@ -98,16 +110,33 @@ impl LlamaModel {
         let mut blocks = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
+            let qkv_bias = if c.attn_bias {
+                let mut b = norm_weights(ckpt.tensor(&format!("blk.{i}.attn_q.bias"))?, qw)?;
+                b.extend(norm_weights(ckpt.tensor(&format!("blk.{i}.attn_k.bias"))?, kw)?);
+                b.extend(norm_weights(ckpt.tensor(&format!("blk.{i}.attn_v.bias"))?, kw)?);
+                Some(b)
+            } else {
+                None
+            };
+            let qk_norm = if c.qk_norm {
+                Some((norm_weights(ckpt.tensor(&p("attn_q_norm"))?, c.head_dim)?, norm_weights(ckpt.tensor(&p("attn_k_norm"))?, c.head_dim)?))
+            } else {
+                None
+            };
+            let ffn = match &c.moe {
+                Some(moe) if moe.layers[i] => Ffn::Moe(MoeLayer::load(ckpt, i, &c, moe, caps, policy)?),
+                _ => Ffn::Dense(Mlp::load(ckpt, [&p("ffn_gate"), &p("ffn_up"), &p("ffn_down")], h, ffn, caps, policy)?),
+            };
             blocks.push(Block {
                 attn_norm: norm_weights(ckpt.tensor(&p("attn_norm"))?, h)?,
                 wq: lin(&p("attn_q"), qw, h)?,
                 wk: lin(&p("attn_k"), kw, h)?,
                 wv: lin(&p("attn_v"), kw, h)?,
                 wo: lin(&p("attn_output"), h, qw)?,
+                qkv_bias,
+                qk_norm,
                 ffn_norm: norm_weights(ckpt.tensor(&p("ffn_norm"))?, h)?,
-                gate: lin(&p("ffn_gate"), ffn, h)?,
-                up: lin(&p("ffn_up"), ffn, h)?,
-                down: lin(&p("ffn_down"), h, ffn)?,
+                ffn,
             });
         }
         let head_name = if c.tie_word_embeddings { "token_embd.weight" } else { "output.weight" };
@@ -155,8 +184,10 @@ impl LlamaModel {
     pub fn plan(&self) -> Vec<PlanEntry> {
         let mut out = Vec::new();
         for b in &self.blocks {
-            for l in [&b.wq, &b.wk, &b.wv, &b.wo, &b.gate, &b.up, &b.down] {
-                out.push(l.plan());
+            out.extend([&b.wq, &b.wk, &b.wv, &b.wo].map(Linear::plan));
+            match &b.ffn {
+                Ffn::Dense(mlp) => out.extend(mlp.plan()),
+                Ffn::Moe(moe) => out.extend(moe.plan()),
             }
         }
         out.push(self.lm_head.plan());
@@ -185,7 +216,7 @@ impl LlamaModel {
     fn forward_in_pool(&self, batch: &mut [SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ForwardError> {
         let c = &self.config;
         let (h, hd, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
-        let (qw, kw, ffn) = (self.shape.q_width(), self.shape.kv_width(), c.intermediate_size);
+        let (qw, kw) = (self.shape.q_width(), self.shape.kv_width());
         let qkv_w = qw + 2 * kw;
 
         // Validate everything before touching any cache.
@@ -234,14 +265,23 @@ impl LlamaModel {
         let mut q = vec![0f32; m * qw];
         let mut attn = vec![0f32; m * qw];
         let mut tmp = vec![0f32; m * h];
-        let mut gu = vec![0f32; m * 2 * ffn];
-        let mut act = vec![0f32; m * ffn];
+        let mut head = vec![0f32; hd];
         let mut kbuf = Vec::new();
         let mut vbuf = Vec::new();
         for (li, b) in self.blocks.iter().enumerate() {
             rms_norm(&x, &b.attn_norm, c.rms_norm_eps, &mut normed);
             Linear::forward_fused(&[&b.wq, &b.wk, &b.wv], &normed, &segments, &mut qkv, qkv_w);
             for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
+                if let Some(bias) = &b.qkv_bias {
+                    row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+                }
+                if let Some((qn, kn)) = &b.qk_norm {
+                    let (qs, ks) = row[..qw + kw].split_at_mut(qw);
+                    for (x, w) in qs.chunks_exact_mut(hd).map(|x| (x, qn)).chain(ks.chunks_exact_mut(hd).map(|x| (x, kn))) {
+                        head.copy_from_slice(x);
+                        rms_norm(&head, w, c.rms_norm_eps, x);
+                    }
+                }
                 let cs = &rope_table[t * half..(t + 1) * half];
                 let (qr, rest) = row.split_at_mut(qw);
                 self.rope.apply(qr, hd, cs);
@@ -271,9 +311,10 @@ impl LlamaModel {
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
 
             rms_norm(&x, &b.ffn_norm, c.rms_norm_eps, &mut normed);
-            Linear::forward_fused(&[&b.gate, &b.up], &normed, &segments, &mut gu, 2 * ffn);
-            silu_mul(&gu, ffn, &mut act);
-            b.down.forward(&act, &segments, &mut tmp, h);
+            match &b.ffn {
+                Ffn::Dense(mlp) => mlp.forward(&normed, &segments, &mut tmp),
+                Ffn::Moe(moe) => moe.forward(&normed, &segments, &mut tmp),
+            }
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
         }
         for (s, &(_, n, _)) in batch.iter_mut().zip(&spans) {

@@ -8,7 +8,7 @@
 //! modules concretely; tokenizer, generation and chat-template files are copied.
 //!
 //! Which tensors are quantized: the 2-D `.weight` of every Linear module (`*_proj`, including
-//! MoE experts `mlp.experts.E.*_proj`) unless excluded. Never quantized: embeddings, norms,
+//! MoE experts `mlp.experts.E.*_proj` and Mixtral's `block_sparse_moe.experts.E.w1|w2|w3`) unless excluded. Never quantized: embeddings, norms,
 //! routers (`mlp.gate`, `shared_expert_gate`) and `lm_head` (llm-compressor's default
 //! `ignore=["lm_head"]`). `--exclude` globs (Python's fnmatch: `*` crosses dots, the whole name must match) and `experts_only` exclude
 //! more; excluded linears are copied unchanged.
@@ -263,7 +263,7 @@ pub struct QuantizeOptions {
     pub recipe: Recipe,
     /// fnmatch globs of module names (no `.weight`) to leave unquantized.
     pub exclude: Vec<String>,
-    /// Leave every linear outside `.mlp.experts.` unquantized.
+    /// Leave every linear outside routed experts (`.experts.E.`) unquantized.
     pub experts_only: bool,
 }
 
@@ -289,9 +289,20 @@ fn is_router(module: &str) -> bool {
     matches!(module.rsplit('.').next(), Some("gate" | "shared_expert_gate"))
 }
 
-/// Whether a module is a Linear layer whose weight a quantizer targets.
+/// Whether a module is a routed expert (`….experts.E.…`, not `shared_experts`).
+fn is_expert(module: &str) -> bool {
+    module.contains(".experts.")
+}
+
+/// Whether a module is a Linear layer whose weight a quantizer targets (Mixtral's experts are
+/// `w1`/`w2`/`w3`).
 fn is_linear(module: &str) -> bool {
-    module == "lm_head" || module.ends_with(".lm_head") || is_router(module) || module.rsplit('.').next().is_some_and(|l| l.ends_with("_proj"))
+    let leaf = module.rsplit('.').next().unwrap_or("");
+    module == "lm_head"
+        || module.ends_with(".lm_head")
+        || is_router(module)
+        || leaf.ends_with("_proj")
+        || (is_expert(module) && matches!(leaf, "w1" | "w2" | "w3"))
 }
 
 /// Which linear modules are quantized.
@@ -304,7 +315,7 @@ struct Selection<'a> {
 impl Selection<'_> {
     fn quantized(&mut self, module: &str) -> bool {
         let mut excluded = is_router(module) || module == "lm_head" || module.ends_with(".lm_head");
-        excluded |= self.experts_only && !module.contains(".mlp.experts.");
+        excluded |= self.experts_only && !is_expert(module);
         for (p, hits) in self.patterns.iter().zip(self.hits.iter_mut()) {
             if fnmatch(p.as_bytes(), module.as_bytes()) {
                 *hits += 1;

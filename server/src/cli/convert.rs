@@ -1,11 +1,12 @@
-//! `tessera convert`: checkpoint format conversions (`gguf-to-hf`).
+//! `tessera convert`: checkpoint conversions (`gguf-to-hf`, `upcycle-moe`).
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use tessera_engine::checkpoint::Checkpoint;
-use tessera_engine::convert::{to_hf_dir, ConvertOptions};
+use tessera_engine::convert::{to_hf_dir, ConvertOptions, ConvertSummary};
 use tessera_engine::float_dtype::FloatDtype;
+use tessera_engine::upcycle::{upcycle, MoeFamily, UpcycleOptions};
 
 /// Arguments of `tessera convert`.
 #[derive(Args, Debug)]
@@ -18,6 +19,73 @@ pub struct ConvertArgs {
 enum ConvertCommand {
     /// A GGUF Llama model to a Hugging Face directory (config.json, safetensors, tokenizer files).
     GgufToHf(GgufToHfArgs),
+    /// A dense Llama model (GGUF or HF directory) to a mixture-of-experts HF directory whose
+    /// experts are copies of its MLP (identical experts compute the dense model's function).
+    UpcycleMoe(UpcycleArgs),
+}
+
+/// Output MoE family.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FamilyArg {
+    /// Mixtral (softmax top-k, renormalized).
+    Mixtral,
+    /// Qwen2-MoE (softmax top-k, sigmoid-gated shared expert, Q/K/V biases).
+    QwenMoe,
+    /// Qwen3-MoE (softmax top-k, per-head Q/K norms written as ones: not function-preserving).
+    Qwen3Moe,
+    /// DeepSeek-V3 routing (sigmoid, correction bias, group-limited, shared expert) over GQA.
+    Deepseek,
+}
+
+/// Arguments of `tessera convert upcycle-moe`.
+#[derive(Args, Debug)]
+struct UpcycleArgs {
+    /// Dense model (GGUF file or Hugging Face directory).
+    #[arg(long)]
+    input: PathBuf,
+    /// Output directory (created if missing).
+    #[arg(long)]
+    output: PathBuf,
+    /// Routed experts per layer.
+    #[arg(long, default_value_t = 8)]
+    experts: usize,
+    /// Experts per token.
+    #[arg(long, default_value_t = 2)]
+    top_k: usize,
+    /// Output family (config keys, tensor names, routing).
+    #[arg(long, value_enum, default_value = "mixtral")]
+    family: FamilyArg,
+    /// DeepSeek family: expert groups (`n_group`).
+    #[arg(long, default_value_t = 4)]
+    n_group: usize,
+    /// DeepSeek family: groups kept per token (`topk_group`).
+    #[arg(long, default_value_t = 2)]
+    topk_group: usize,
+    /// Relative noise on every expert copy (`σ · rms(W) · N(0,1)`); 0 keeps them identical.
+    #[arg(long, default_value_t = 0.0)]
+    perturb: f32,
+    /// Seed of the router weights and the noise.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write experts stacked (`mlp.experts.gate_up_proj` / `down_proj`, transformers 5 layout).
+    #[arg(long)]
+    stacked: bool,
+    /// Float type of every output tensor.
+    #[arg(long, value_enum, default_value = "bf16")]
+    dtype: DtypeArg,
+    /// Split the weights into shards of at most this many MiB (default: one model.safetensors).
+    #[arg(long)]
+    max_shard_mib: Option<u64>,
+}
+
+impl DtypeArg {
+    fn dtype(self) -> FloatDtype {
+        match self {
+            DtypeArg::Bf16 => FloatDtype::BF16,
+            DtypeArg::F16 => FloatDtype::F16,
+            DtypeArg::F32 => FloatDtype::F32,
+        }
+    }
 }
 
 /// Output float type.
@@ -47,22 +115,45 @@ struct GgufToHfArgs {
 
 /// Runs the command.
 pub fn run(args: ConvertArgs) -> Result<()> {
-    let ConvertCommand::GgufToHf(a) = args.command;
-    let ck = Checkpoint::open(&a.input)?;
-    let dtype = match a.dtype {
-        DtypeArg::Bf16 => FloatDtype::BF16,
-        DtypeArg::F16 => FloatDtype::F16,
-        DtypeArg::F32 => FloatDtype::F32,
-    };
-    let opts = ConvertOptions { dtype, max_shard_bytes: a.max_shard_mib.map(|m| m << 20) };
-    let s = to_hf_dir(&ck, &a.output, &opts).with_context(|| format!("converting {}", a.input.display()))?;
+    match args.command {
+        ConvertCommand::GgufToHf(a) => {
+            let ck = Checkpoint::open(&a.input)?;
+            let opts = ConvertOptions { dtype: a.dtype.dtype(), max_shard_bytes: a.max_shard_mib.map(|m| m << 20) };
+            let s = to_hf_dir(&ck, &a.output, &opts).with_context(|| format!("converting {}", a.input.display()))?;
+            report(&a.output, &s, opts.dtype);
+        }
+        ConvertCommand::UpcycleMoe(a) => {
+            let ck = Checkpoint::open(&a.input)?;
+            let family = match a.family {
+                FamilyArg::Mixtral => MoeFamily::Mixtral,
+                FamilyArg::QwenMoe => MoeFamily::QwenMoe,
+                FamilyArg::Qwen3Moe => MoeFamily::Qwen3Moe,
+                FamilyArg::Deepseek => MoeFamily::Deepseek,
+            };
+            let opts = UpcycleOptions {
+                family,
+                experts: a.experts,
+                top_k: a.top_k,
+                groups: (a.n_group, a.topk_group),
+                perturb: a.perturb,
+                seed: a.seed,
+                stacked: a.stacked,
+                convert: ConvertOptions { dtype: a.dtype.dtype(), max_shard_bytes: a.max_shard_mib.map(|m| m << 20) },
+            };
+            let s = upcycle(&ck, &a.output, &opts).with_context(|| format!("upcycling {}", a.input.display()))?;
+            report(&a.output, &s, opts.convert.dtype);
+        }
+    }
+    Ok(())
+}
+
+fn report(output: &std::path::Path, s: &ConvertSummary, dtype: FloatDtype) {
     println!(
         "wrote {}: {} tensors ({:.1} MiB, {}) in {}",
-        a.output.display(),
+        output.display(),
         s.tensors,
         s.bytes as f64 / (1u64 << 20) as f64,
         dtype.torch_name(),
         s.shards.join(", ")
     );
-    Ok(())
 }
