@@ -193,7 +193,7 @@ fn malformed_directories_name_what_is_wrong() {
     let views = vec![("model.layers.1.mlp.experts.0.w1".to_string(), TensorView::new(Dtype::F32, vec![2, 2], &bytes).unwrap())];
     safetensors::serialize_to_file(views, &None, &bad).unwrap();
     let e = Checkpoint::open(dir.path()).unwrap_err().to_string();
-    assert!(e.contains("model.layers.1.mlp.experts.0.w1") && e.contains("not a Llama tensor name"), "{e}");
+    assert!(e.contains("model.layers.1.mlp.experts.0.w1") && e.contains("not a tensor name of a supported architecture"), "{e}");
     std::fs::write(&bad, b"not safetensors").unwrap();
     assert!(Checkpoint::open(dir.path()).unwrap_err().to_string().contains("invalid safetensors"));
 }

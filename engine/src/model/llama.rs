@@ -53,8 +53,8 @@ pub enum ForwardError {
 
 /// A block's feed-forward.
 enum Ffn {
-    Dense(Mlp),
-    Moe(MoeLayer),
+    Dense(Box<Mlp>),
+    Moe(Box<MoeLayer>),
 }
 
 struct Block {
@@ -124,8 +124,8 @@ impl LlamaModel {
                 None
             };
             let ffn = match &c.moe {
-                Some(moe) if moe.layers[i] => Ffn::Moe(MoeLayer::load(ckpt, i, &c, moe, caps, policy)?),
-                _ => Ffn::Dense(Mlp::load(ckpt, [&p("ffn_gate"), &p("ffn_up"), &p("ffn_down")], h, ffn, caps, policy)?),
+                Some(moe) if moe.layers[i] => Ffn::Moe(Box::new(MoeLayer::load(ckpt, i, &c, moe, caps, policy)?)),
+                _ => Ffn::Dense(Box::new(Mlp::load(ckpt, [&p("ffn_gate"), &p("ffn_up"), &p("ffn_down")], h, ffn, caps, policy)?)),
             };
             blocks.push(Block {
                 attn_norm: norm_weights(ckpt.tensor(&p("attn_norm"))?, h)?,
