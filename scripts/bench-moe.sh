@@ -26,20 +26,11 @@ mkdir -p "$M" "$OUT"
 [[ -f "$M/moe-w4a16/config.json" ]] || "$TESSERA" quantize --input "$M/moe-bf16" --output "$M/moe-w4a16" \
     --scheme w4a16 --group-size 64 --experts-only
 
-wait_ready() {
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "server on port $1 did not come up" >&2
-    return 1
-}
-
 for name in dense moe-bf16 moe-w4a8 moe-w4a16; do
     "$TESSERA" serve --model "$M/$name" --port 8101 --max-num-seqs 8 >/dev/null 2>&1 &
     PID=$!
     trap 'kill $PID 2>/dev/null || true' EXIT
-    wait_ready 8101
+    "$ROOT/scripts/wait-ready.sh" 8101
     seed=0
     for c in 1 8; do
         n=$((c == 1 ? 4 : 16))

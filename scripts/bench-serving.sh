@@ -17,15 +17,6 @@ mkdir -p "$OUT"
 TESSERA="$ROOT/target/release/tessera"
 BENCH="$ROOT/target/release/tessera-bench"
 
-wait_ready() {
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "server on port $1 did not come up" >&2
-    return 1
-}
-
 run_shapes() { # name port
     local name="$1" port="$2" seed=0
     for shape in "256 64" "32 128"; do
@@ -45,7 +36,7 @@ run_shapes() { # name port
 "$TESSERA" serve --model "$MODEL" --port 8100 --max-num-seqs 8 &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
-wait_ready 8100
+"$ROOT/scripts/wait-ready.sh" 8100
 run_shapes tessera 8100
 curl -s http://127.0.0.1:8100/metrics | grep -E '^tessera_step_(overhead|forward)_seconds_(sum|count)|^tessera_generation_tokens_total' > "$OUT/tessera-step-metrics.txt"
 kill $PID; wait $PID 2>/dev/null || true
@@ -53,7 +44,7 @@ kill $PID; wait $PID 2>/dev/null || true
 if [[ -n "$LLAMA_SERVER" ]]; then
     "$LLAMA_SERVER" -m "$MODEL" -np 8 -t 2 -c 8192 --port 8090 >/dev/null 2>&1 &
     PID=$!
-    wait_ready 8090
+    "$ROOT/scripts/wait-ready.sh" 8090
     run_shapes llama-server 8090
     kill $PID; wait $PID 2>/dev/null || true
 fi

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{default_model_path, fixture, model_with};
+use common::{default_model_path, fixture, max_rel_err, model_with};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -53,17 +53,6 @@ fn greedy(m: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
         l = m.forward(&mut [SeqInput { tokens: &out[out.len() - 1..], kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0);
     }
     out
-}
-
-/// Largest `max |a - b| / spread(b)` over the logit rows of a sequence.
-fn max_rel_err(a: &[f32], b: &[f32], vocab: usize) -> f32 {
-    a.chunks(vocab)
-        .zip(b.chunks(vocab))
-        .map(|(ra, rb)| {
-            let spread = rb.iter().cloned().fold(f32::MIN, f32::max) - rb.iter().cloned().fold(f32::MAX, f32::min);
-            ra.iter().zip(rb).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / spread
-        })
-        .fold(0.0, f32::max)
 }
 
 /// F32 output holds exactly the values the GGUF's blocks dequantize to (Q4_1/Q8_0 values are

@@ -29,3 +29,14 @@ pub fn model() -> &'static LoadedModel {
 pub fn model_with(policy: LinearPolicy) -> LoadedModel {
     LoadedModel::load(&default_model_path(), policy).unwrap()
 }
+
+/// Largest `max |a - b| / spread(b)` over the logit rows of a sequence.
+pub fn max_rel_err(a: &[f32], b: &[f32], vocab: usize) -> f32 {
+    a.chunks(vocab)
+        .zip(b.chunks(vocab))
+        .map(|(ra, rb)| {
+            let spread = rb.iter().cloned().fold(f32::MIN, f32::max) - rb.iter().cloned().fold(f32::MAX, f32::min);
+            ra.iter().zip(rb).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / spread
+        })
+        .fold(0.0, f32::max)
+}
