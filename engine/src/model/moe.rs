@@ -210,13 +210,6 @@ impl MoeLayer {
         out.extend(self.shared_gate.iter().map(Linear::plan));
         out
     }
-
-    /// Each token's chosen experts and weights (`top_k` per token, routing order), for tests
-    /// and diagnostics.
-    pub fn routes(&self, x: &[f32], segments: &[usize]) -> (Vec<u32>, Vec<f32>) {
-        let g = self.route(x, segments);
-        (g.ids, g.weights)
-    }
 }
 
 /// Lengths of the runs of consecutive rows from the same sequence.
