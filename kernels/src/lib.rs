@@ -4,12 +4,14 @@
 //! - [`ggml`]: GGML block formats (types, dequantization, activation quantization);
 //! - [`cpu`]: feature detection and SIMD row dot products;
 //! - [`linear`]: `y = x·Wᵀ` over quantized weights, with a kernel chosen per layer;
-//! - [`attention`]: causal GQA attention over cached K/V tiles;
+//! - [`attention`]: causal GQA attention over cached K/V pages;
+//! - [`kv`]: KV-cache storage formats (plain, fp8/int8, QJL, TQ3_0, HQMQ);
 //! - [`ops`]: RMSNorm, RoPE, SwiGLU;
 //! - [`quant`]: linear layers over checkpoint-quantized weights (W4A16, W4A8, W8A8);
 //! - [`reference`]: scalar references the optimized kernels are tested against.
 
 pub mod attention;
+pub mod kv;
 pub mod cpu;
 pub mod ggml;
 pub mod linear;

@@ -1,0 +1,219 @@
+//! KV-cache storage formats ("codecs") and the interface attention reads them through.
+//!
+//! A paged cache stores, for every (block, layer, K|V, KV head), one *page*: the encoded
+//! vectors of the block's tokens for that head, in a layout the codec owns. Attention never
+//! asks for a dense K/V of the whole context: it asks a codec for the scores of a run of
+//! keys against prepared queries ([`KvCodec::scores`]) and for the weighted sum of a run of
+//! values ([`KvCodec::accumulate`]), page by page. Prefill may decode one page at a time
+//! into a dense scratch ([`KvCodec::decode`]).
+//!
+//! Formats: [`plain`] (f32, bf16, f16), [`scaled8`] (fp8 e4m3 and int8 with a scale per
+//! token and head, or a static per-tensor scale), [`qjl`] (1-bit JL sketches of keys),
+//! [`tq3`] (TQ3_0: WHT32 + 2-bit codebook + residual signs) and [`hqmq`] (Hurwitz
+//! quaternion multiplicative quantization, optionally with Med3x outliers).
+
+pub mod bits;
+pub mod format;
+pub mod hqmq;
+pub mod plain;
+pub mod qjl;
+pub mod scaled8;
+pub mod tq3;
+
+pub use format::{HqmqParams, KvFormat, KvFormatError};
+
+use std::ops::Range;
+
+/// Whether a codec stores keys or values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvRole {
+    /// Keys (scored against queries).
+    Key,
+    /// Values (summed with attention weights).
+    Value,
+}
+
+/// What a codec needs to know about the tensor it stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvGeometry {
+    /// Floats per head vector.
+    pub head_dim: usize,
+    /// KV heads per layer.
+    pub n_kv_heads: usize,
+}
+
+/// Per-layer construction options.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CodecOptions {
+    /// Layer index (seeds per-layer random state: QJL projections, HQMQ codebooks).
+    pub layer: usize,
+    /// Base seed for random state (the same seed reproduces the same cache).
+    pub seed: u64,
+    /// A static per-tensor scale from the checkpoint (`k_scale` / `v_scale`), used by the
+    /// 8-bit formats instead of a scale per token.
+    pub static_scale: Option<f32>,
+}
+
+/// One head's page: `tokens` slots in the codec's layout.
+#[derive(Clone, Copy, Debug)]
+pub struct KvPage<'a> {
+    /// The page's bytes ([`KvCodec::page_bytes`] of `tokens`).
+    pub bytes: &'a [u8],
+    /// Slots in the page.
+    pub tokens: usize,
+}
+
+/// A mutable page being written.
+#[derive(Debug)]
+pub struct KvPageMut<'a> {
+    /// The page's bytes.
+    pub bytes: &'a mut [u8],
+    /// Slots in the page.
+    pub tokens: usize,
+}
+
+/// A KV-cache storage format for one layer and role (K or V), all of its heads.
+///
+/// Codecs are stateless across calls except for random state fixed at construction
+/// (projections, codebooks), so any number of threads may use one at once.
+pub trait KvCodec: Send + Sync {
+    /// The format's canonical name (`bf16`, `hqmq-s96-r4`, ...).
+    fn name(&self) -> String;
+    /// Floats per head vector.
+    fn head_dim(&self) -> usize;
+    /// Bytes of one head's page of `tokens` slots.
+    fn page_bytes(&self, tokens: usize) -> usize;
+    /// Encodes `rows` (`n × head_dim`, row-major) of head `head` into slots `first..first + n`.
+    /// Slots before `first` hold earlier tokens of the same sequence (formats with per-page
+    /// side data read them); slots after are unspecified.
+    fn encode(&self, head: usize, page: KvPageMut<'_>, first: usize, rows: &[f32]);
+    /// Decodes slots `slots` of head `head` into `out` (`slots.len() × head_dim`).
+    fn decode(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, out: &mut [f32]);
+
+    /// Floats per prepared query ([`Self::prepare_query`]); `head_dim` unless the codec scores
+    /// in another space.
+    fn query_width(&self) -> usize {
+        self.head_dim()
+    }
+    /// Maps a query of head `head`'s group (`head_dim`) into the space [`Self::scores`] works in
+    /// (once per query per step, not per key).
+    fn prepare_query(&self, head: usize, q: &[f32], out: &mut [f32]) {
+        let _ = head;
+        out.copy_from_slice(q);
+    }
+    /// `out[i * n + j] = <query i, key at slot slots.start + j>` for prepared `queries`
+    /// (`nq × query_width`), `n = slots.len()`. Unscaled (attention applies 1/sqrt(d)).
+    fn scores(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
+        let (hd, n) = (self.head_dim(), slots.len());
+        let mut keys = vec![0f32; n * hd];
+        self.decode(head, page, slots, &mut keys);
+        for (qi, q) in queries.chunks_exact(hd).enumerate() {
+            for (j, k) in keys.chunks_exact(hd).enumerate() {
+                out[qi * n + j] = q.iter().zip(k).map(|(a, b)| a * b).sum();
+            }
+        }
+    }
+    /// `acc[i] += sum_j weights[i * n + j] * value(slot slots.start + j)` for `nq` rows
+    /// (`acc` is `nq × head_dim`).
+    fn accumulate(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
+        let (hd, n) = (self.head_dim(), slots.len());
+        let mut values = vec![0f32; n * hd];
+        self.decode(head, page, slots, &mut values);
+        for (qi, a) in acc.chunks_exact_mut(hd).enumerate() {
+            for (j, v) in values.chunks_exact(hd).enumerate() {
+                let w = weights[qi * n + j];
+                if w != 0.0 {
+                    a.iter_mut().zip(v).for_each(|(x, y)| *x += w * y);
+                }
+            }
+        }
+    }
+    /// The page as `tokens × head_dim` f32 when that is its layout (no decoding needed).
+    fn as_f32<'a>(&self, page: KvPage<'a>) -> Option<&'a [f32]> {
+        let _ = page;
+        None
+    }
+}
+
+/// Builds the codec of `format` for one layer and role.
+pub fn codec(format: &KvFormat, geom: KvGeometry, role: KvRole, opts: CodecOptions) -> Result<Box<dyn KvCodec>, KvFormatError> {
+    format.check(geom, role)?;
+    Ok(match *format {
+        KvFormat::F32 => Box::new(plain::F32Codec::new(geom)),
+        KvFormat::Bf16 => Box::new(plain::Half16Codec::new(geom, plain::Half16::Bf16)),
+        KvFormat::F16 => Box::new(plain::Half16Codec::new(geom, plain::Half16::F16)),
+        KvFormat::Fp8E4m3 => Box::new(scaled8::Scaled8Codec::new(geom, scaled8::Byte8::Fp8E4m3, opts.static_scale)),
+        KvFormat::Int8 => Box::new(scaled8::Scaled8Codec::new(geom, scaled8::Byte8::Int8, opts.static_scale)),
+        KvFormat::Qjl1 => Box::new(qjl::QjlCodec::new(geom, opts)),
+        KvFormat::Tq3_0 => Box::new(tq3::Tq3Codec::new(geom)),
+        KvFormat::Hqmq(p) => Box::new(hqmq::HqmqCodec::new(geom, p, role, opts)),
+    })
+}
+
+/// Shared checks every codec's tests run.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::{KvCodec, KvPage, KvPageMut};
+    use rand::{Rng, SeedableRng};
+
+    /// `n × hd` values like real keys/values: Gaussian-ish with a few larger channels.
+    pub fn random_rows(seed: u64, n: usize, hd: usize) -> Vec<f32> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        (0..n * hd)
+            .map(|i| {
+                let g: f32 = (0..4).map(|_| rng.gen::<f32>() - 0.5).sum::<f32>() * 1.7;
+                if i % hd == 5 { g * 6.0 } else { g }
+            })
+            .collect()
+    }
+
+    /// Checks a codec's attention hooks against its own decode on random data: encoding one
+    /// token at a time writes the same page as all at once; `scores` equals the dot with the
+    /// decoded keys and `accumulate` the weighted sum of decoded values (to 1e-5 relative to
+    /// the magnitudes involved: the hooks reorder float sums).
+    pub fn check_attention_hooks(codec: &dyn KvCodec, tokens: usize, nq: usize) {
+        let hd = codec.head_dim();
+        let rows = random_rows(11, tokens, hd);
+        for head in 0..2 {
+            let mut once = vec![0u8; codec.page_bytes(tokens)];
+            codec.encode(head, KvPageMut { bytes: &mut once, tokens }, 0, &rows);
+            let mut stepwise = vec![0u8; codec.page_bytes(tokens)];
+            for t in 0..tokens {
+                codec.encode(head, KvPageMut { bytes: &mut stepwise, tokens }, t, &rows[t * hd..(t + 1) * hd]);
+            }
+            assert!(once == stepwise, "{}: token-at-a-time encoding differs", codec.name());
+            let page = KvPage { bytes: &once, tokens };
+            let (lo, hi) = (1, tokens);
+            let n = hi - lo;
+            let mut decoded = vec![0f32; n * hd];
+            codec.decode(head, page, lo..hi, &mut decoded);
+            let queries = random_rows(12, nq, hd);
+            let qw = codec.query_width();
+            let mut prepared = vec![0f32; nq * qw];
+            for (q, p) in queries.chunks_exact(hd).zip(prepared.chunks_exact_mut(qw)) {
+                codec.prepare_query(head, q, p);
+            }
+            let mut scores = vec![0f32; nq * n];
+            codec.scores(head, page, lo..hi, &prepared, &mut scores);
+            for (qi, q) in queries.chunks_exact(hd).enumerate() {
+                for (j, k) in decoded.chunks_exact(hd).enumerate() {
+                    let want: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+                    let mag: f32 = q.iter().zip(k).map(|(a, b)| (a * b).abs()).sum();
+                    let got = scores[qi * n + j];
+                    assert!((got - want).abs() <= 1e-5 * mag + 1e-6, "{}: score {got} vs {want}", codec.name());
+                }
+            }
+            let weights = random_rows(13, nq, n);
+            let mut acc = vec![0.5f32; nq * hd];
+            codec.accumulate(head, page, lo..hi, &weights, &mut acc);
+            for qi in 0..nq {
+                for d in 0..hd {
+                    let want: f32 = 0.5 + (0..n).map(|j| weights[qi * n + j] * decoded[j * hd + d]).sum::<f32>();
+                    let mag: f32 = 0.5 + (0..n).map(|j| (weights[qi * n + j] * decoded[j * hd + d]).abs()).sum::<f32>();
+                    let got = acc[qi * hd + d];
+                    assert!((got - want).abs() <= 1e-5 * mag, "{}: accumulate {got} vs {want}", codec.name());
+                }
+            }
+        }
+    }
+}
