@@ -1,7 +1,6 @@
 //! Single-sequence generation (the `tessera generate` command): chunked prefill, then one
 //! token per step with streaming, UTF-8-safe text output and timing.
 
-use crate::kv::ContiguousKv;
 use crate::model::{ForwardError, LlamaModel, SeqInput};
 use crate::sample::{Sampled, Sampler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -27,6 +26,8 @@ pub struct GenerateOptions {
     pub stop_ids: Vec<u32>,
     /// Prompt tokens per prefill forward pass.
     pub prefill_chunk: usize,
+    /// KV-cache storage (`None`: the compute type, f32).
+    pub kv: Option<std::sync::Arc<crate::kv::KvLayout>>,
 }
 
 /// The result of a generation.
@@ -56,7 +57,10 @@ pub fn generate(
     mut on_text: impl FnMut(&str),
 ) -> Result<Generation, ForwardError> {
     let cfg = model.config();
-    let mut kv = ContiguousKv::new(cfg.num_layers, model.kv_width(), cfg.max_position_embeddings);
+    let mut kv = match &opts.kv {
+        Some(layout) => crate::kv::LocalKv::new(layout.clone(), cfg.max_position_embeddings),
+        None => model.local_kv(cfg.max_position_embeddings),
+    };
     let mut decoder = IncrementalDecoder::new();
     let mut out = Generation {
         text: String::new(),

@@ -4,7 +4,8 @@
 //! scored (logits at position `j` predict token `j + 1`, for `ctx/2 <= j < ctx - 1`).
 //! The error estimate is llama.cpp's: `ppl * sqrt((E[nll²] - E[nll]²) / (n - 1))`.
 
-use crate::kv::ContiguousKv;
+use crate::kv::{KvLayout, LocalKv};
+use std::sync::Arc;
 use crate::model::{ForwardError, LlamaModel, SeqInput};
 use crate::sample::logsumexp;
 
@@ -19,6 +20,8 @@ pub struct PerplexityOptions {
     pub seqs_per_batch: usize,
     /// Token that replaces each window's first token (the model's BOS when it adds one).
     pub bos: Option<u32>,
+    /// KV-cache storage (`None`: the compute type, f32).
+    pub kv: Option<Arc<KvLayout>>,
 }
 
 /// Accumulated result.
@@ -84,8 +87,12 @@ pub fn perplexity(
                 w
             })
             .collect();
-        let mut caches: Vec<ContiguousKv> =
-            (0..n_seq).map(|_| ContiguousKv::new(cfg.num_layers, model.kv_width(), ctx)).collect();
+        let mut caches: Vec<LocalKv> = (0..n_seq)
+            .map(|_| match &opts.kv {
+                Some(layout) => LocalKv::new(layout.clone(), ctx),
+                None => model.local_kv(ctx),
+            })
+            .collect();
         let mut batch: Vec<SeqInput<'_>> = windows
             .iter()
             .zip(caches.iter_mut())

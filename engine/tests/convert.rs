@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
-use tessera_engine::kv::ContiguousKv;
+use tessera_engine::kv::LocalKv;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
 use tessera_engine::LoadedModel;
@@ -40,12 +40,12 @@ fn cases() -> Vec<Vec<u32>> {
 }
 
 fn logits(m: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
-    let mut kv = ContiguousKv::new(m.config().num_layers, m.kv_width(), 1024);
+    let mut kv = m.local_kv(1024);
     m.forward(&mut [SeqInput { tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0)
 }
 
 fn greedy(m: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut kv = ContiguousKv::new(m.config().num_layers, m.kv_width(), 1024);
+    let mut kv = m.local_kv(1024);
     let mut l = m.forward(&mut [SeqInput { tokens: prompt, kv: &mut kv, logits_from: Some(prompt.len() - 1) }]).unwrap().swap_remove(0);
     let mut out = Vec::new();
     for _ in 0..n {

@@ -7,7 +7,7 @@ mod common;
 
 use common::{fixture, model, model_with};
 use serde_json::Value;
-use tessera_engine::kv::{ContiguousKv, SequenceKv};
+use tessera_engine::kv::{LocalKv, SequenceKv};
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::perplexity::{perplexity, PerplexityOptions};
 use tessera_engine::sample::argmax;
@@ -42,7 +42,7 @@ fn cases() -> (Value, Vec<Case>) {
 
 fn forward_all(m: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
     let cfg = m.config();
-    let mut kv = ContiguousKv::new(cfg.num_layers, m.kv_width(), cfg.max_position_embeddings);
+    let mut kv = m.local_kv(cfg.max_position_embeddings);
     m.forward(&mut [SeqInput { tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0)
 }
 
@@ -83,7 +83,7 @@ fn greedy_generation_matches_reference_and_is_deterministic() {
     let float = model_with(LinearPolicy::ALWAYS_GEMM);
     let greedy = |m: &LlamaModel, prompt: &[u32], n: usize| {
         let cfg = m.config();
-        let mut kv = ContiguousKv::new(cfg.num_layers, m.kv_width(), cfg.max_position_embeddings);
+        let mut kv = m.local_kv(cfg.max_position_embeddings);
         let mut logits =
             m.forward(&mut [SeqInput { tokens: prompt, kv: &mut kv, logits_from: Some(prompt.len() - 1) }]).unwrap().swap_remove(0);
         let mut out = Vec::new();
@@ -113,7 +113,7 @@ fn batched_and_chunked_forward_equal_single_sequence() {
     let alone: Vec<Vec<f32>> = seqs.iter().map(|s| forward_all(m, s)).collect();
 
     let cfg = m.config();
-    let mut caches: Vec<ContiguousKv> = seqs.iter().map(|_| ContiguousKv::new(cfg.num_layers, m.kv_width(), 4096)).collect();
+    let mut caches: Vec<LocalKv> = seqs.iter().map(|_| m.local_kv(4096)).collect();
     let mut batch: Vec<SeqInput<'_>> =
         seqs.iter().zip(caches.iter_mut()).map(|(s, kv)| SeqInput { tokens: s, kv, logits_from: Some(0) }).collect();
     let batched = m.forward(&mut batch).unwrap();
@@ -125,7 +125,7 @@ fn batched_and_chunked_forward_equal_single_sequence() {
 
     // Chunked prefill of the longest sequence: 37 + 50 + 13 tokens.
     let long = seqs.iter().max_by_key(|s| s.len()).unwrap();
-    let mut kv = ContiguousKv::new(cfg.num_layers, m.kv_width(), 4096);
+    let mut kv = m.local_kv(4096);
     let mut rows = Vec::new();
     let mut at = 0;
     for n in [37, 50, long.len() - 87] {
@@ -150,7 +150,7 @@ fn perplexity_matches_reference_on_two_chunks() {
     let tokens = lm.tokenizer.encode(&text).unwrap();
     let first: Vec<u32> = spec["perplexity"]["first_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     assert_eq!(tokens[..first.len()], first[..], "corpus tokenization");
-    let opts = PerplexityOptions { ctx: 512, chunks: Some(2), seqs_per_batch: 2, bos: None };
+    let opts = PerplexityOptions { ctx: 512, chunks: Some(2), seqs_per_batch: 2, bos: None, kv: None };
     let r = perplexity(&lm.model, &tokens, &opts, |_| {}).unwrap();
     assert_eq!((r.chunks, r.count), (2, 510));
     let rel = (r.ppl() - want).abs() / want;
@@ -161,7 +161,7 @@ fn perplexity_matches_reference_on_two_chunks() {
 fn bad_inputs_are_errors_not_panics() {
     let m = &model().model;
     let cfg = m.config();
-    let mut kv = ContiguousKv::new(cfg.num_layers, m.kv_width(), 16);
+    let mut kv = m.local_kv(16);
     let e = m.forward(&mut [SeqInput { tokens: &[1, 999_999], kv: &mut kv, logits_from: None }]).unwrap_err();
     assert!(e.to_string().contains("999999"), "{e}");
     let long = vec![1u32; 17];
@@ -195,7 +195,7 @@ fn batching_does_not_change_results() {
     let m = &model().model;
     let (_, cs) = cases();
     let prompts: Vec<&[u32]> = cs.iter().map(|c| c.tokens.as_slice()).collect();
-    let new_kv = || ContiguousKv::new(m.config().num_layers, m.kv_width(), 1024);
+    let new_kv = || m.local_kv(1024);
     let steps = 4;
 
     // Alone: prefill, then greedy steps; every logits row recorded.
@@ -213,7 +213,7 @@ fn batching_does_not_change_results() {
         .collect();
 
     // Together: one prefill batch, then decode steps batched.
-    let mut kvs: Vec<ContiguousKv> = prompts.iter().map(|_| new_kv()).collect();
+    let mut kvs: Vec<LocalKv> = prompts.iter().map(|_| new_kv()).collect();
     let mut batch: Vec<SeqInput<'_>> =
         prompts.iter().zip(kvs.iter_mut()).map(|(p, kv)| SeqInput { tokens: p, kv, logits_from: Some(p.len() - 1) }).collect();
     let mut last = m.forward(&mut batch).unwrap();

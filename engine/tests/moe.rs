@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 use tessera_engine::checkpoint::{Checkpoint, MoeConfig};
 use tessera_engine::convert::{dequantize, to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
-use tessera_engine::kv::ContiguousKv;
+use tessera_engine::kv::LocalKv;
 use tessera_engine::model::moe::MoeLayer;
 use tessera_engine::model::routing::Scoring;
 use tessera_engine::model::{LlamaModel, SeqInput};
@@ -41,7 +41,7 @@ fn default_ckpt() -> &'static Checkpoint {
 }
 
 fn logits(m: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
-    let mut kv = ContiguousKv::new(m.config().num_layers, m.kv_width(), 256);
+    let mut kv = m.local_kv(256);
     m.forward(&mut [SeqInput { tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0)
 }
 
@@ -302,7 +302,7 @@ fn batching_does_not_change_moe_results() {
     let model = LoadedModel::load(&dir, LinearPolicy::DEFAULT).unwrap().model;
     let seqs: [&[u32]; 3] = [&PROMPT[..9], &PROMPT[3..4], &PROMPT[2..12]];
     let alone: Vec<Vec<f32>> = seqs.iter().map(|s| logits(&model, s)).collect();
-    let mut kvs: Vec<ContiguousKv> = (0..3).map(|_| ContiguousKv::new(model.config().num_layers, model.kv_width(), 256)).collect();
+    let mut kvs: Vec<LocalKv> = (0..3).map(|_| model.local_kv(256)).collect();
     let mut batch: Vec<SeqInput> = seqs.iter().zip(kvs.iter_mut()).map(|(s, kv)| SeqInput { tokens: s, kv, logits_from: Some(0) }).collect();
     let together = model.forward(&mut batch).unwrap();
     assert_eq!(together, alone);

@@ -102,7 +102,7 @@ fn paged_cache_matches_contiguous_cache() {
     let m = &model().model;
     let cfg = m.config();
     let prompt = tokens(&PROMPTS[1].repeat(6));
-    let mut contiguous = ContiguousKv::new(cfg.num_layers, m.kv_width(), cfg.max_position_embeddings);
+    let mut contiguous = m.local_kv(cfg.max_position_embeddings);
     let want = m.forward(&mut [SeqInput { tokens: &prompt, kv: &mut contiguous, logits_from: Some(0) }]).unwrap().swap_remove(0);
     let shape = PoolShape { layers: cfg.num_layers, kv_width: m.kv_width(), block_size: 16 };
     let pool = BlockPool::new(shape, 64);
@@ -128,7 +128,7 @@ fn engine_generates_what_generate_does() {
     let e = engine(no_cache());
     let lm = model();
     let prompt = tokens(PROMPTS[1]);
-    let want = generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(SamplingParams::greedy(), &prompt), &GenerateOptions { max_tokens: 40, stop_ids: vec![], prefill_chunk: 512 }, |_| {}).unwrap();
+    let want = generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(SamplingParams::greedy(), &prompt), &GenerateOptions { max_tokens: 40, stop_ids: vec![], prefill_chunk: 512, kv: None }, |_| {}).unwrap();
     let got = collect(e.submit(greedy("a", prompt.clone(), 40)).unwrap());
     assert_eq!(got.ids, want.tokens.iter().map(|t| t.id).collect::<Vec<_>>());
     assert_eq!(got.text, want.text);
@@ -210,7 +210,7 @@ fn prompt_logprobs_match_a_direct_forward_pass() {
     req.prompt_logprobs = Some(2);
     let got = collect(e.submit(req).unwrap());
     let cfg = lm.model.config();
-    let mut kv = ContiguousKv::new(cfg.num_layers, lm.model.kv_width(), cfg.max_position_embeddings);
+    let mut kv = lm.model.local_kv(cfg.max_position_embeddings);
     let all: Vec<f32> = prompt
         .chunks(48 - 16)
         .flat_map(|c| lm.model.forward(&mut [SeqInput { tokens: c, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0))

@@ -1,12 +1,14 @@
 //! Causal grouped-query attention over cached K/V tiles with an online softmax.
 //!
-//! The cache hands attention a list of [`KvTile`]s (one for a contiguous cache, one per
-//! block for a paged one); attention never needs the whole context as one buffer. Scores and
+//! The cache hands attention a [`KvView`]: the layer's K and V formats and a list of
+//! [`KvTile`]s (one per block), each holding one page per KV head in the format's own layout.
+//! Decode reads compressed pages directly through the formats' score/accumulate hooks and
+//! never materializes a dense K/V; prefill decodes one sub-tile at a time into a scratch. Scores and
 //! the value accumulation are small GEMMs per (head, key sub-tile); the softmax is the
 //! streaming (flash-attention) form, so memory stays bounded by the sub-tile size.
 
-use crate::cpu::dot::{axpy_f32, dot_f32};
-use crate::cpu::{CpuCaps, SyncPtr};
+use crate::cpu::SyncPtr;
+use crate::kv::{KvCodec, KvPage};
 use rayon::prelude::*;
 
 /// Head geometry.
@@ -31,17 +33,67 @@ impl AttnShape {
     }
 }
 
-/// `len` consecutive cached tokens starting at position `start`; rows of `kv_width` f32.
+/// `len` consecutive cached tokens starting at position `start`: one page per KV head for
+/// the keys (`n_kv_heads` pages of `k.page_bytes(slots)` bytes, head after head) and the
+/// same for the values. The tile's first token is in slot 0 of its pages.
 #[derive(Clone, Copy, Debug)]
 pub struct KvTile<'a> {
     /// Position of the first token.
     pub start: usize,
-    /// Tokens in the tile.
+    /// Tokens in the tile (valid slots).
     pub len: usize,
-    /// `len * kv_width` key values.
-    pub keys: &'a [f32],
-    /// `len * kv_width` value values.
-    pub values: &'a [f32],
+    /// Slots per page (`>= len`).
+    pub slots: usize,
+    /// Key pages.
+    pub keys: &'a [u8],
+    /// Value pages.
+    pub values: &'a [u8],
+}
+
+/// One layer's cache as attention reads it: the formats of K and V and the tiles.
+#[derive(Clone)]
+pub struct KvView<'a> {
+    /// Key format.
+    pub k: &'a dyn KvCodec,
+    /// Value format.
+    pub v: &'a dyn KvCodec,
+    /// The cached tokens, in position order.
+    pub tiles: Vec<KvTile<'a>>,
+}
+
+impl<'a> KvView<'a> {
+    /// Head `g`'s key page in `tile`.
+    fn key_page(&self, tile: &KvTile<'a>, g: usize) -> KvPage<'a> {
+        let n = self.k.page_bytes(tile.slots);
+        KvPage { bytes: &tile.keys[g * n..(g + 1) * n], tokens: tile.slots }
+    }
+
+    /// Head `g`'s value page in `tile`.
+    fn value_page(&self, tile: &KvTile<'a>, g: usize) -> KvPage<'a> {
+        let n = self.v.page_bytes(tile.slots);
+        KvPage { bytes: &tile.values[g * n..(g + 1) * n], tokens: tile.slots }
+    }
+
+    fn check(&self, shape: AttnShape) {
+        assert!(self.k.head_dim() == shape.head_dim && self.v.head_dim() == shape.head_dim, "kv codec head dim");
+        for t in &self.tiles {
+            assert!(t.len <= t.slots, "kv tile longer than its pages");
+            assert_eq!(t.keys.len(), shape.n_kv_heads * self.k.page_bytes(t.slots), "kv tile key bytes");
+            assert_eq!(t.values.len(), shape.n_kv_heads * self.v.page_bytes(t.slots), "kv tile value bytes");
+        }
+    }
+}
+
+/// Rows `range` of a page as f32 (`range.len() × head_dim`): in place for f32 pages,
+/// otherwise decoded into `scratch`.
+fn dense<'a>(codec: &dyn KvCodec, head: usize, page: KvPage<'a>, range: std::ops::Range<usize>, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    let hd = codec.head_dim();
+    if let Some(f) = codec.as_f32(page) {
+        return &f[range.start * hd..range.end * hd];
+    }
+    scratch.resize(range.len() * hd, 0.0);
+    codec.decode(head, page, range, scratch);
+    scratch
 }
 
 /// Keys scored per inner step.
@@ -57,36 +109,35 @@ const DECODE_SPLIT: usize = 256;
 
 /// Attention for `m` query rows at positions `pos0..pos0 + m` (query `i` sees keys at
 /// positions `<= pos0 + i`). `q` and `out` are `m × q_width`.
-pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[KvTile<'_>], out: &mut [f32]) {
-    let (hd, qw, kw) = (shape.head_dim, shape.q_width(), shape.kv_width());
+pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, kv: &KvView<'_>, out: &mut [f32]) {
+    let (hd, qw) = (shape.head_dim, shape.q_width());
     assert!(shape.n_kv_heads > 0 && shape.n_heads.is_multiple_of(shape.n_kv_heads));
     assert_eq!(q.len(), m * qw);
     assert_eq!(out.len(), m * qw);
-    for t in tiles {
-        assert!(t.keys.len() == t.len * kw && t.values.len() == t.len * kw, "kv tile shape");
-    }
+    kv.check(shape);
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     if m < GEMM_MIN_QUERIES {
-        let mut job = AttnJob { q, m, pos0, tiles: tiles.to_vec(), out };
+        let mut job = AttnJob { q, m, pos0, kv: kv.clone(), out };
         return decode_batch(shape, &mut [&mut job]);
     }
     let out_ptr = SyncPtr::new(out.as_mut_ptr());
-    // Tasks are (head, block of queries): balances the pool, and each block stops at the keys
-    // its last query can see (half the work of masking a full square for a causal prefill).
+    // Tasks are (KV head, block of queries): balances the pool, each block stops at the keys
+    // its last query can see (half the work of masking a full square for a causal prefill),
+    // and a compressed page is decoded once for all the query heads that share it.
     let blocks = m.div_ceil(QUERY_BLOCK);
-    (0..shape.n_heads * blocks).into_par_iter().for_each(|task| {
-        let (h, qb) = (task / blocks, task % blocks);
+    (0..shape.n_kv_heads * blocks).into_par_iter().for_each(|task| {
+        let (g, qb) = (task / blocks, task % blocks);
         let i0 = qb * QUERY_BLOCK;
         let mq = QUERY_BLOCK.min(m - i0);
         let q0 = pos0 + i0; // position of this block's first query
-        let kvh = h / group;
-        let mut row_max = vec![f32::NEG_INFINITY; mq];
-        let mut row_sum = vec![0f32; mq];
-        let mut acc = vec![0f32; mq * hd];
+        let mut row_max = vec![f32::NEG_INFINITY; group * mq];
+        let mut row_sum = vec![0f32; group * mq];
+        let mut acc = vec![0f32; group * mq * hd];
         let mut s = vec![0f32; mq * SUB_TILE];
+        let (mut kscratch, mut vscratch) = (Vec::new(), Vec::new());
         let qp = &q[i0 * qw..];
-        for tile in tiles {
+        for tile in &kv.tiles {
             let mut off = 0;
             while off < tile.len {
                 let start = tile.start + off;
@@ -94,64 +145,74 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[Kv
                     break;
                 }
                 let n = SUB_TILE.min(tile.len - off);
-                let keys = &tile.keys[(off * kw + kvh * hd)..];
-                let values = &tile.values[(off * kw + kvh * hd)..];
-                // SAFETY: s is mq x n (row stride n); q rows have stride qw; keys/values rows
-                // have stride kw and n rows remain from `off` (asserted tile shapes).
-                unsafe {
-                    gemm::gemm(
-                        mq, n, hd, s.as_mut_ptr(), 1, n as isize, false,
-                        qp.as_ptr().add(h * hd), 1, qw as isize,
-                        keys.as_ptr(), kw as isize, 1,
-                        0.0, scale, false, false, false, gemm::Parallelism::None,
-                    );
-                }
-                for i in 0..mq {
-                    let row = &mut s[i * n..(i + 1) * n];
-                    let visible = (q0 + i + 1).saturating_sub(start).min(n);
-                    if visible == 0 {
-                        row.fill(0.0);
-                        continue;
+                let keys = dense(kv.k, g, kv.key_page(tile, g), off..off + n, &mut kscratch);
+                let values = dense(kv.v, g, kv.value_page(tile, g), off..off + n, &mut vscratch);
+                for hh in 0..group {
+                    let h = g * group + hh;
+                    let (rmax, rsum) = (&mut row_max[hh * mq..(hh + 1) * mq], &mut row_sum[hh * mq..(hh + 1) * mq]);
+                    let acc = &mut acc[hh * mq * hd..(hh + 1) * mq * hd];
+                    // SAFETY: s is mq x n (row stride n); q rows have stride qw; keys are n x hd
+                    // (row stride hd), as `dense` returns them.
+                    unsafe {
+                        gemm::gemm(
+                            mq, n, hd, s.as_mut_ptr(), 1, n as isize, false,
+                            qp.as_ptr().add(h * hd), 1, qw as isize,
+                            keys.as_ptr(), hd as isize, 1,
+                            0.0, scale, false, false, false, gemm::Parallelism::None,
+                        );
                     }
-                    let tmax = row[..visible].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                    let new_max = row_max[i].max(tmax);
-                    let corr = (row_max[i] - new_max).exp();
-                    let mut sum = 0f32;
-                    for p in row[..visible].iter_mut() {
-                        *p = (*p - new_max).exp();
-                        sum += *p;
+                    for i in 0..mq {
+                        let row = &mut s[i * n..(i + 1) * n];
+                        let visible = (q0 + i + 1).saturating_sub(start).min(n);
+                        if visible == 0 {
+                            row.fill(0.0);
+                            continue;
+                        }
+                        let tmax = row[..visible].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                        let new_max = rmax[i].max(tmax);
+                        let corr = (rmax[i] - new_max).exp();
+                        let mut sum = 0f32;
+                        for p in row[..visible].iter_mut() {
+                            *p = (*p - new_max).exp();
+                            sum += *p;
+                        }
+                        row[visible..].fill(0.0);
+                        rsum[i] = rsum[i] * corr + sum;
+                        rmax[i] = new_max;
+                        if corr != 1.0 {
+                            acc[i * hd..(i + 1) * hd].iter_mut().for_each(|a| *a *= corr);
+                        }
                     }
-                    row[visible..].fill(0.0);
-                    row_sum[i] = row_sum[i] * corr + sum;
-                    row_max[i] = new_max;
-                    if corr != 1.0 {
-                        acc[i * hd..(i + 1) * hd].iter_mut().for_each(|a| *a *= corr);
+                    // acc (mq x hd) += P (mq x n) · V (n x hd).
+                    // SAFETY: shapes as above.
+                    unsafe {
+                        gemm::gemm(
+                            mq, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
+                            s.as_ptr(), 1, n as isize,
+                            values.as_ptr(), 1, hd as isize,
+                            1.0, 1.0, false, false, false, gemm::Parallelism::None,
+                        );
                     }
-                }
-                // acc (mq x hd) += P (mq x n) · V (n x hd).
-                // SAFETY: shapes as above.
-                unsafe {
-                    gemm::gemm(
-                        mq, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
-                        s.as_ptr(), 1, n as isize,
-                        values.as_ptr(), 1, kw as isize,
-                        1.0, 1.0, false, false, false, gemm::Parallelism::None,
-                    );
                 }
                 off += n;
             }
         }
-        for i in 0..mq {
-            let inv = if row_sum[i] > 0.0 { 1.0 / row_sum[i] } else { 0.0 };
-            for d in 0..hd {
-                // SAFETY: (i0 + i, h*hd + d) is inside out (m x qw); each (head, block) belongs to one task.
-                unsafe { *out_ptr.get().add((i0 + i) * qw + h * hd + d) = acc[i * hd + d] * inv };
+        for hh in 0..group {
+            let h = g * group + hh;
+            for i in 0..mq {
+                let sum = row_sum[hh * mq + i];
+                let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+                for d in 0..hd {
+                    // SAFETY: (i0 + i, h*hd + d) is inside out (m x qw); each (head, block)
+                    // belongs to one task.
+                    unsafe { *out_ptr.get().add((i0 + i) * qw + h * hd + d) = acc[(hh * mq + i) * hd + d] * inv };
+                }
             }
         }
     });
 }
 
-/// One sequence's attention: `m` query rows at positions `pos0..pos0 + m` over its tiles.
+/// One sequence's attention: `m` query rows at positions `pos0..pos0 + m` over its cache.
 pub struct AttnJob<'a> {
     /// `m × q_width` queries.
     pub q: &'a [f32],
@@ -159,8 +220,8 @@ pub struct AttnJob<'a> {
     pub m: usize,
     /// Position of the first query.
     pub pos0: usize,
-    /// The sequence's cached keys/values (including the queries' own).
-    pub tiles: Vec<KvTile<'a>>,
+    /// The sequence's cached keys/values for this layer (including the queries' own).
+    pub kv: KvView<'a>,
     /// `m × q_width` output.
     pub out: &'a mut [f32],
 }
@@ -172,7 +233,7 @@ pub struct AttnJob<'a> {
 pub fn attention_batch(shape: AttnShape, jobs: &mut [AttnJob<'_>]) {
     let (mut short, mut long): (Vec<&mut AttnJob<'_>>, Vec<&mut AttnJob<'_>>) = jobs.iter_mut().partition(|j| j.m < GEMM_MIN_QUERIES);
     for j in long.iter_mut() {
-        attention(shape, j.q, j.m, j.pos0, &j.tiles, j.out);
+        attention(shape, j.q, j.m, j.pos0, &j.kv, j.out);
     }
     if !short.is_empty() {
         decode_batch(shape, &mut short);
@@ -186,11 +247,13 @@ struct Partial {
     acc: Vec<f32>,
 }
 
-/// A decode job's key ranges: at most DECODE_SPLIT keys each, as tile pieces (tile index,
-/// offset, len). A range spans tile boundaries, so a paged cache's small blocks cost no extra
-/// tasks and the arithmetic matches a contiguous cache's exactly.
-fn key_ranges(tiles: &[KvTile<'_>], end: usize) -> Vec<Vec<(usize, usize, usize)>> {
-    let mut ranges: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new()];
+/// A run of keys inside one tile: (tile index, first slot, count).
+type Piece = (usize, usize, usize);
+
+/// A decode job's key ranges: at most DECODE_SPLIT keys each, as tile pieces. A range spans
+/// tile boundaries, so a paged cache's small blocks cost no extra tasks.
+fn key_ranges(tiles: &[KvTile<'_>], end: usize) -> Vec<Vec<Piece>> {
+    let mut ranges: Vec<Vec<Piece>> = vec![Vec::new()];
     let mut filled = 0;
     for (ti, t) in tiles.iter().enumerate() {
         let visible = end.saturating_sub(t.start).min(t.len);
@@ -209,86 +272,94 @@ fn key_ranges(tiles: &[KvTile<'_>], end: usize) -> Vec<Vec<(usize, usize, usize)
     ranges
 }
 
+/// One decode task: scores of the queries of KV head `g`'s group against the keys of
+/// `pieces`, softmax, and the weighted sum of values. Scores go through the key codec's
+/// prepared queries (each query is prepared once per task, not per key).
+fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: usize, pieces: &[Piece]) -> Partial {
+    let (q, m, pos0, kv) = job;
+    let (hd, qw) = (shape.head_dim, shape.q_width());
+    let group = shape.n_heads / shape.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let rows = m * group;
+    let pw = kv.k.query_width();
+    let mut prepared = vec![0f32; rows * pw];
+    for i in 0..m {
+        for hh in 0..group {
+            let h = g * group + hh;
+            let row = i * group + hh;
+            kv.k.prepare_query(g, &q[i * qw + h * hd..i * qw + (h + 1) * hd], &mut prepared[row * pw..(row + 1) * pw]);
+        }
+    }
+    // Scores piece by piece (each block rows x n, pieces one after another), masked -inf.
+    let len: usize = pieces.iter().map(|p| p.2).sum();
+    let mut scores = vec![0f32; rows * len];
+    let mut base = 0;
+    for &(ti, off, n) in pieces {
+        let tile = &kv.tiles[ti];
+        let block = &mut scores[base * rows..(base + n) * rows];
+        kv.k.scores(g, kv.key_page(tile, g), off..off + n, &prepared, block);
+        for (row, r) in block.chunks_exact_mut(n).enumerate() {
+            let i = row / group;
+            let visible = (pos0 + i + 1).saturating_sub(tile.start + off).min(n);
+            r.iter_mut().for_each(|x| *x *= scale);
+            r[visible..].fill(f32::NEG_INFINITY);
+        }
+        base += n;
+    }
+    let mut p = Partial { max: vec![f32::NEG_INFINITY; rows], sum: vec![0.0; rows], acc: vec![0.0; rows * hd] };
+    for row in 0..rows {
+        let mut base = 0;
+        for &(_, _, n) in pieces {
+            let r = &scores[base * rows + row * n..base * rows + (row + 1) * n];
+            p.max[row] = r.iter().fold(p.max[row], |a, &b| a.max(b));
+            base += n;
+        }
+    }
+    // One exp per score, then the weighted sum of values.
+    let mut base = 0;
+    for &(ti, off, n) in pieces {
+        let block = &mut scores[base * rows..(base + n) * rows];
+        for (row, r) in block.chunks_exact_mut(n).enumerate() {
+            let mx = p.max[row];
+            if mx == f32::NEG_INFINITY {
+                r.fill(0.0);
+                continue;
+            }
+            // One running sum across pieces: the same rounding whatever the tile layout.
+            let mut sum = p.sum[row];
+            for v in r.iter_mut() {
+                *v = (*v - mx).exp();
+                sum += *v;
+            }
+            p.sum[row] = sum;
+        }
+        kv.v.accumulate(g, kv.value_page(&kv.tiles[ti], g), off..off + n, block, &mut p.acc);
+        base += n;
+    }
+    p
+}
+
 /// Flash-decoding for jobs with a few queries each: tasks are (job, KV head, key range); each
 /// task scores all query heads sharing the KV head against each key it reads (the cache is
 /// read once per KV head, not once per query head), and the partial softmax states are merged
 /// per job at the end.
 fn decode_batch(shape: AttnShape, jobs: &mut [&mut AttnJob<'_>]) {
-    let (hd, qw, kw) = (shape.head_dim, shape.q_width(), shape.kv_width());
+    let (hd, qw) = (shape.head_dim, shape.q_width());
     let group = shape.n_heads / shape.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let isa = CpuCaps::detect().best_isa();
     for j in jobs.iter() {
         assert!(j.q.len() == j.m * qw && j.out.len() == j.m * qw, "attention job shape");
-        for t in &j.tiles {
-            assert!(t.keys.len() == t.len * kw && t.values.len() == t.len * kw, "kv tile shape");
-        }
+        j.kv.check(shape);
     }
-    let ranges: Vec<_> = jobs.iter().map(|j| key_ranges(&j.tiles, j.pos0 + j.m)).collect();
+    let ranges: Vec<_> = jobs.iter().map(|j| key_ranges(&j.kv.tiles, j.pos0 + j.m)).collect();
     let tasks: Vec<(usize, usize, usize)> = (0..jobs.len())
         .flat_map(|ji| {
             let nr = ranges[ji].len();
             (0..shape.n_kv_heads).flat_map(move |g| (0..nr).map(move |r| (ji, g, r)))
         })
         .collect();
-    let shared: Vec<(&[f32], usize, usize, &[KvTile<'_>])> = jobs.iter().map(|j| (j.q, j.m, j.pos0, &j.tiles[..])).collect();
-    let partials: Vec<Partial> = tasks
-        .par_iter()
-        .map(|&(ji, g, r)| {
-            let (q, m, pos0, tiles) = shared[ji];
-            let pieces = &ranges[ji][r];
-            let rows = m * group;
-            let len: usize = pieces.iter().map(|p| p.2).sum();
-            let mut p = Partial { max: vec![f32::NEG_INFINITY; rows], sum: vec![0.0; rows], acc: vec![0.0; rows * hd] };
-            // Pass 1: all scores of this range (row-major: query row x key), masked keys -inf.
-            let mut scores = vec![f32::NEG_INFINITY; rows * len];
-            let mut base = 0;
-            for &(ti, off, n) in pieces {
-                let tile = &tiles[ti];
-                for i in 0..m {
-                    let visible = (pos0 + i + 1).saturating_sub(tile.start + off).min(n);
-                    for hh in 0..group {
-                        let h = g * group + hh;
-                        let qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
-                        let row0 = (i * group + hh) * len + base;
-                        for (jj, sc) in scores[row0..row0 + visible].iter_mut().enumerate() {
-                            let j = off + jj;
-                            *sc = dot_f32(isa, qh, &tile.keys[j * kw + g * hd..j * kw + (g + 1) * hd]) * scale;
-                        }
-                    }
-                }
-                base += n;
-            }
-            // Pass 2: one max and one exp per score, then the weighted sum of values.
-            for row in 0..rows {
-                let sc = &mut scores[row * len..(row + 1) * len];
-                let mx = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                if mx == f32::NEG_INFINITY {
-                    continue;
-                }
-                let mut sum = 0f32;
-                for v in sc.iter_mut() {
-                    *v = (*v - mx).exp();
-                    sum += *v;
-                }
-                p.max[row] = mx;
-                p.sum[row] = sum;
-                let acc = &mut p.acc[row * hd..(row + 1) * hd];
-                let mut base = 0;
-                for &(ti, off, n) in pieces {
-                    let tile = &tiles[ti];
-                    for (jj, &w) in sc[base..base + n].iter().enumerate() {
-                        if w != 0.0 {
-                            let j = off + jj;
-                            axpy_f32(isa, w, &tile.values[j * kw + g * hd..j * kw + (g + 1) * hd], acc);
-                        }
-                    }
-                    base += n;
-                }
-            }
-            p
-        })
-        .collect();
+    let shared: Vec<(&[f32], usize, usize, &KvView<'_>)> = jobs.iter().map(|j| (j.q, j.m, j.pos0, &j.kv)).collect();
+    let partials: Vec<Partial> =
+        tasks.par_iter().map(|&(ji, g, r)| decode_task(shape, shared[ji], g, &ranges[ji][r])).collect();
     let mut first = 0;
     for (ji, job) in jobs.iter_mut().enumerate() {
         let nr = ranges[ji].len();

@@ -1,7 +1,7 @@
 //! Plain scalar reference implementations, used by tests and benchmarks to check the
 //! optimized kernels. They favour obviousness over speed (f64 accumulation, no tiling).
 
-use crate::attention::{AttnShape, KvTile};
+use crate::attention::AttnShape;
 use crate::ggml::{dequantize_row, GgmlType};
 
 /// `y = x · Wᵀ` with W dequantized row by row and f64 accumulation.
@@ -19,16 +19,13 @@ pub fn linear(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], m: us
     y
 }
 
-/// Causal GQA attention with a full (non-streaming) softmax in f64.
-pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, tiles: &[KvTile<'_>]) -> Vec<f32> {
+/// Causal GQA attention with a full (non-streaming) softmax in f64, over dense `keys` and
+/// `values` (`tokens × kv_width` each, token `j` at position `j`).
+pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, keys: &[f32], values: &[f32]) -> Vec<f32> {
     let (hd, qw, kw) = (shape.head_dim, shape.q_width(), shape.kv_width());
     let group = shape.n_heads / shape.n_kv_heads;
-    let mut keys: Vec<(usize, &[f32], &[f32])> = Vec::new();
-    for t in tiles {
-        for j in 0..t.len {
-            keys.push((t.start + j, &t.keys[j * kw..(j + 1) * kw], &t.values[j * kw..(j + 1) * kw]));
-        }
-    }
+    let keys: Vec<(usize, &[f32], &[f32])> =
+        keys.chunks_exact(kw).zip(values.chunks_exact(kw)).enumerate().map(|(j, (k, v))| (j, k, v)).collect();
     let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0f32; m * qw];
     for i in 0..m {

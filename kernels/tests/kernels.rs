@@ -3,7 +3,6 @@
 mod common;
 
 use common::{assert_close, randn, random_weights, rng};
-use tessera_kernels::attention::{attention, attention_batch, AttnJob, AttnShape, KvTile};
 use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, QuantDot, MULTI_TOKENS};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, Q8Block};
@@ -209,106 +208,6 @@ fn small_batch_path_matches_reference_for_every_type() {
             }
         }
     }
-}
-
-fn check_attention(shape: AttnShape, m: usize, pos0: usize, tile_lens: &[usize], seed: u64) {
-    let mut r = rng(seed);
-    let kw = shape.kv_width();
-    let q = randn(&mut r, m * shape.q_width());
-    let total: usize = tile_lens.iter().sum();
-    assert!(total >= pos0 + m);
-    let keys = randn(&mut r, total * kw);
-    let values = randn(&mut r, total * kw);
-    let mut tiles = Vec::new();
-    let mut start = 0;
-    for &len in tile_lens {
-        tiles.push(KvTile { start, len, keys: &keys[start * kw..(start + len) * kw], values: &values[start * kw..(start + len) * kw] });
-        start += len;
-    }
-    let want = reference::attention(shape, &q, m, pos0, &tiles);
-    let mut got = vec![f32::NAN; m * shape.q_width()];
-    attention(shape, &q, m, pos0, &tiles, &mut got);
-    // Online vs full softmax in f32: outputs are convex combinations of values (|v| < ~4).
-    assert_close(&got, &want, 2e-5, 1e-4, &format!("attention m={m} pos0={pos0} tiles={tile_lens:?}"));
-}
-
-#[test]
-fn attention_matches_reference() {
-    let gqa = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
-    check_attention(gqa, 1, 0, &[1], 10);
-    check_attention(gqa, 1, 40, &[41], 11);
-    check_attention(gqa, 7, 0, &[7], 12);
-    check_attention(gqa, 5, 300, &[16, 16, 273], 13); // several tiles, one longer than a sub-tile
-    check_attention(gqa, 300, 0, &[300], 14); // prefill across sub-tile and query-block boundaries
-    check_attention(gqa, 130, 20, &[16, 16, 118], 16); // a later chunk over several tiles
-    // Decode steps (flash-decoding path): several key splits, tiles that straddle them,
-    // and keys past the last query that must stay invisible.
-    check_attention(gqa, 1, 700, &[701], 17);
-    check_attention(gqa, 2, 600, &[100, 300, 250, 16], 18);
-    check_attention(gqa, 3, 257, &[260, 40], 19);
-    check_attention(AttnShape { n_heads: 8, n_kv_heads: 8, head_dim: 32 }, 1, 0, &[5], 20);
-    check_attention(AttnShape { n_heads: 4, n_kv_heads: 4, head_dim: 32 }, 3, 2, &[2, 3, 9], 15); // extra keys beyond the queries are masked
-}
-
-/// Decode attention over a paged cache's 16-token tiles is bit-identical to the same keys in
-/// one contiguous tile (key ranges span tiles, so the arithmetic order is the same).
-#[test]
-fn decode_attention_is_independent_of_the_tile_layout() {
-    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
-    let mut r = rng(21);
-    let (kw, total, m) = (shape.kv_width(), 600, 2);
-    let q = randn(&mut r, m * shape.q_width());
-    let keys = randn(&mut r, total * kw);
-    let values = randn(&mut r, total * kw);
-    let tile = |start: usize, len: usize| KvTile { start, len, keys: &keys[start * kw..(start + len) * kw], values: &values[start * kw..(start + len) * kw] };
-    let paged: Vec<KvTile> = (0..total).step_by(16).map(|s| tile(s, 16.min(total - s))).collect();
-    let mut a = vec![0f32; m * shape.q_width()];
-    let mut b = a.clone();
-    attention(shape, &q, m, total - m, &[tile(0, total)], &mut a);
-    attention(shape, &q, m, total - m, &paged, &mut b);
-    assert_eq!(a, b);
-}
-
-/// A batch of jobs (decodes sharing one parallel region, prefills on their own) gives each
-/// job exactly what [`attention`] gives it alone.
-#[test]
-fn attention_batch_equals_jobs_alone() {
-    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
-    let mut r = rng(22);
-    let kw = shape.kv_width();
-    // (queries, position of the first query, tile lengths)
-    let specs: [(usize, usize, &[usize]); 4] = [(1, 299, &[16, 16, 268]), (2, 40, &[42]), (9, 0, &[9]), (1, 700, &[256, 256, 189])];
-    let data: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = specs
-        .iter()
-        .map(|&(m, _, lens)| {
-            let total: usize = lens.iter().sum();
-            (randn(&mut r, m * shape.q_width()), randn(&mut r, total * kw), randn(&mut r, total * kw))
-        })
-        .collect();
-    let tiles = |i: usize| {
-        let (_, k, v) = &data[i];
-        let mut start = 0;
-        specs[i].2.iter().map(|&len| {
-            let t = KvTile { start, len, keys: &k[start * kw..(start + len) * kw], values: &v[start * kw..(start + len) * kw] };
-            start += len;
-            t
-        }).collect::<Vec<_>>()
-    };
-    let mut alone = Vec::new();
-    for (i, &(m, pos0, _)) in specs.iter().enumerate() {
-        let mut out = vec![0f32; m * shape.q_width()];
-        attention(shape, &data[i].0, m, pos0, &tiles(i), &mut out);
-        alone.push(out);
-    }
-    let mut outs: Vec<Vec<f32>> = specs.iter().map(|&(m, _, _)| vec![f32::NAN; m * shape.q_width()]).collect();
-    let mut jobs: Vec<AttnJob> = outs
-        .iter_mut()
-        .enumerate()
-        .map(|(i, out)| AttnJob { q: &data[i].0, m: specs[i].0, pos0: specs[i].1, tiles: tiles(i), out })
-        .collect();
-    attention_batch(shape, &mut jobs);
-    drop(jobs);
-    assert_eq!(outs, alone);
 }
 
 /// RoPE is a rotation: norms are kept, and q·k depends only on the position difference.

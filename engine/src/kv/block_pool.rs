@@ -1,43 +1,28 @@
 //! The paged KV cache's storage: a fixed pool of blocks, each holding `block_size` tokens of
-//! keys and values for every layer, and the per-sequence view the model writes through.
+//! keys and values for every layer in the layout's formats, and the per-sequence view the
+//! model writes through.
 //!
-//! Layout: block-major, then layer, then keys before values, each `block_size × kv_width`
-//! f32 row-major. A block is therefore one contiguous region, and a (block, layer) pair
-//! hands attention one [`KvTile`]. Blocks are allocated and shared by the
-//! [`super::BlockManager`]; this module only stores their contents.
+//! Layout of a block: per layer, a key region then a value region ([`KvLayout::regions`]),
+//! each one page per KV head in the codec's own format. A (block, layer) pair hands attention
+//! one [`KvTile`]. Blocks are allocated and shared by the [`super::BlockManager`]; this module
+//! only stores their contents.
 
-use super::{KvError, SequenceKv};
+use super::{KvError, KvLayout, SequenceKv};
+use rayon::prelude::*;
 use std::cell::UnsafeCell;
-use tessera_kernels::attention::KvTile;
+use std::sync::Arc;
+use tessera_kernels::attention::{KvTile, KvView};
+use tessera_kernels::kv::{KvCodec, KvPageMut};
 
-/// Geometry of a block pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolShape {
-    /// Layers.
-    pub layers: usize,
-    /// Floats per token per layer in K (and in V).
-    pub kv_width: usize,
-    /// Tokens per block.
-    pub block_size: usize,
-}
-
-impl PoolShape {
-    /// Floats in one block (all layers, keys and values).
-    pub fn block_floats(&self) -> usize {
-        self.layers * 2 * self.block_size * self.kv_width
-    }
-
-    /// Bytes in one block.
-    pub fn block_bytes(&self) -> usize {
-        self.block_floats() * std::mem::size_of::<f32>()
-    }
-}
+/// Encoding work (tokens × heads × roles) below which a write stays on the calling thread.
+const PARALLEL_WRITE_MIN: usize = 64;
 
 /// The pool's memory. Zero-initialised lazily by the OS (pages are touched on first write).
 pub struct BlockPool {
-    shape: PoolShape,
+    layout: Arc<KvLayout>,
     num_blocks: usize,
-    data: Box<[UnsafeCell<f32>]>,
+    /// u64 words so every region (8-byte aligned inside a block) is aligned in memory.
+    data: Box<[UnsafeCell<u64>]>,
 }
 
 // SAFETY: the pool is shared between the sequences of one forward pass. Each sequence writes
@@ -47,19 +32,19 @@ pub struct BlockPool {
 unsafe impl Sync for BlockPool {}
 
 impl BlockPool {
-    /// A pool of `num_blocks` blocks.
-    pub fn new(shape: PoolShape, num_blocks: usize) -> Self {
-        let floats = shape.block_floats() * num_blocks;
-        // vec![0.0; n] is a calloc: untouched pages cost no memory.
-        let data: Vec<f32> = vec![0.0; floats];
-        // SAFETY: UnsafeCell<f32> has the same layout as f32.
-        let data = unsafe { Box::from_raw(Box::into_raw(data.into_boxed_slice()) as *mut [UnsafeCell<f32>]) };
-        BlockPool { shape, num_blocks, data }
+    /// A pool of `num_blocks` blocks in `layout`.
+    pub fn new(layout: Arc<KvLayout>, num_blocks: usize) -> Self {
+        let words = layout.block_bytes() / 8 * num_blocks;
+        // vec![0; n] is a calloc: untouched pages cost no memory.
+        let data: Vec<u64> = vec![0; words];
+        // SAFETY: UnsafeCell<u64> has the same layout as u64.
+        let data = unsafe { Box::from_raw(Box::into_raw(data.into_boxed_slice()) as *mut [UnsafeCell<u64>]) };
+        BlockPool { layout, num_blocks, data }
     }
 
-    /// Geometry.
-    pub fn shape(&self) -> PoolShape {
-        self.shape
+    /// The storage layout.
+    pub fn layout(&self) -> &Arc<KvLayout> {
+        &self.layout
     }
 
     /// Blocks in the pool.
@@ -67,40 +52,48 @@ impl BlockPool {
         self.num_blocks
     }
 
-    /// Offset of (block, layer, keys or values).
-    fn offset(&self, block: u32, layer: usize, values: bool) -> usize {
-        let s = &self.shape;
-        let region = s.block_size * s.kv_width;
-        block as usize * s.block_floats() + (layer * 2 + values as usize) * region
+    /// Pointer to byte `offset` of `block`.
+    fn ptr(&self, block: u32, offset: usize) -> *mut u8 {
+        assert!((block as usize) < self.num_blocks && offset <= self.layout.block_bytes());
+        // SAFETY: in bounds of the allocation (asserted).
+        unsafe { (self.data.as_ptr() as *mut u8).add(block as usize * self.layout.block_bytes() + offset) }
     }
 
     /// The keys and values of `len` tokens of `block` in `layer`.
     fn tile(&self, block: u32, layer: usize, start: usize, len: usize) -> KvTile<'_> {
-        let n = len * self.shape.kv_width;
-        let (k, v) = (self.offset(block, layer, false), self.offset(block, layer, true));
-        // SAFETY: in bounds (block < num_blocks, checked by the block table's construction);
-        // no one writes these tokens during the borrow (see the `Sync` impl).
+        let (k, v) = self.layout.regions(layer);
+        // SAFETY: in bounds (regions lie inside a block); no one writes these tokens during
+        // the borrow (see the `Sync` impl).
         let (keys, values) = unsafe {
             (
-                std::slice::from_raw_parts(self.data[k].get() as *const f32, n),
-                std::slice::from_raw_parts(self.data[v].get() as *const f32, n),
+                std::slice::from_raw_parts(self.ptr(block, k.start), k.len()),
+                std::slice::from_raw_parts(self.ptr(block, v.start), v.len()),
             )
         };
-        KvTile { start, len, keys, values }
+        KvTile { start, len, slots: self.layout.block_size(), keys, values }
     }
 
-    /// Writes rows `src` (`kv_width` each) at slot `slot` of `block`.
+    /// Tokens `0..end` of layer `layer` of the sequence whose block table is `blocks`.
+    pub fn view(&self, blocks: &[u32], layer: usize, end: usize) -> KvView<'_> {
+        let bs = self.layout.block_size();
+        let (k, v) = self.layout.codecs(layer);
+        let tiles = (0..end.div_ceil(bs)).map(|b| self.tile(blocks[b], layer, b * bs, bs.min(end - b * bs))).collect();
+        KvView { k, v, tiles }
+    }
+
+    /// Encodes head `head`'s rows (`n × head_dim`) into slots `slot..` of its page in the
+    /// region at `region` of `block`.
     ///
     /// # Safety
-    /// The caller owns `block` exclusively for the duration of the forward pass.
-    unsafe fn write_rows(&self, block: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
-        let kw = self.shape.kv_width;
-        assert!(slot * kw + k.len() <= self.shape.block_size * kw && k.len() == v.len());
-        for (values, src) in [(false, k), (true, v)] {
-            let at = self.offset(block, layer, values) + slot * kw;
-            // SAFETY: in bounds (asserted); exclusive per the caller's contract.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.data[at].get(), src.len()) };
-        }
+    /// The caller owns `block` exclusively for the duration of the forward pass, and no other
+    /// thread writes the same (block, region, head) page at the same time.
+    unsafe fn encode(&self, codec: &dyn KvCodec, block: u32, region: usize, head: usize, slot: usize, rows: &[f32]) {
+        let bs = self.layout.block_size();
+        let pb = codec.page_bytes(bs);
+        assert!(slot * codec.head_dim() + rows.len() <= bs * codec.head_dim());
+        // SAFETY: the page lies inside the block; exclusive per the caller's contract.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr(block, region + head * pb), pb) };
+        codec.encode(head, KvPageMut { bytes, tokens: bs }, slot, rows);
     }
 }
 
@@ -118,7 +111,7 @@ impl<'a> PagedSeqKv<'a> {
     /// blocks shared with other sequences (never written). Panics if a block id is out of range.
     pub fn new(pool: &'a BlockPool, blocks: &'a [u32], len: usize, shared_len: usize) -> Self {
         assert!(blocks.iter().all(|&b| (b as usize) < pool.num_blocks), "block id out of range");
-        assert!(len <= blocks.len() * pool.shape.block_size && shared_len <= len);
+        assert!(len <= blocks.len() * pool.layout.block_size() && shared_len <= len);
         PagedSeqKv { pool, blocks, len, shared_len }
     }
 }
@@ -129,7 +122,7 @@ impl SequenceKv for PagedSeqKv<'_> {
     }
 
     fn reserve(&mut self, n: usize) -> Result<(), KvError> {
-        let capacity = self.blocks.len() * self.pool.shape.block_size;
+        let capacity = self.blocks.len() * self.pool.layout.block_size();
         let needed = self.len + n;
         if needed > capacity {
             return Err(KvError::Capacity { needed, capacity });
@@ -138,24 +131,44 @@ impl SequenceKv for PagedSeqKv<'_> {
     }
 
     fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let (bs, kw) = (self.pool.shape.block_size, self.pool.shape.kv_width);
+        let layout = &self.pool.layout;
+        let (bs, geom) = (layout.block_size(), layout.geometry());
+        let (hd, kw) = (geom.head_dim, geom.head_dim * geom.n_kv_heads);
         assert!(pos >= self.shared_len, "write at {pos} into a shared block (shared up to {})", self.shared_len);
+        assert!(k.len() == v.len() && k.len().is_multiple_of(kw));
         let tokens = k.len() / kw;
+        let (kc, vc) = layout.codecs(layer);
+        let (kr, vr) = layout.regions(layer);
+        // Pages to write: (first token, tokens, role, head); each a distinct page.
+        let mut jobs = Vec::new();
         let mut done = 0;
         while done < tokens {
             let p = pos + done;
-            let (b, slot) = (p / bs, p % bs);
-            let n = (bs - slot).min(tokens - done);
-            let rows = done * kw..(done + n) * kw;
-            // SAFETY: positions >= shared_len are in blocks this sequence owns alone.
-            unsafe { self.pool.write_rows(self.blocks[b], layer, slot, &k[rows.clone()], &v[rows]) };
+            let n = (bs - p % bs).min(tokens - done);
+            for role in 0..2 {
+                for g in 0..geom.n_kv_heads {
+                    jobs.push((done, n, role, g));
+                }
+            }
             done += n;
+        }
+        let run = |&(t0, n, role, g): &(usize, usize, usize, usize)| {
+            let (codec, region, src) = if role == 0 { (kc, kr.start, k) } else { (vc, vr.start, v) };
+            let rows: Vec<f32> = (t0..t0 + n).flat_map(|t| &src[t * kw + g * hd..t * kw + (g + 1) * hd]).copied().collect();
+            let p = pos + t0;
+            // SAFETY: positions >= shared_len are in blocks this sequence owns alone, and each
+            // job writes a different (block, role, head) page.
+            unsafe { self.pool.encode(codec, self.blocks[p / bs], region, g, p % bs, &rows) };
+        };
+        if tokens * 2 * geom.n_kv_heads >= PARALLEL_WRITE_MIN {
+            jobs.par_iter().for_each(run);
+        } else {
+            jobs.iter().for_each(run);
         }
     }
 
-    fn tiles(&self, layer: usize, end: usize) -> Vec<KvTile<'_>> {
-        let bs = self.pool.shape.block_size;
-        (0..end.div_ceil(bs)).map(|b| self.pool.tile(self.blocks[b], layer, b * bs, bs.min(end - b * bs))).collect()
+    fn view(&self, layer: usize, end: usize) -> KvView<'_> {
+        self.pool.view(self.blocks, layer, end)
     }
 
     fn advance(&mut self, n: usize) {

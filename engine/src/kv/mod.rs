@@ -1,16 +1,20 @@
 //! KV cache storage seen by the model.
 //!
-//! The model writes each layer's new keys/values at their positions and asks for the
-//! cached tokens as [`KvTile`]s, so a paged cache (blocks of tokens) slots in behind the
-//! same [`SequenceKv`] trait as the contiguous one here.
+//! The model writes each layer's new keys/values at their positions and asks for the cached
+//! tokens as a [`KvView`] (the layer's formats and one tile per block), so the serving pool
+//! ([`PagedSeqKv`]) and a single sequence's own cache ([`LocalKv`]) share one storage
+//! ([`BlockPool`]) behind the [`SequenceKv`] trait, in any format of [`KvLayout`].
 
 mod block_manager;
 mod block_pool;
+mod layout;
 
 pub use block_manager::{BlockManager, PrefixHit};
-pub use block_pool::{BlockPool, PagedSeqKv, PoolShape};
+pub use block_pool::{BlockPool, PagedSeqKv};
+pub use layout::{KvDtype, KvLayout, DEFAULT_BLOCK_SIZE};
 
-use tessera_kernels::attention::KvTile;
+use std::sync::Arc;
+use tessera_kernels::attention::KvView;
 
 /// Why a KV write failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,72 +39,52 @@ pub trait SequenceKv: Send {
     }
     /// Makes room for positions `len()..len() + n` in every layer.
     fn reserve(&mut self, n: usize) -> Result<(), KvError>;
-    /// Writes `k`/`v` rows (`kv_width` each) for layer `layer` at positions `pos..`.
+    /// Writes `k`/`v` rows (`kv_width` each) for layer `layer` at positions `pos..`, encoding
+    /// them in the layer's formats.
     fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]);
-    /// The cached tokens `0..end` of layer `layer` as tiles.
-    fn tiles(&self, layer: usize, end: usize) -> Vec<KvTile<'_>>;
+    /// The cached tokens `0..end` of layer `layer`, as attention reads them.
+    fn view(&self, layer: usize, end: usize) -> KvView<'_>;
     /// Commits `n` more tokens (after every layer has written them).
     fn advance(&mut self, n: usize);
     /// Forgets everything after the first `len` tokens.
     fn truncate(&mut self, len: usize);
 }
 
-/// Tokens added per growth step of a [`ContiguousKv`].
-const GROW_TOKENS: usize = 256;
-
-/// A contiguous f32 cache for one sequence, grown on demand up to `capacity` tokens.
-#[derive(Debug, Clone)]
-pub struct ContiguousKv {
-    kv_width: usize,
-    capacity: usize,
+/// One sequence's cache with a pool of its own (generation, perplexity, tests): blocks are
+/// used in order; untouched blocks cost no memory (the pool is allocated lazily by the OS).
+pub struct LocalKv {
+    pool: BlockPool,
+    blocks: Vec<u32>,
     len: usize,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
 }
 
-impl ContiguousKv {
-    /// An empty cache for `layers` layers of `kv_width` floats per token.
-    pub fn new(layers: usize, kv_width: usize, capacity: usize) -> Self {
-        ContiguousKv { kv_width, capacity, len: 0, keys: vec![Vec::new(); layers], values: vec![Vec::new(); layers] }
+impl LocalKv {
+    /// An empty cache of up to `capacity` tokens in `layout`.
+    pub fn new(layout: Arc<KvLayout>, capacity: usize) -> Self {
+        let n = capacity.div_ceil(layout.block_size());
+        LocalKv { pool: BlockPool::new(layout, n), blocks: (0..n as u32).collect(), len: 0 }
     }
 
-    /// Bytes currently allocated.
-    pub fn allocated_bytes(&self) -> usize {
-        self.keys.iter().chain(&self.values).map(|v| v.capacity() * 4).sum()
+    fn paged(&self) -> PagedSeqKv<'_> {
+        PagedSeqKv::new(&self.pool, &self.blocks, self.len, 0)
     }
 }
 
-impl SequenceKv for ContiguousKv {
+impl SequenceKv for LocalKv {
     fn len(&self) -> usize {
         self.len
     }
 
     fn reserve(&mut self, n: usize) -> Result<(), KvError> {
-        let needed = self.len + n;
-        if needed > self.capacity {
-            return Err(KvError::Capacity { needed, capacity: self.capacity });
-        }
-        // Grow in exact steps of GROW_TOKENS (not Vec's doubling), never past the capacity,
-        // so memory tracks the sequence length.
-        let target = needed.next_multiple_of(GROW_TOKENS).min(self.capacity) * self.kv_width;
-        for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            if buf.len() < needed * self.kv_width {
-                buf.reserve_exact(target - buf.len());
-                buf.resize(target, 0.0);
-            }
-        }
-        Ok(())
+        self.paged().reserve(n)
     }
 
     fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let (a, b) = (pos * self.kv_width, pos * self.kv_width + k.len());
-        self.keys[layer][a..b].copy_from_slice(k);
-        self.values[layer][a..b].copy_from_slice(v);
+        self.paged().write(layer, pos, k, v)
     }
 
-    fn tiles(&self, layer: usize, end: usize) -> Vec<KvTile<'_>> {
-        let n = end * self.kv_width;
-        vec![KvTile { start: 0, len: end, keys: &self.keys[layer][..n], values: &self.values[layer][..n] }]
+    fn view(&self, layer: usize, end: usize) -> KvView<'_> {
+        self.pool.view(&self.blocks, layer, end)
     }
 
     fn advance(&mut self, n: usize) {
@@ -115,32 +99,45 @@ impl SequenceKv for ContiguousKv {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_kernels::kv::{KvFormat, KvGeometry};
 
-    #[test]
-    fn grows_in_exact_steps_and_respects_capacity() {
-        let mut kv = ContiguousKv::new(2, 4, 600);
-        kv.reserve(10).unwrap();
-        assert_eq!(kv.allocated_bytes(), 2 * 2 * 256 * 4 * 4);
-        kv.advance(10);
-        kv.reserve(300).unwrap();
-        assert_eq!(kv.allocated_bytes(), 2 * 2 * 512 * 4 * 4);
-        kv.advance(300);
-        kv.reserve(290).unwrap();
-        assert_eq!(kv.allocated_bytes(), 2 * 2 * 600 * 4 * 4, "capped at capacity");
-        assert_eq!(kv.reserve(291), Err(KvError::Capacity { needed: 601, capacity: 600 }));
+    fn layout(dtype: KvDtype) -> Arc<KvLayout> {
+        KvLayout::new(2, KvGeometry { head_dim: 32, n_kv_heads: 2 }, 4, dtype, None, 1).unwrap()
     }
 
     #[test]
-    fn writes_land_at_their_positions_and_truncate_forgets() {
-        let mut kv = ContiguousKv::new(1, 2, 8);
-        kv.reserve(3).unwrap();
-        kv.write(0, 0, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]);
-        kv.write(0, 2, &[9.0, 10.0], &[11.0, 12.0]);
-        kv.advance(3);
-        let t = kv.tiles(0, 3);
-        assert_eq!(t[0].keys, &[1.0, 2.0, 3.0, 4.0, 9.0, 10.0]);
-        assert_eq!(t[0].values, &[5.0, 6.0, 7.0, 8.0, 11.0, 12.0]);
-        kv.truncate(1);
-        assert_eq!(kv.len(), 1);
+    fn capacity_is_enforced_and_writes_land_at_their_positions() {
+        let mut kv = LocalKv::new(layout(KvDtype::default()), 10);
+        assert_eq!(kv.reserve(13), Err(KvError::Capacity { needed: 13, capacity: 12 }));
+        kv.reserve(6).unwrap();
+        let k: Vec<f32> = (0..6 * 64).map(|i| i as f32).collect();
+        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+        for layer in 0..2 {
+            kv.write(layer, 0, &k, &v);
+        }
+        kv.advance(6);
+        let view = kv.view(1, 6);
+        assert_eq!(view.tiles.len(), 2);
+        assert_eq!((view.tiles[1].start, view.tiles[1].len, view.tiles[1].slots), (4, 2, 4));
+        // Head 1 of token 5 lives in the second block's head-1 page, slot 1.
+        let mut out = vec![0f32; 32];
+        let page_bytes = view.k.page_bytes(4);
+        let page = tessera_kernels::kv::KvPage { bytes: &view.tiles[1].keys[page_bytes..2 * page_bytes], tokens: 4 };
+        view.k.decode(1, page, 1..2, &mut out);
+        assert_eq!(out, k[5 * 64 + 32..6 * 64].to_vec());
+        kv.truncate(2);
+        assert_eq!(kv.len(), 2);
+    }
+
+    #[test]
+    fn block_bytes_follow_the_formats() {
+        let f32_layout = layout(KvDtype::default());
+        let bf16 = layout(KvDtype::both(KvFormat::Bf16));
+        // 2 layers x (K + V) x 2 heads x 4 tokens x 32 values.
+        assert_eq!(f32_layout.block_bytes(), 2 * 2 * 2 * 4 * 32 * 4);
+        assert_eq!(bf16.block_bytes(), 2 * 2 * 2 * 4 * 32 * 2);
+        assert!((bf16.compression_vs_bf16() - 1.0).abs() < 1e-9);
+        let mixed = layout(KvDtype { k: KvFormat::Int8, v: KvFormat::Bf16 });
+        assert!(mixed.block_bytes() < bf16.block_bytes() && mixed.block_bytes() % 64 == 0);
     }
 }

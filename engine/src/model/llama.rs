@@ -10,10 +10,12 @@ use super::linear::{Linear, PlanEntry};
 use super::mlp::Mlp;
 use super::moe::MoeLayer;
 use crate::checkpoint::{Checkpoint, LoadError, ModelConfig, TensorEntry};
-use crate::kv::{KvError, SequenceKv};
+use crate::kv::{KvDtype, KvError, KvLayout, LocalKv, SequenceKv, DEFAULT_BLOCK_SIZE};
+use std::sync::Arc;
 use tessera_kernels::attention::{attention_batch, AttnJob, AttnShape};
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::{dequantize_row, GgmlType};
+use tessera_kernels::kv::{KvFormatError, KvGeometry};
 use tessera_kernels::linear::LinearPolicy;
 use tessera_kernels::ops::{rms_norm, Rope};
 
@@ -180,6 +182,23 @@ impl LlamaModel {
         self.shape.kv_width()
     }
 
+    /// Head geometry of the KV cache.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        KvGeometry { head_dim: self.shape.head_dim, n_kv_heads: self.shape.n_kv_heads }
+    }
+
+    /// The KV-cache storage for `dtype` in blocks of `block_size` tokens (random state of QJL
+    /// and HQMQ seeded by `seed`).
+    pub fn kv_layout(&self, dtype: KvDtype, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvFormatError> {
+        KvLayout::new(self.config.num_layers, self.kv_geometry(), block_size, dtype, None, seed)
+    }
+
+    /// A cache of `capacity` tokens for one sequence, in the engine's compute type (f32).
+    pub fn local_kv(&self, capacity: usize) -> LocalKv {
+        let layout = self.kv_layout(KvDtype::default(), DEFAULT_BLOCK_SIZE, 0).expect("f32 stores any head size");
+        LocalKv::new(layout, capacity)
+    }
+
     /// The kernel chosen for every linear layer, in execution order.
     pub fn plan(&self) -> Vec<PlanEntry> {
         let mut out = Vec::new();
@@ -303,7 +322,7 @@ impl LlamaModel {
             for (s, &(r0, n, p0)) in batch.iter().zip(&spans) {
                 let (out, tail) = rest.split_at_mut(n * qw);
                 rest = tail;
-                jobs.push(AttnJob { q: &q[r0 * qw..(r0 + n) * qw], m: n, pos0: p0, tiles: s.kv.tiles(li, p0 + n), out });
+                jobs.push(AttnJob { q: &q[r0 * qw..(r0 + n) * qw], m: n, pos0: p0, kv: s.kv.view(li, p0 + n), out });
             }
             attention_batch(self.shape, &mut jobs);
             drop(jobs);

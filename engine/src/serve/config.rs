@@ -1,5 +1,6 @@
 //! Engine limits and what the engine reports about itself.
 
+use crate::kv::KvDtype;
 use crate::model::PlanEntry;
 
 /// Scheduler and KV-cache settings.
@@ -19,6 +20,8 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// Cap on prompt + output tokens (default: the model's context, bounded by the pool).
     pub max_model_len: Option<usize>,
+    /// KV-cache formats of keys and values.
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for EngineConfig {
@@ -31,6 +34,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             max_waiting: 256,
             max_model_len: None,
+            kv_dtype: KvDtype::default(),
         }
     }
 }
@@ -42,8 +46,10 @@ pub struct EngineInfo {
     pub max_model_len: usize,
     /// Vocabulary size (token ids must be below it).
     pub vocab_size: usize,
-    /// KV-cache element format (e.g. `f32`).
+    /// KV-cache formats (e.g. `f32`, `k=qjl1,v=bf16`).
     pub kv_cache_type: String,
+    /// KV-cache bytes per token (all layers, keys and values).
+    pub kv_bytes_per_token: f64,
     /// Tokens per block.
     pub block_size: usize,
     /// Blocks in the pool.

@@ -5,7 +5,7 @@ use super::metrics::Metrics;
 use super::scheduler::{Limits, Scheduler};
 use super::sequence::Sequence;
 use super::{EngineConfig, EngineInfo, Event, FinishReason, GenRequest, Usage};
-use crate::kv::{BlockManager, BlockPool, PoolShape};
+use crate::kv::{BlockManager, BlockPool};
 use crate::LoadedModel;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -99,16 +99,17 @@ impl Engine {
             ));
         }
         let mc = model.model.config();
-        let shape = PoolShape { layers: mc.num_layers, kv_width: model.model.kv_width(), block_size: c.block_size };
-        let num_blocks = c.kv_cache_bytes / shape.block_bytes();
+        let layout = model.model.kv_layout(c.kv_dtype, c.block_size, 0).map_err(|e| e.to_string())?;
+        let num_blocks = c.kv_cache_bytes / layout.block_bytes();
         if num_blocks == 0 {
-            return Err(format!("kv_cache_bytes {} holds no block of {} bytes", c.kv_cache_bytes, shape.block_bytes()));
+            return Err(format!("kv_cache_bytes {} holds no block of {} bytes", c.kv_cache_bytes, layout.block_bytes()));
         }
         let max_model_len = c.max_model_len.unwrap_or(usize::MAX).min(mc.max_position_embeddings).min(num_blocks * c.block_size);
         let info = EngineInfo {
             max_model_len,
             vocab_size: mc.vocab_size,
-            kv_cache_type: "f32".into(),
+            kv_cache_type: layout.dtype().to_string(),
+            kv_bytes_per_token: layout.bytes_per_token(),
             block_size: c.block_size,
             num_blocks,
             quantization: quantization_summary(&model),
@@ -118,7 +119,7 @@ impl Engine {
         };
         let model_name = model.checkpoint.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let metrics = Arc::new(
-            Metrics::new(&[("model", &model_name), ("quantization", &info.quantization), ("kv_cache_type", &info.kv_cache_type)], &info.plan)
+            Metrics::new(&[("model", &model_name), ("quantization", &info.quantization), ("kv_cache_type", &info.kv_cache_type)], &info.plan, info.kv_bytes_per_token)
                 .map_err(|e| format!("metrics: {e}"))?,
         );
         metrics.set_kv(0, num_blocks);
@@ -128,7 +129,7 @@ impl Engine {
         let (tx, rx) = channel();
         let engine_loop = EngineLoop {
             model: model.clone(),
-            pool: BlockPool::new(shape, num_blocks),
+            pool: BlockPool::new(layout.clone(), num_blocks),
             sched,
             seqs: HashMap::new(),
             rx,
@@ -140,7 +141,7 @@ impl Engine {
             .name("tessera-engine".into())
             .spawn(move || engine_loop.run())
             .map_err(|e| format!("engine thread: {e}"))?;
-        tracing::info!(num_blocks, block_bytes = shape.block_bytes(), max_model_len, "KV-cache pool");
+        tracing::info!(kv_cache = %layout.describe(), num_blocks, block_bytes = layout.block_bytes(), max_model_len, "KV-cache pool");
         Ok(Engine {
             inner: Arc::new(Inner {
                 model,

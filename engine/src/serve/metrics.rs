@@ -27,6 +27,7 @@ pub struct Metrics {
     pub kv_blocks_used: IntGauge,
     /// KV blocks in the pool.
     pub kv_blocks_total: IntGauge,
+
     /// Prompt tokens processed (computed or served from the prefix cache).
     pub prompt_tokens: IntCounter,
     /// Tokens generated.
@@ -59,8 +60,8 @@ const COUNT: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.
 impl Metrics {
     /// Creates and registers every metric; `info` labels become `tessera_model_info`, and the
     /// kernel plan becomes `tessera_quant_plan_layers` (layers per scheme, storage, activation
-    /// handling and kernel).
-    pub fn new(info: &[(&str, &str)], plan: &[PlanEntry]) -> prometheus::Result<Self> {
+    /// handling and kernel); `kv_bytes_per_token` is the KV-cache format's cost per token.
+    pub fn new(info: &[(&str, &str)], plan: &[PlanEntry], kv_bytes_per_token: f64) -> prometheus::Result<Self> {
         let registry = Registry::new();
         let hist = |name: &str, help: &str, buckets: &[f64]| -> prometheus::Result<Histogram> {
             let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))?;
@@ -79,6 +80,9 @@ impl Metrics {
         };
         let kv_usage = Gauge::new("tessera_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).")?;
         registry.register(Box::new(kv_usage.clone()))?;
+        let bytes_per_token = Gauge::new("tessera_kv_cache_bytes_per_token", "KV-cache bytes per token (all layers, keys and values) in the configured formats.")?;
+        registry.register(Box::new(bytes_per_token.clone()))?;
+        bytes_per_token.set(kv_bytes_per_token);
         let success = IntCounterVec::new(
             Opts::new("tessera_request_success_total", "Finished requests by finish reason."),
             &["finished_reason"],

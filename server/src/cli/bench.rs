@@ -11,7 +11,7 @@ use anyhow::Result;
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
-use tessera_engine::kv::ContiguousKv;
+use tessera_engine::kv::LocalKv;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
 use tessera_kernels::linear::LinearPolicy;
@@ -39,9 +39,9 @@ pub struct BenchArgs {
 }
 
 /// A cache already holding `depth` random tokens.
-fn cache(m: &LlamaModel, depth: usize, rng: &mut rand::rngs::StdRng) -> Result<ContiguousKv> {
+fn cache(m: &LlamaModel, depth: usize, rng: &mut rand::rngs::StdRng) -> Result<LocalKv> {
     let c = m.config();
-    let mut kv = ContiguousKv::new(c.num_layers, m.kv_width(), c.max_position_embeddings);
+    let mut kv = m.local_kv(c.max_position_embeddings);
     if depth > 0 {
         let tokens: Vec<u32> = (0..depth).map(|_| rng.gen_range(0..c.vocab_size as u32)).collect();
         for chunk in tokens.chunks(512) {

@@ -1,11 +1,13 @@
 //! `tessera generate`: one prompt, streamed text, then prefill and decode speed.
 
 use super::model_path::ModelArg;
+use super::kv_args::KvCacheArgs;
 use super::SamplingArgs;
 use anyhow::{anyhow, Result};
 use clap::Args;
 use std::io::Write;
 use tessera_engine::generate::{generate, GenerateOptions};
+use tessera_engine::kv::DEFAULT_BLOCK_SIZE;
 use tessera_engine::sample::Sampler;
 use tessera_kernels::linear::LinearPolicy;
 
@@ -28,6 +30,8 @@ pub struct GenerateArgs {
     stop_token_ids: Vec<u32>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    kv: KvCacheArgs,
 }
 
 /// Runs the command.
@@ -42,7 +46,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if !args.ignore_eos {
         stop_ids.extend(lm.eos_ids());
     }
-    let opts = GenerateOptions { max_tokens: args.max_tokens, stop_ids, prefill_chunk: 512 };
+    let layout = lm.model.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
+    eprintln!("kv cache: {}", layout.describe());
+    let opts = GenerateOptions { max_tokens: args.max_tokens, stop_ids, prefill_chunk: 512, kv: Some(layout) };
     let sampler = Sampler::new(params, &prompt);
     let mut stdout = std::io::stdout();
     let g = generate(&lm.model, &lm.tokenizer, &prompt, sampler, &opts, |t| {

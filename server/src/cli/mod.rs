@@ -4,6 +4,7 @@ pub mod bench;
 pub mod convert;
 pub mod generate;
 pub mod inspect;
+pub mod kv_args;
 pub mod model_path;
 pub mod perplexity;
 pub mod quantize;

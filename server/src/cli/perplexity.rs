@@ -1,11 +1,13 @@
 //! `tessera perplexity`: llama.cpp's perplexity method over a text file.
 
+use super::kv_args::KvCacheArgs;
 use super::model_path::ModelArg;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
+use tessera_engine::kv::DEFAULT_BLOCK_SIZE;
 use tessera_engine::perplexity::{available_chunks, perplexity, PerplexityOptions};
 use tessera_kernels::linear::LinearPolicy;
 
@@ -48,6 +50,11 @@ pub struct PerplexityArgs {
     /// Arithmetic of the linear layers.
     #[arg(long, value_enum, default_value_t = ComputePath::Float)]
     compute: ComputePath,
+    #[command(flatten)]
+    kv: KvCacheArgs,
+    /// Seed of the QJL projections and HQMQ codebooks.
+    #[arg(long, default_value_t = 0)]
+    kv_cache_seed: u64,
 }
 
 /// Runs the command.
@@ -72,14 +79,16 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         chunks: Some(n),
         seqs_per_batch: (args.batch / args.ctx).max(1),
         bos: if special.add_bos { special.bos } else { None },
+        kv: Some(lm.model.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, args.kv_cache_seed)?),
     };
     let kernel = lm.model.plan().first().map(|p| p.kernel.clone()).unwrap_or_default();
     eprintln!(
-        "perplexity: {} tokens, {n} chunks of {} (n_seq {}), compute path {:?} ({kernel})",
+        "perplexity: {} tokens, {n} chunks of {} (n_seq {}), compute path {:?} ({kernel}), kv cache {}",
         tokens.len(),
         args.ctx,
         opts.seqs_per_batch,
-        args.compute
+        args.compute,
+        opts.kv.as_ref().map(|l| l.describe()).unwrap_or_default()
     );
     let t0 = Instant::now();
     let report = perplexity(&lm.model, &tokens, &opts, |r| {

@@ -2,6 +2,7 @@
 //! file (`--config configs/NAME.toml`, keys named as the flags); a flag given explicitly wins
 //! over the file, and an unknown key in the file is an error naming it.
 
+use super::kv_args::kv_dtype;
 use super::model_path;
 use super::perplexity::ComputePath;
 use super::{init_logging, LogFormat};
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
+use tessera_engine::kv::KvDtype;
 use tessera_engine::serve::{Engine, EngineConfig};
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
@@ -63,6 +65,17 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     no_prefix_caching: bool,
+    /// KV-cache format for keys and values: auto (= f32, the compute type), bf16, f16,
+    /// fp8_e4m3, int8, tq3_0, hqmq-s{24,48,96,192}-r{3,4,6}[-med3]; qjl1 compresses keys only
+    /// (give it with --kv-cache-dtype-k) [default: auto].
+    #[arg(long)]
+    kv_cache_dtype: Option<String>,
+    /// Key format (overrides --kv-cache-dtype for keys).
+    #[arg(long)]
+    kv_cache_dtype_k: Option<String>,
+    /// Value format (overrides --kv-cache-dtype for values).
+    #[arg(long)]
+    kv_cache_dtype_v: Option<String>,
     /// Most requests waiting for admission; more are answered 503 [default: 256].
     #[arg(long)]
     max_waiting_requests: Option<usize>,
@@ -150,6 +163,10 @@ fn value_enum_name<S: Serializer, T: ValueEnum>(v: &Option<T>, s: S) -> Result<S
     }
 }
 
+fn display<S: Serializer, T: fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&v.to_string())
+}
+
 fn redacted<S: Serializer>(key: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(if key.is_some() { "<set>" } else { "<none>" })
 }
@@ -168,6 +185,8 @@ pub struct ServeConfig {
     block_size: usize,
     kv_cache_bytes: usize,
     prefix_caching: bool,
+    #[serde(serialize_with = "display")]
+    kv_cache_dtype: KvDtype,
     max_waiting_requests: usize,
     max_model_len: Option<usize>,
     max_body_bytes: usize,
@@ -203,6 +222,9 @@ impl ServeArgs {
             kv_cache_memory: self.kv_cache_memory.or(file.kv_cache_memory),
             kv_cache_memory_fraction: self.kv_cache_memory_fraction.or(file.kv_cache_memory_fraction),
             no_prefix_caching: self.no_prefix_caching || file.no_prefix_caching,
+            kv_cache_dtype: self.kv_cache_dtype.or(file.kv_cache_dtype),
+            kv_cache_dtype_k: self.kv_cache_dtype_k.or(file.kv_cache_dtype_k),
+            kv_cache_dtype_v: self.kv_cache_dtype_v.or(file.kv_cache_dtype_v),
             max_waiting_requests: self.max_waiting_requests.or(file.max_waiting_requests),
             max_model_len: self.max_model_len.or(file.max_model_len),
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
@@ -248,6 +270,7 @@ impl ServeArgs {
             block_size: a.block_size.unwrap_or(d.block_size),
             kv_cache_bytes,
             prefix_caching: !a.no_prefix_caching,
+            kv_cache_dtype: kv_dtype(a.kv_cache_dtype.as_deref(), a.kv_cache_dtype_k.as_deref(), a.kv_cache_dtype_v.as_deref())?,
             max_waiting_requests: a.max_waiting_requests.unwrap_or(d.max_waiting),
             max_model_len: a.max_model_len,
             max_body_bytes: a.max_body_bytes.map_or(DEFAULT_MAX_BODY, |b| b.0),
@@ -280,6 +303,7 @@ impl ServeConfig {
             prefix_caching: self.prefix_caching,
             max_waiting: self.max_waiting_requests,
             max_model_len: self.max_model_len,
+            kv_dtype: self.kv_cache_dtype,
         }
     }
 }

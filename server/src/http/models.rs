@@ -25,6 +25,7 @@ struct ModelCard {
     quantization: String,
     quantization_config: Option<String>,
     kv_cache_type: String,
+    kv_cache_bytes_per_token: f64,
     plan: Vec<PlanEntry>,
 }
 
@@ -39,6 +40,7 @@ fn card(state: &AppState) -> ModelCard {
         quantization: info.quantization.clone(),
         quantization_config: info.quantization_config.clone(),
         kv_cache_type: info.kv_cache_type.clone(),
+        kv_cache_bytes_per_token: info.kv_bytes_per_token,
         plan: info.plan.clone(),
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::harness::{model_path, shared, streamed_texts, texts, tokenizer, Server};
 use serde_json::{json, Value};
-use tessera_engine::kv::ContiguousKv;
+use tessera_engine::kv::LocalKv;
 use tessera_engine::model::SeqInput;
 use tessera_engine::perplexity::{perplexity, PerplexityOptions};
 use tessera_engine::sample::logsumexp;
@@ -162,7 +162,7 @@ async fn echo_logprobs_with_zero_max_tokens_scores_the_prompt_like_the_perplexit
     let exact: Vec<f64> =
         v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap()[1..].iter().map(|l| l.as_f64().unwrap()).collect();
     let lm = LoadedModel::load(&model_path(), LinearPolicy::ALWAYS_GEMM).unwrap();
-    let mut kv = ContiguousKv::new(lm.model.config().num_layers, lm.model.kv_width(), ids.len());
+    let mut kv = lm.model.local_kv(ids.len());
     let logits = lm.model.forward(&mut [SeqInput { tokens: &ids, kv: &mut kv, logits_from: Some(0) }]).unwrap().remove(0);
     let vocab = lm.model.config().vocab_size;
     for (i, lp) in exact.iter().enumerate() {
@@ -171,7 +171,7 @@ async fn echo_logprobs_with_zero_max_tokens_scores_the_prompt_like_the_perplexit
         assert!((lp - want).abs() < 1e-3, "token {} of {}: server {lp}, forward pass {want}", i + 1, ids.len());
     }
     let ctx = ids.len();
-    let opts = PerplexityOptions { ctx, chunks: Some(1), seqs_per_batch: 1, bos: None };
+    let opts = PerplexityOptions { ctx, chunks: Some(1), seqs_per_batch: 1, bos: None, kv: None };
     let report = perplexity(&lm.model, &ids, &opts, |_| {}).unwrap();
     let ours: f64 = exact[ctx / 2..].iter().sum();
     assert_eq!(report.count, ctx - 1 - ctx / 2);

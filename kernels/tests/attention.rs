@@ -1,0 +1,204 @@
+//! Attention over paged KV caches in every storage format, against the f64 reference over
+//! the same pages decoded; batching and tile layout leave decode results bit-identical.
+
+mod common;
+
+use common::{assert_close, randn, rng};
+use tessera_kernels::attention::{attention, attention_batch, AttnJob, AttnShape, KvTile, KvView};
+use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvGeometry, KvPage, KvPageMut, KvRole};
+use tessera_kernels::reference;
+
+/// A cache of `total` tokens in tiles of the given lengths, encoded with codecs `k`/`v`.
+struct Paged {
+    k: Box<dyn KvCodec>,
+    v: Box<dyn KvCodec>,
+    /// (start, len, key pages, value pages); pages in u32 words so f32 pages are aligned.
+    tiles: Vec<(usize, usize, Vec<u32>, Vec<u32>)>,
+}
+
+fn bytes(words: &[u32]) -> &[u8] {
+    // SAFETY: u32 has no padding; u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, words.len() * 4) }
+}
+
+fn bytes_mut(words: &mut [u32]) -> &mut [u8] {
+    // SAFETY: as above; exclusive borrow.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 4) }
+}
+
+impl Paged {
+    fn new(shape: AttnShape, kf: KvFormat, vf: KvFormat, keys: &[f32], values: &[f32], tile_lens: &[usize]) -> Self {
+        let geom = KvGeometry { head_dim: shape.head_dim, n_kv_heads: shape.n_kv_heads };
+        let opts = CodecOptions { layer: 3, seed: 7, static_scale: None };
+        let k = codec(&kf, geom, KvRole::Key, opts).unwrap();
+        let v = codec(&vf, geom, KvRole::Value, opts).unwrap();
+        let (hd, kw) = (shape.head_dim, shape.kv_width());
+        let mut tiles = Vec::new();
+        let mut start = 0;
+        for &len in tile_lens {
+            let mut pages = Vec::new();
+            for (c, src) in [(&k, keys), (&v, values)] {
+                let pb = c.page_bytes(len);
+                let mut words = vec![0u32; (shape.n_kv_heads * pb).div_ceil(4)];
+                let all = bytes_mut(&mut words);
+                for g in 0..shape.n_kv_heads {
+                    let rows: Vec<f32> = (start..start + len).flat_map(|t| src[t * kw + g * hd..t * kw + (g + 1) * hd].to_vec()).collect();
+                    c.encode(g, KvPageMut { bytes: &mut all[g * pb..(g + 1) * pb], tokens: len }, 0, &rows);
+                }
+                pages.push(words);
+            }
+            let vp = pages.pop().unwrap();
+            tiles.push((start, len, pages.pop().unwrap(), vp));
+            start += len;
+        }
+        Paged { k, v, tiles }
+    }
+
+    fn view(&self, shape: AttnShape) -> KvView<'_> {
+        let n = shape.n_kv_heads;
+        let tiles = self
+            .tiles
+            .iter()
+            .map(|(start, len, kp, vp)| KvTile {
+                start: *start,
+                len: *len,
+                slots: *len,
+                keys: &bytes(kp)[..n * self.k.page_bytes(*len)],
+                values: &bytes(vp)[..n * self.v.page_bytes(*len)],
+            })
+            .collect();
+        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles }
+    }
+
+    /// Every token's keys and values as the format stores them (`total × kv_width`).
+    fn decoded(&self, shape: AttnShape) -> (Vec<f32>, Vec<f32>) {
+        let (hd, kw) = (shape.head_dim, shape.kv_width());
+        let total: usize = self.tiles.iter().map(|t| t.1).sum();
+        let (mut keys, mut values) = (vec![0f32; total * kw], vec![0f32; total * kw]);
+        for (start, len, kp, vp) in &self.tiles {
+            for (c, words, dst) in [(&self.k, kp, &mut keys), (&self.v, vp, &mut values)] {
+                let pb = c.page_bytes(*len);
+                for g in 0..shape.n_kv_heads {
+                    let mut rows = vec![0f32; len * hd];
+                    c.decode(g, KvPage { bytes: &bytes(words)[g * pb..(g + 1) * pb], tokens: *len }, 0..*len, &mut rows);
+                    for t in 0..*len {
+                        dst[(start + t) * kw + g * hd..(start + t) * kw + (g + 1) * hd].copy_from_slice(&rows[t * hd..(t + 1) * hd]);
+                    }
+                }
+            }
+        }
+        (keys, values)
+    }
+}
+
+fn formats() -> Vec<(KvFormat, KvFormat)> {
+    let mut v: Vec<(KvFormat, KvFormat)> = ["f32", "bf16", "f16", "fp8_e4m3", "int8", "tq3_0", "hqmq-s96-r4", "hqmq-s192-r6-med3", "hqmq-s24-r3"]
+        .iter()
+        .map(|n| {
+            let f: KvFormat = n.parse().unwrap();
+            (f, f)
+        })
+        .collect();
+    v.push(("qjl1".parse().unwrap(), KvFormat::Bf16));
+    v.push((KvFormat::Int8, "tq3_0".parse().unwrap()));
+    v
+}
+
+fn check_attention(shape: AttnShape, m: usize, pos0: usize, tile_lens: &[usize], seed: u64) {
+    let mut r = rng(seed);
+    let kw = shape.kv_width();
+    let q = randn(&mut r, m * shape.q_width());
+    let total: usize = tile_lens.iter().sum();
+    assert!(total >= pos0 + m);
+    let keys = randn(&mut r, total * kw);
+    let values = randn(&mut r, total * kw);
+    for (kf, vf) in formats() {
+        let paged = Paged::new(shape, kf, vf, &keys, &values, tile_lens);
+        let (dk, dv) = paged.decoded(shape);
+        let want = reference::attention(shape, &q, m, pos0, &dk, &dv);
+        let mut got = vec![f32::NAN; m * shape.q_width()];
+        attention(shape, &q, m, pos0, &paged.view(shape), &mut got);
+        // Online vs full softmax in f32 over the same stored values: outputs are convex
+        // combinations of values (|v| < ~4). Compressed formats score through their own hooks
+        // (QJL's query sketch, TQ3's rotated space), which reorder the sums: 1e-4.
+        let tol = if kf == KvFormat::F32 && vf == KvFormat::F32 { 2e-5 } else { 1e-4 };
+        assert_close(&got, &want, tol, 1e-4, &format!("attention {kf}/{vf} m={m} pos0={pos0} tiles={tile_lens:?}"));
+    }
+}
+
+#[test]
+fn attention_matches_reference_in_every_format() {
+    let gqa = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    check_attention(gqa, 1, 0, &[1], 10);
+    check_attention(gqa, 1, 40, &[16, 16, 9], 11);
+    check_attention(gqa, 7, 0, &[7], 12);
+    check_attention(gqa, 5, 300, &[16, 16, 273], 13); // a tile longer than a sub-tile
+    check_attention(gqa, 300, 0, &[16; 19], 14); // prefill across sub-tile and query-block boundaries
+    check_attention(gqa, 130, 20, &[16, 16, 118], 16); // a later chunk over several tiles
+    // Decode steps (flash-decoding path): several key splits, tiles that straddle them,
+    // and keys past the last query that must stay invisible.
+    check_attention(gqa, 1, 700, &[701], 17);
+    check_attention(gqa, 2, 600, &[100, 300, 250, 16], 18);
+    check_attention(gqa, 3, 257, &[260, 40], 19);
+    check_attention(AttnShape { n_heads: 8, n_kv_heads: 8, head_dim: 32 }, 1, 0, &[5], 20);
+    check_attention(AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 128 }, 3, 2, &[2, 3, 9], 15); // extra keys beyond the queries are masked
+}
+
+/// Decode attention over a paged cache's 16-token tiles is bit-identical to the same keys in
+/// one large tile (key ranges span tiles, so the arithmetic order is the same) for formats
+/// whose hooks work key by key.
+#[test]
+fn decode_attention_is_independent_of_the_tile_layout() {
+    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let mut r = rng(21);
+    let (kw, total, m) = (shape.kv_width(), 600, 2);
+    let q = randn(&mut r, m * shape.q_width());
+    let keys = randn(&mut r, total * kw);
+    let values = randn(&mut r, total * kw);
+    let lens: Vec<usize> = (0..total).step_by(16).map(|s| 16.min(total - s)).collect();
+    for f in [KvFormat::F32, KvFormat::Bf16, KvFormat::Int8] {
+        let one = Paged::new(shape, f, f, &keys, &values, &[total]);
+        let paged = Paged::new(shape, f, f, &keys, &values, &lens);
+        let mut a = vec![0f32; m * shape.q_width()];
+        let mut b = a.clone();
+        attention(shape, &q, m, total - m, &one.view(shape), &mut a);
+        attention(shape, &q, m, total - m, &paged.view(shape), &mut b);
+        assert_eq!(a, b, "{f}");
+    }
+}
+
+/// A batch of jobs (decodes sharing one parallel region, prefills on their own) gives each
+/// job exactly what [`attention`] gives it alone, in every format.
+#[test]
+fn attention_batch_equals_jobs_alone() {
+    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let mut r = rng(22);
+    let kw = shape.kv_width();
+    // (queries, position of the first query, tile lengths)
+    let specs: [(usize, usize, &[usize]); 4] = [(1, 299, &[16, 16, 268]), (2, 40, &[42]), (9, 0, &[9]), (1, 700, &[256, 256, 189])];
+    for (kf, vf) in formats() {
+        let data: Vec<(Vec<f32>, Paged)> = specs
+            .iter()
+            .map(|&(m, _, lens)| {
+                let total: usize = lens.iter().sum();
+                let (k, v) = (randn(&mut r, total * kw), randn(&mut r, total * kw));
+                (randn(&mut r, m * shape.q_width()), Paged::new(shape, kf, vf, &k, &v, lens))
+            })
+            .collect();
+        let mut alone = Vec::new();
+        for (i, &(m, pos0, _)) in specs.iter().enumerate() {
+            let mut out = vec![0f32; m * shape.q_width()];
+            attention(shape, &data[i].0, m, pos0, &data[i].1.view(shape), &mut out);
+            alone.push(out);
+        }
+        let mut outs: Vec<Vec<f32>> = specs.iter().map(|&(m, _, _)| vec![f32::NAN; m * shape.q_width()]).collect();
+        let mut jobs: Vec<AttnJob> = outs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, out)| AttnJob { q: &data[i].0, m: specs[i].0, pos0: specs[i].1, kv: data[i].1.view(shape), out })
+            .collect();
+        attention_batch(shape, &mut jobs);
+        drop(jobs);
+        assert_eq!(outs, alone, "{kf}/{vf}");
+    }
+}
