@@ -1,10 +1,464 @@
-//! TQ3_0 (placeholder until the codec lands).
-use super::KvGeometry;
-/// TQ3_0 codec.
-pub struct Tq3Codec;
+//! TQ3_0 (TurboQuant 3-bit, after the llama.cpp fork of seed 004) for keys and values.
+//!
+//! Each 32-value block of a head vector is rotated by fixed sign flips and an orthonormal
+//! Walsh-Hadamard transform (WHT32), which leaves its values near-Gaussian, then stored as a
+//! 2-bit index into the codebook `{-1.51, -0.453, +0.453, +1.51} × d`, the sign of each value's
+//! residual from its centroid, and the block scale `d = amax / 1.51` (rounded up to an fp16).
+//!
+//! Block layout, [`BLOCK_BYTES`] = 14 bytes for 32 values (3.5 bits per value, 4.57× smaller
+//! than bf16): `[qs: 8 bytes, 2-bit indices, 4 per byte, LSB first][qr: 4 bytes, residual
+//! signs (1 = y/d above the centroid), LSB first][d: f16 LE]`. A (token, head) record is `head_dim / 32`
+//! blocks in order; a page is `tokens` records.
+//!
+//! The seed's dequantizer ignores the residual signs; here they refine the reconstruction: a
+//! value with centroid `c` and residual sign `s = ±1` decodes to `d · (c + s·δ)`, with `δ`
+//! fixed per centroid magnitude ([`DELTA_INNER`], [`DELTA_OUTER`]).
+//!
+//! Attention works in the rotated space: a query is rotated once ([`KvCodec::prepare_query`])
+//! and scored against the rotated reconstructions of the keys (the rotation is orthogonal, so
+//! the dot products are unchanged); values are summed rotated and rotated back once per call.
+
+use super::{KvCodec, KvGeometry, KvPage, KvPageMut};
+use crate::cpu::dot::{axpy_f32, dot_f32};
+use crate::cpu::CpuCaps;
+use half::f16;
+use std::ops::Range;
+
+/// Values per block.
+pub const BLOCK: usize = 32;
+
+/// Bytes per block: 8 of indices, 4 of residual signs, 2 of fp16 scale.
+pub const BLOCK_BYTES: usize = 14;
+const _: () = assert!(BLOCK_BYTES == BLOCK * 2 / 8 + BLOCK / 8 + 2);
+
+/// The codebook in units of `d`, by index: the 4-level Lloyd-Max quantizer of a unit Gaussian.
+pub const CODEBOOK: [f32; 4] = [-1.51, -0.453, 0.453, 1.51];
+
+/// Decision threshold between the inner and outer centroids (their midpoint).
+const OUTER_THRESHOLD: f32 = (0.453 + 1.51) / 2.0;
+
+/// Residual correction of the inner cells (centroids ±0.453), in units of `d`.
+///
+/// Over the values `y` of a cell, the `δ` minimising `E[(y − d·(c + s·δ))²]` is
+/// `E[d·s·(y − d·c)] / E[d²] = E[d·|y − d·c|] / E[d²]`: each value's residual weighted by its
+/// block's `d`, which follows the block's amax. Rotated blocks are near-Gaussian, so this is
+/// that ratio over Gaussian blocks: 0.2312 from 640k values (0.2309 to 0.2312 over seeds and
+/// sizes up to 12.8M values), rounded to 3 digits. The test
+/// `residual_corrections_are_the_gaussian_optimum` recomputes it.
+pub const DELTA_INNER: f32 = 0.231;
+
+/// Residual correction of the outer cells (centroids ±1.51), in units of `d`.
+///
+/// Derived as [`DELTA_INNER`]: 0.2483 (0.2476 to 0.2486 over seeds and sizes). `d` is rounded
+/// up, so `|y/d| ≤ 1.51` (to rounding) and an outer residual points inward: the correction
+/// moves outer values toward the cell's weighted mean, which includes the block's largest
+/// value itself at (just under) 1.51.
+pub const DELTA_OUTER: f32 = 0.248;
+
+/// Reconstruction levels in units of `d`, by `index | residual_bit << 2`.
+const LEVELS: [f32; 8] = [
+    CODEBOOK[0] - DELTA_OUTER,
+    CODEBOOK[1] - DELTA_INNER,
+    CODEBOOK[2] - DELTA_INNER,
+    CODEBOOK[3] - DELTA_OUTER,
+    CODEBOOK[0] + DELTA_OUTER,
+    CODEBOOK[1] + DELTA_INNER,
+    CODEBOOK[2] + DELTA_INNER,
+    CODEBOOK[3] + DELTA_OUTER,
+];
+
+/// The fixed sign flips applied before the WHT: the bits of `0x1B873593` (a MurmurHash3
+/// multiplier), LSB first, a set bit negating its element. 16 of 32 are negative, and no
+/// Hadamard row is close to the pattern (its largest Walsh coefficient is 12 of 32), so
+/// structured blocks (constant, one large channel) still spread across the rotated block.
+pub const SIGN_FLIPS: [f32; BLOCK] = [
+    -1.0, -1.0, 1.0, 1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 1.0, -1.0, -1.0, 1.0, 1.0, //
+    -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, 1.0, -1.0, -1.0, 1.0, 1.0, 1.0,
+];
+
+/// `1/√32`, which makes the WHT32 orthonormal.
+const INV_SQRT32: f32 = 0.176_776_7;
+
+/// In-place unnormalised WHT32, 5 butterfly stages: `x ← H·x` with
+/// `H[i][j] = (−1)^popcount(i & j)`.
+fn wht32(x: &mut [f32; BLOCK]) {
+    let mut h = 1;
+    while h < BLOCK {
+        for base in (0..BLOCK).step_by(2 * h) {
+            for i in base..base + h {
+                let (a, b) = (x[i], x[i + h]);
+                x[i] = a + b;
+                x[i + h] = a - b;
+            }
+        }
+        h *= 2;
+    }
+}
+
+/// Rotates one block in place: sign flips, WHT32, × 1/√32.
+fn forward(x: &mut [f32; BLOCK]) {
+    x.iter_mut().zip(SIGN_FLIPS).for_each(|(v, s)| *v *= s);
+    wht32(x);
+    x.iter_mut().for_each(|v| *v *= INV_SQRT32);
+}
+
+/// Undoes [`forward`] in place: × 1/√32, WHT32, sign flips.
+fn inverse(x: &mut [f32; BLOCK]) {
+    x.iter_mut().for_each(|v| *v *= INV_SQRT32);
+    wht32(x);
+    x.iter_mut().zip(SIGN_FLIPS).for_each(|(v, s)| *v *= s);
+}
+
+/// The block scale for a rotated block of largest magnitude `amax`: `amax / 1.51` rounded up
+/// to an fp16 (so no value lands beyond the outer centroid), saturating at the fp16 maximum.
+fn block_scale(amax: f32) -> f16 {
+    let want = amax / CODEBOOK[3];
+    let mut d = f16::from_f32(want);
+    if d.to_f32() < want {
+        d = f16::from_bits(d.to_bits() + 1);
+    }
+    if d.is_infinite() { f16::MAX } else { d }
+}
+
+/// Encodes one block of 32 values into its 14 bytes.
+fn encode_block(x: &[f32], out: &mut [u8]) {
+    let mut y: [f32; BLOCK] = x.try_into().expect("32-value block");
+    forward(&mut y);
+    let amax = y.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = block_scale(amax);
+    let inv = if d.to_f32() > 0.0 { 1.0 / d.to_f32() } else { 0.0 };
+    out[..12].fill(0);
+    for (i, &v) in y.iter().enumerate() {
+        let u = v * inv;
+        let idx = (u > -OUTER_THRESHOLD) as usize + (u > 0.0) as usize + (u > OUTER_THRESHOLD) as usize;
+        out[i / 4] |= (idx as u8) << (2 * (i % 4));
+        if u > CODEBOOK[idx] {
+            out[8 + i / 8] |= 1 << (i % 8);
+        }
+    }
+    out[12..14].copy_from_slice(&d.to_le_bytes());
+}
+
+/// The rotated reconstruction of one block: `out[i] = d · LEVELS[index | residual_bit << 2]`.
+fn dequant_block(block: &[u8], out: &mut [f32]) {
+    let d = f16::from_le_bytes([block[12], block[13]]).to_f32();
+    for (i, o) in out.iter_mut().enumerate() {
+        let idx = (block[i / 4] >> (2 * (i % 4))) & 3;
+        let bit = (block[8 + i / 8] >> (i % 8)) & 1;
+        *o = d * LEVELS[(idx | bit << 2) as usize];
+    }
+}
+
+/// TQ3_0 pages for keys or values.
+pub struct Tq3Codec {
+    head_dim: usize,
+}
+
 impl Tq3Codec {
-    /// Not yet implemented.
-    pub fn new(_g: KvGeometry) -> super::plain::F32Codec {
-        unimplemented!("tq3_0")
+    /// A codec for heads of `geom` (`head_dim` a multiple of 32).
+    pub fn new(geom: KvGeometry) -> Self {
+        assert!(geom.head_dim.is_multiple_of(BLOCK), "tq3_0 needs head_dim a multiple of {BLOCK}");
+        Tq3Codec { head_dim: geom.head_dim }
+    }
+
+    /// Bytes per (token, head) record.
+    fn record(&self) -> usize {
+        self.head_dim / BLOCK * BLOCK_BYTES
+    }
+
+    /// The rotated reconstruction of slot `slot` (`head_dim` values, block by block).
+    fn rotated(&self, page: &[u8], slot: usize, out: &mut [f32]) {
+        let rec = &page[slot * self.record()..(slot + 1) * self.record()];
+        for (b, o) in rec.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK)) {
+            dequant_block(b, o);
+        }
+    }
+}
+
+/// Applies `f` to each 32-value block of `x`.
+fn per_block(x: &mut [f32], f: fn(&mut [f32; BLOCK])) {
+    for b in x.chunks_exact_mut(BLOCK) {
+        f(b.try_into().expect("32-value block"));
+    }
+}
+
+impl KvCodec for Tq3Codec {
+    fn name(&self) -> String {
+        "tq3_0".into()
+    }
+    fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+    fn page_bytes(&self, tokens: usize) -> usize {
+        tokens * self.record()
+    }
+    fn encode(&self, _head: usize, page: KvPageMut<'_>, first: usize, rows: &[f32]) {
+        let rec = self.record();
+        let dst = &mut page.bytes[first * rec..first * rec + rows.len() / BLOCK * BLOCK_BYTES];
+        for (x, b) in rows.chunks_exact(BLOCK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+            encode_block(x, b);
+        }
+    }
+    fn decode(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, out: &mut [f32]) {
+        for (slot, o) in slots.zip(out.chunks_exact_mut(self.head_dim)) {
+            self.rotated(page.bytes, slot, o);
+            per_block(o, inverse);
+        }
+    }
+    fn prepare_query(&self, _head: usize, q: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(q);
+        per_block(out, forward);
+    }
+    fn scores(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
+        let (hd, n, isa) = (self.head_dim, slots.len(), CpuCaps::detect().best_isa());
+        let mut key = vec![0f32; hd];
+        for (j, slot) in slots.enumerate() {
+            self.rotated(page.bytes, slot, &mut key);
+            for (qi, q) in queries.chunks_exact(hd).enumerate() {
+                out[qi * n + j] = dot_f32(isa, q, &key);
+            }
+        }
+    }
+    fn accumulate(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
+        let (hd, n, isa) = (self.head_dim, slots.len(), CpuCaps::detect().best_isa());
+        let mut sums = vec![0f32; acc.len()];
+        let mut value = vec![0f32; hd];
+        for (j, slot) in slots.enumerate() {
+            self.rotated(page.bytes, slot, &mut value);
+            for (qi, s) in sums.chunks_exact_mut(hd).enumerate() {
+                let w = weights[qi * n + j];
+                if w != 0.0 {
+                    axpy_f32(isa, w, &value, s);
+                }
+            }
+        }
+        per_block(&mut sums, inverse);
+        acc.iter_mut().zip(&sums).for_each(|(a, s)| *a += s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::bits;
+    use crate::kv::tests_support::{check_attention_hooks, random_rows};
+    use rand::{Rng, SeedableRng};
+
+    /// `n` standard Gaussian samples (Box-Muller), deterministic in `seed`.
+    fn gaussian(seed: u64, n: usize) -> Vec<f32> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                let (u1, u2) = (1.0 - rng.gen::<f64>(), rng.gen::<f64>());
+                ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+            })
+            .collect()
+    }
+
+    /// A codec for `hd`-dim heads.
+    fn codec(hd: usize) -> Tq3Codec {
+        Tq3Codec::new(KvGeometry { head_dim: hd, n_kv_heads: 2 })
+    }
+
+    /// `rows` encoded as one page of head 0.
+    fn encode_page(c: &Tq3Codec, rows: &[f32]) -> Vec<u8> {
+        let tokens = rows.len() / c.head_dim;
+        let mut page = vec![0u8; c.page_bytes(tokens)];
+        c.encode(0, KvPageMut { bytes: &mut page, tokens }, 0, rows);
+        page
+    }
+
+    /// All `tokens` slots of a page of head 0, decoded.
+    fn decode_page(c: &Tq3Codec, page: &[u8], tokens: usize) -> Vec<f32> {
+        let mut out = vec![0f32; tokens * c.head_dim];
+        c.decode(0, KvPage { bytes: page, tokens }, 0..tokens, &mut out);
+        out
+    }
+
+    /// Mean squared difference.
+    fn mse(a: &[f32], b: &[f32]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / a.len() as f64
+    }
+
+    /// Rounds to multiples of 2^-10. For values below 32 (random_rows stays under 21, Gaussian
+    /// samples under 9), every partial sum of 32 of them is a multiple of 2^-10 below 2^10, so
+    /// at most 20 significant bits, exact in f32: the butterfly and the matrix product then
+    /// give bit-identical rotations.
+    fn dyadic(v: &[f32]) -> Vec<f32> {
+        v.iter().map(|x| (x * 1024.0).round() / 1024.0).collect()
+    }
+
+    /// `H[i][j] = (−1)^popcount(i & j)`.
+    fn hadamard(i: usize, j: usize) -> f32 {
+        if (i & j).count_ones().is_multiple_of(2) { 1.0 } else { -1.0 }
+    }
+
+    /// The format written out from its definition: the rotation as a 32×32 matrix product,
+    /// the fp16 scale as the smallest fp16 at or above `amax / 1.51` (by scanning), the nearest
+    /// centroid by exhaustive search (first of equals), fields packed with [`bits::put`].
+    fn reference_encode(x: &[f32]) -> [u8; BLOCK_BYTES] {
+        let y: Vec<f32> = (0..BLOCK)
+            .map(|i| (0..BLOCK).map(|j| hadamard(i, j) * SIGN_FLIPS[j] * x[j]).sum::<f32>() * INV_SQRT32)
+            .collect();
+        let want = y.iter().map(|v| v.abs()).fold(0f32, f32::max) / 1.51;
+        let d = (0..=f16::MAX.to_bits()).map(f16::from_bits).find(|h| h.to_f32() >= want).unwrap();
+        let inv = if d.to_f32() > 0.0 { 1.0 / d.to_f32() } else { 0.0 };
+        let mut out = [0u8; BLOCK_BYTES];
+        for (i, v) in y.iter().enumerate() {
+            let u = v * inv;
+            let best = (1..4).fold(0, |b, k| if (u - CODEBOOK[k]).abs() < (u - CODEBOOK[b]).abs() { k } else { b });
+            bits::put(&mut out, 2 * i, 2, best as u32);
+            bits::put(&mut out, 64 + i, 1, (u - CODEBOOK[best] > 0.0) as u32);
+        }
+        bits::put(&mut out, 96, 16, d.to_bits() as u32);
+        out
+    }
+
+    /// Decodes a block in f64 from its definition: `d · (c + s·δ)` (`d · c`, the seed's
+    /// dequantizer, when not `corrected`) rotated back by the matrix `H` (symmetric,
+    /// `H·H = 32·I`) and `1/√32`, then the sign flips, fields read with [`bits::get`].
+    fn reference_decode(b: &[u8], corrected: bool) -> Vec<f64> {
+        let d = f16::from_bits(bits::get(b, 96, 16) as u16).to_f64();
+        let yhat: Vec<f64> = (0..BLOCK)
+            .map(|i| {
+                let c = CODEBOOK[bits::get(b, 2 * i, 2) as usize] as f64;
+                let s = if bits::get(b, 64 + i, 1) == 1 { 1.0 } else { -1.0 };
+                let delta = if c.abs() > 1.0 { DELTA_OUTER } else { DELTA_INNER } as f64;
+                d * if corrected { c + s * delta } else { c }
+            })
+            .collect();
+        (0..BLOCK)
+            .map(|j| {
+                let sum: f64 = (0..BLOCK).map(|i| hadamard(j, i) as f64 * yhat[i]).sum();
+                SIGN_FLIPS[j] as f64 * sum / 32f64.sqrt()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn signed_wht_is_orthonormal_and_self_inverse() {
+        // Tolerance 1e-6 of the block norm: each output passes 5 butterfly stages and 2 scalings,
+        // every rounding at most 2^-24 of a partial sum no larger than the norm, so about 7
+        // roundings (4e-7) per transform in the worst case.
+        let mut data = gaussian(3, 32 * 64);
+        data.extend(random_rows(4, 32, 64));
+        for x in data.chunks_exact(BLOCK) {
+            let norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
+            let mut y: [f32; BLOCK] = x.try_into().unwrap();
+            forward(&mut y);
+            let ynorm = y.iter().map(|v| v * v).sum::<f32>().sqrt();
+            assert!((ynorm - norm).abs() <= 1e-6 * norm, "norm {norm} became {ynorm}");
+            inverse(&mut y);
+            for (a, b) in x.iter().zip(&y) {
+                assert!((a - b).abs() <= 1e-6 * norm, "{a} came back as {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn encoding_matches_a_scalar_reference() {
+        let c = codec(64);
+        let mut rows = dyadic(&random_rows(5, 48, 64));
+        rows.extend(dyadic(&gaussian(6, 16 * 64)));
+        let tokens = rows.len() / 64;
+        let mut page = vec![0u8; c.page_bytes(tokens)];
+        c.encode(1, KvPageMut { bytes: &mut page, tokens }, 0, &rows);
+        let want: Vec<u8> = rows.chunks_exact(BLOCK).flat_map(reference_encode).collect();
+        assert!(page == want, "encoded bytes differ from the reference");
+
+        // The codec decodes in f32 against the f64 reference: 1e-6 of the block norm, as for the
+        // transform round trip (plus one rounding of each level times d).
+        let mut out = vec![0f32; rows.len()];
+        c.decode(1, KvPage { bytes: &page, tokens }, 0..tokens, &mut out);
+        for (b, o) in page.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact(BLOCK)) {
+            let want = reference_decode(b, true);
+            let norm = want.iter().map(|v| v * v).sum::<f64>().sqrt();
+            for (w, g) in want.iter().zip(o) {
+                assert!((w - *g as f64).abs() <= 1e-6 * norm, "decoded {g} vs reference {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn attention_hooks_match_decode() {
+        for hd in [64, 128] {
+            check_attention_hooks(&codec(hd), 16, 3);
+        }
+    }
+
+    #[test]
+    fn zero_block_decodes_to_zeros() {
+        let c = codec(64);
+        let mut rows = random_rows(7, 2, 64);
+        rows[..BLOCK].fill(0.0);
+        let page = encode_page(&c, &rows);
+        let out = decode_page(&c, &page, 2);
+        assert!(out[..BLOCK].iter().all(|&v| v == 0.0), "zero block decoded as {:?}", &out[..BLOCK]);
+        assert!(out.iter().all(|v| v.is_finite()));
+        let mut q = vec![0f32; 64];
+        c.prepare_query(0, &random_rows(8, 1, 64), &mut q);
+        let mut scores = [0f32; 2];
+        c.scores(0, KvPage { bytes: &page, tokens: 2 }, 0..2, &q, &mut scores);
+        assert!(scores.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn residual_corrections_are_the_gaussian_optimum() {
+        // Gaussian blocks stay Gaussian under the orthonormal rotation. Over the values of one
+        // cell kind, Σ (y − d·(c + s·δ))² is least at δ* = Σ d·s·(y − d·c) / Σ d². With 20000
+        // blocks (640k values) the estimate moves by under 0.4% between seeds and up to 400000
+        // blocks, so the 2% bound checks the committed constants, not sampling noise.
+        let x = gaussian(21, 32 * 20000);
+        let (mut num, mut den) = ([0f64; 2], [0f64; 2]);
+        let mut b = [0u8; BLOCK_BYTES];
+        for block in x.chunks_exact(BLOCK) {
+            encode_block(block, &mut b);
+            let mut y: [f32; BLOCK] = block.try_into().unwrap();
+            forward(&mut y);
+            let d = f16::from_bits(bits::get(&b, 96, 16) as u16).to_f64();
+            for (i, &v) in y.iter().enumerate() {
+                let idx = bits::get(&b, 2 * i, 2) as usize;
+                let s = if bits::get(&b, 64 + i, 1) == 1 { 1.0 } else { -1.0 };
+                let outer = (idx == 0 || idx == 3) as usize;
+                num[outer] += d * s * (v as f64 - d * CODEBOOK[idx] as f64);
+                den[outer] += d * d;
+            }
+        }
+        for (k, committed) in [DELTA_INNER, DELTA_OUTER].into_iter().enumerate() {
+            let best = num[k] / den[k];
+            assert!((committed as f64 - best).abs() <= 0.02 * best, "delta {k}: committed {committed}, optimum {best}");
+        }
+    }
+
+    #[test]
+    fn residual_correction_lowers_the_error() {
+        // Measured over 4096 tokens × 64: Gaussian values (power 1.0) MSE 0.0518 corrected vs
+        // 0.1879 decoding centroids only (the seed's dequantizer); random_rows (power 1.50)
+        // 0.0693 vs 0.2513. Both gain 3.6×; requiring 2× leaves room without losing the point.
+        let c = codec(64);
+        for rows in [gaussian(9, 4096 * 64), random_rows(10, 4096, 64)] {
+            let page = encode_page(&c, &rows);
+            let corrected = mse(&rows, &decode_page(&c, &page, 4096));
+            let centroids: Vec<f32> =
+                page.chunks_exact(BLOCK_BYTES).flat_map(|b| reference_decode(b, false)).map(|v| v as f32).collect();
+            let plain = mse(&rows, &centroids);
+            assert!(corrected < 0.5 * plain, "corrected MSE {corrected} vs centroids only {plain}");
+        }
+    }
+
+    #[test]
+    fn relative_rmse_is_bounded() {
+        // Measured relative RMSE over 4096 tokens × 64: 0.228 on Gaussian values, 0.215 on
+        // random_rows. For scale, a 3-bit Lloyd-Max quantizer that knew σ would reach 0.186; here
+        // d follows the block's amax (≈ 2.4σ for 32 Gaussians), which widens the cells. The
+        // estimate over 262k values varies by well under 1% with the seed, so 0.24 catches any
+        // real regression.
+        let c = codec(64);
+        for rows in [gaussian(9, 4096 * 64), random_rows(10, 4096, 64)] {
+            let out = decode_page(&c, &encode_page(&c, &rows), 4096);
+            let power = rows.iter().map(|v| (v * v) as f64).sum::<f64>() / rows.len() as f64;
+            let rel = (mse(&rows, &out) / power).sqrt();
+            assert!(rel < 0.24, "relative RMSE {rel}");
+        }
     }
 }
