@@ -13,7 +13,6 @@ use std::sync::OnceLock;
 use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
-use tessera_engine::kv::LocalKv;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
 use tessera_engine::LoadedModel;

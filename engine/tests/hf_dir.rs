@@ -13,7 +13,6 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tessera_engine::checkpoint::{Checkpoint, TensorEntry};
-use tessera_engine::kv::LocalKv;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
 use tessera_engine::tokenizer::Tokenizer;
@@ -120,7 +119,6 @@ fn export(dir: &Path) -> Checkpoint {
 }
 
 fn logits(m: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
-    let cfg = m.config();
     let mut kv = m.local_kv(512);
     m.forward(&mut [SeqInput { tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0)
 }

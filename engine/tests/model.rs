@@ -112,7 +112,6 @@ fn batched_and_chunked_forward_equal_single_sequence() {
     let seqs: Vec<&[u32]> = cs.iter().map(|c| c.tokens.as_slice()).collect();
     let alone: Vec<Vec<f32>> = seqs.iter().map(|s| forward_all(m, s)).collect();
 
-    let cfg = m.config();
     let mut caches: Vec<LocalKv> = seqs.iter().map(|_| m.local_kv(4096)).collect();
     let mut batch: Vec<SeqInput<'_>> =
         seqs.iter().zip(caches.iter_mut()).map(|(s, kv)| SeqInput { tokens: s, kv, logits_from: Some(0) }).collect();
@@ -160,7 +159,6 @@ fn perplexity_matches_reference_on_two_chunks() {
 #[test]
 fn bad_inputs_are_errors_not_panics() {
     let m = &model().model;
-    let cfg = m.config();
     let mut kv = m.local_kv(16);
     let e = m.forward(&mut [SeqInput { tokens: &[1, 999_999], kv: &mut kv, logits_from: None }]).unwrap_err();
     assert!(e.to_string().contains("999999"), "{e}");

@@ -7,7 +7,7 @@ use common::{default_model_path, model};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_engine::generate::{generate, GenerateOptions};
-use tessera_engine::kv::{BlockPool, ContiguousKv, PagedSeqKv, PoolShape, SequenceKv};
+use tessera_engine::kv::{BlockPool, KvDtype, PagedSeqKv, SequenceKv};
 use tessera_engine::model::SeqInput;
 use tessera_engine::sample::{logsumexp, SamplingParams, Sampler};
 use tessera_engine::serve::{Engine, EngineConfig, Event, FinishReason, GenRequest, OutputText, StopReason, SubmitError, Usage};
@@ -94,18 +94,18 @@ fn metric(e: &Engine, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no metric {name}"))
 }
 
-/// Paged attention reads 16-token tiles where the contiguous cache hands one tile; only the
-/// online-softmax accumulation order differs, so logits agree to f32 rounding; the bound,
-/// 1e-3 of the logit spread, is the model test's float-path bound (1e-4) with 10x headroom.
+/// A scattered block table filled in two chunks (the first ending mid-block) gives the logits
+/// of one pass over a sequence's own cache; the chunked prefill's attention runs in other
+/// query blocks, so logits agree to f32 rounding: the bound, 1e-3 of the logit spread, is the
+/// model test's float-path bound (1e-4) with 10x headroom.
 #[test]
-fn paged_cache_matches_contiguous_cache() {
+fn paged_cache_matches_a_local_cache() {
     let m = &model().model;
     let cfg = m.config();
     let prompt = tokens(&PROMPTS[1].repeat(6));
     let mut contiguous = m.local_kv(cfg.max_position_embeddings);
     let want = m.forward(&mut [SeqInput { tokens: &prompt, kv: &mut contiguous, logits_from: Some(0) }]).unwrap().swap_remove(0);
-    let shape = PoolShape { layers: cfg.num_layers, kv_width: m.kv_width(), block_size: 16 };
-    let pool = BlockPool::new(shape, 64);
+    let pool = BlockPool::new(m.kv_layout(KvDtype::default(), 16, 0).unwrap(), 64);
     // A scattered block table: blocks need not be contiguous or ordered.
     let table: Vec<u32> = (0..prompt.len().div_ceil(16) as u32).map(|i| 63 - 3 * i).collect();
     let mut paged = PagedSeqKv::new(&pool, &table, 0, 0);
@@ -155,6 +155,54 @@ fn batching_does_not_change_results() {
         assert_eq!(a.text, t.text);
     }
     assert!(metric(&e, "tessera_kv_cache_blocks_used") == 0.0);
+}
+
+/// Compressed KV caches (HQMQ keys with Med3x outliers and TQ3_0 values; QJL keys with FP8
+/// values) run through the engine: requests run together produce exactly what they produce
+/// alone, and the engine's paged cache gives what the single-sequence generator's own cache
+/// in the same formats gives.
+#[test]
+fn compressed_kv_caches_batch_invariantly() {
+    for dtype in ["k=hqmq-s192-r6-med3,v=tq3_0", "k=qjl1,v=fp8"] {
+        let (k, v) = dtype.split_once(',').unwrap();
+        let dtype = KvDtype { k: k[2..].parse().unwrap(), v: v[2..].parse().unwrap() };
+        let e = engine(EngineConfig { max_num_batched_tokens: 64 + 16, kv_dtype: dtype, ..no_cache() });
+        assert_eq!(e.info().kv_cache_type, dtype.to_string());
+        let mut reqs: Vec<GenRequest> = PROMPTS.iter().enumerate().map(|(i, p)| greedy(&i.to_string(), tokens(p), 12)).collect();
+        reqs.push(greedy("long", tokens(&PROMPTS[1].repeat(8)), 12));
+        let alone = run_alone(&e, &reqs);
+        let together = run_together(&e, &reqs);
+        for (a, t) in alone.iter().zip(&together) {
+            assert_eq!(a.ids, t.ids, "{dtype}");
+        }
+        let lm = model();
+        let layout = lm.model.kv_layout(dtype, 16, 0).unwrap();
+        let opts = GenerateOptions { max_tokens: 12, stop_ids: vec![], prefill_chunk: 512, kv: Some(layout) };
+        let prompt = tokens(PROMPTS[1]);
+        let want = generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(SamplingParams::greedy(), &prompt), &opts, |_| {}).unwrap();
+        assert_eq!(alone[1].ids, want.tokens.iter().map(|t| t.id).collect::<Vec<_>>(), "{dtype}");
+        e.shutdown(Duration::from_secs(1));
+    }
+}
+
+/// Compressed formats hold more tokens in the same memory: the pool's blocks scale with the
+/// format's compression.
+#[test]
+fn kv_pool_capacity_scales_with_compression() {
+    let lm = Arc::new(LoadedModel::load(&default_model_path(), LinearPolicy::DEFAULT).unwrap());
+    let bytes = 64 << 20;
+    let blocks = |d: &str| {
+        let e = Engine::start(lm.clone(), EngineConfig { kv_cache_bytes: bytes, kv_dtype: KvDtype::both(d.parse().unwrap()), ..EngineConfig::default() }).unwrap();
+        let n = e.info().num_blocks;
+        e.shutdown(Duration::from_secs(1));
+        n
+    };
+    let bf16 = blocks("bf16");
+    for (f, ratio) in [("f32", 0.5), ("int8", 128.0 / 68.0), ("tq3_0", 128.0 / 28.0)] {
+        let got = blocks(f) as f64 / bf16 as f64;
+        // Blocks are padded to 64 bytes and counts floored: within 1%.
+        assert!((got / ratio - 1.0).abs() < 0.01, "{f}: {got} vs {ratio}");
+    }
 }
 
 /// A shared prefix is served from the cache: counted in usage and metrics, same output.

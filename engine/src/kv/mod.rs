@@ -138,6 +138,6 @@ mod tests {
         assert_eq!(bf16.block_bytes(), 2 * 2 * 2 * 4 * 32 * 2);
         assert!((bf16.compression_vs_bf16() - 1.0).abs() < 1e-9);
         let mixed = layout(KvDtype { k: KvFormat::Int8, v: KvFormat::Bf16 });
-        assert!(mixed.block_bytes() < bf16.block_bytes() && mixed.block_bytes() % 64 == 0);
+        assert!(mixed.block_bytes() < bf16.block_bytes() && mixed.block_bytes().is_multiple_of(64));
     }
 }

@@ -22,6 +22,8 @@ pub mod tq3;
 
 pub use format::{HqmqParams, KvFormat, KvFormatError};
 
+use crate::cpu::dot::{axpy_f32, dot_f32};
+use crate::cpu::CpuCaps;
 use std::ops::Range;
 
 /// Whether a codec stores keys or values.
@@ -104,26 +106,26 @@ pub trait KvCodec: Send + Sync {
     /// `out[i * n + j] = <query i, key at slot slots.start + j>` for prepared `queries`
     /// (`nq × query_width`), `n = slots.len()`. Unscaled (attention applies 1/sqrt(d)).
     fn scores(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
-        let (hd, n) = (self.head_dim(), slots.len());
+        let (hd, n, isa) = (self.head_dim(), slots.len(), CpuCaps::detect().best_isa());
         let mut keys = vec![0f32; n * hd];
         self.decode(head, page, slots, &mut keys);
         for (qi, q) in queries.chunks_exact(hd).enumerate() {
             for (j, k) in keys.chunks_exact(hd).enumerate() {
-                out[qi * n + j] = q.iter().zip(k).map(|(a, b)| a * b).sum();
+                out[qi * n + j] = dot_f32(isa, q, k);
             }
         }
     }
     /// `acc[i] += sum_j weights[i * n + j] * value(slot slots.start + j)` for `nq` rows
     /// (`acc` is `nq × head_dim`).
     fn accumulate(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
-        let (hd, n) = (self.head_dim(), slots.len());
+        let (hd, n, isa) = (self.head_dim(), slots.len(), CpuCaps::detect().best_isa());
         let mut values = vec![0f32; n * hd];
         self.decode(head, page, slots, &mut values);
         for (qi, a) in acc.chunks_exact_mut(hd).enumerate() {
             for (j, v) in values.chunks_exact(hd).enumerate() {
                 let w = weights[qi * n + j];
                 if w != 0.0 {
-                    a.iter_mut().zip(v).for_each(|(x, y)| *x += w * y);
+                    axpy_f32(isa, w, v, a);
                 }
             }
         }

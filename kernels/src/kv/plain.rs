@@ -21,7 +21,7 @@ impl F32Codec {
 
 /// The f32 values of a page (pages are 4-byte aligned by the pool).
 fn floats(bytes: &[u8]) -> &[f32] {
-    assert!(bytes.as_ptr().align_offset(4) == 0 && bytes.len() % 4 == 0, "f32 page misaligned");
+    assert!(bytes.as_ptr().align_offset(4) == 0 && bytes.len().is_multiple_of(4), "f32 page misaligned");
     // SAFETY: aligned (asserted), length a multiple of 4, any bit pattern is a valid f32.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const f32, bytes.len() / 4) }
 }

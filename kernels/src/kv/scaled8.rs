@@ -116,28 +116,6 @@ impl KvCodec for Scaled8Codec {
             o.iter_mut().zip(e).for_each(|(o, &b)| *o = table[b as usize] * s);
         }
     }
-    fn scores(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
-        let (table, hd, n) = (self.kind.table(), self.head_dim, slots.len());
-        for (j, slot) in slots.enumerate() {
-            let (s, e) = self.slot(page.bytes, slot);
-            for (qi, q) in queries.chunks_exact(hd).enumerate() {
-                let dot: f32 = q.iter().zip(e).map(|(a, &b)| a * table[b as usize]).sum();
-                out[qi * n + j] = dot * s;
-            }
-        }
-    }
-    fn accumulate(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
-        let (table, hd, n) = (self.kind.table(), self.head_dim, slots.len());
-        for (j, slot) in slots.enumerate() {
-            let (s, e) = self.slot(page.bytes, slot);
-            for (qi, a) in acc.chunks_exact_mut(hd).enumerate() {
-                let w = weights[qi * n + j] * s;
-                if w != 0.0 {
-                    a.iter_mut().zip(e).for_each(|(a, &b)| *a += w * table[b as usize]);
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! KV-cache format flags shared by `serve`, `generate` and `perplexity`.
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use tessera_engine::kv::KvDtype;
-use tessera_kernels::kv::KvFormat;
+use tessera_kernels::kv::{KvFormat, KvFormatError};
 
 /// `--kv-cache-dtype`, `--kv-cache-dtype-k`, `--kv-cache-dtype-v`.
 #[derive(Args, Debug, Clone, Default)]
@@ -34,6 +34,9 @@ pub fn kv_dtype(both: Option<&str>, k: Option<&str>, v: Option<&str>) -> Result<
     let both = both.map(|s| parse("kv-cache-dtype", s)).transpose()?;
     let k = k.map(|s| parse("kv-cache-dtype-k", s)).transpose()?.or(both).unwrap_or(KvFormat::F32);
     let v = v.map(|s| parse("kv-cache-dtype-v", s)).transpose()?.or(both).unwrap_or(KvFormat::F32);
+    if v == KvFormat::Qjl1 {
+        bail!("{}", KvFormatError::KeysOnly(v));
+    }
     Ok(KvDtype { k, v })
 }
 

@@ -365,6 +365,7 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use tessera_kernels::kv::KvFormat;
 
     #[derive(Parser)]
     struct Cli {
@@ -420,7 +421,7 @@ mod tests {
             "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--block-size", "32",
             "--kv-cache-memory", "64MiB", "--no-prefix-caching", "--max-waiting-requests", "2",
             "--max-model-len", "1024", "--max-body-bytes", "1KiB", "--shutdown-grace-secs", "2.5",
-            "--compute", "int8-act",
+            "--compute", "int8-act", "--kv-cache-dtype", "int8", "--kv-cache-dtype-k", "hqmq-s96-r4",
         ])
         .resolve(gib)
         .unwrap();
@@ -436,11 +437,15 @@ mod tests {
                 prefix_caching: false,
                 max_waiting: 2,
                 max_model_len: Some(1024),
+                kv_dtype: KvDtype { k: "hqmq-s96-r4".parse().unwrap(), v: KvFormat::Int8 },
             }
         );
         assert_eq!((c.max_body_bytes, c.shutdown_grace_secs, c.compute), (1024, 2.5, Some(ComputePath::Int8Act)));
         let logged = serde_json::to_value(&c).unwrap();
         assert_eq!((logged["api_key"].as_str(), logged["compute"].as_str()), (Some("<set>"), Some("int8-act")));
+        assert_eq!(logged["kv_cache_dtype"].as_str(), Some("k=hqmq-s96-r4,v=int8"));
+        let bad = args(&["--kv-cache-dtype", "qjl1"]).resolve(gib).map(|_| ()).unwrap_err().to_string();
+        assert!(bad.contains("keys only"), "{bad}");
         assert_eq!(args(&["--kv-cache-memory-fraction", "0.5"]).resolve(gib).unwrap().kv_cache_bytes, 5 << 30);
     }
 

@@ -2,7 +2,6 @@
 
 use crate::harness::{model_path, shared, streamed_texts, texts, tokenizer, Server};
 use serde_json::{json, Value};
-use tessera_engine::kv::LocalKv;
 use tessera_engine::model::SeqInput;
 use tessera_engine::perplexity::{perplexity, PerplexityOptions};
 use tessera_engine::sample::logsumexp;

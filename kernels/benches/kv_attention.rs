@@ -1,0 +1,128 @@
+//! Decode attention (one query token, SmolLM2-135M's 9 query / 3 KV heads of 64) over a paged
+//! cache of 16-token blocks at 1k, 4k and 8k context, for every KV-cache format side by side
+//! in one run, plus the encode cost per token. Compressed formats read fewer bytes; this shows
+//! what their decoding costs in exchange.
+//! Run: `cargo bench -p tessera-kernels --bench kv_attention`.
+
+#![allow(missing_docs)] // criterion's macros generate undocumented functions
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::time::Duration;
+use tessera_kernels::attention::{attention, AttnShape, KvTile, KvView};
+use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvGeometry, KvPageMut, KvRole};
+
+const SHAPE: AttnShape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+const BLOCK: usize = 16;
+
+fn randn(r: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| (0..4).map(|_| r.gen::<f32>() - 0.5).sum::<f32>() * 1.7).collect()
+}
+
+/// A cache of `ctx` tokens in one format: per block, key pages then value pages (u64 words so
+/// f32 pages are aligned).
+struct Cache {
+    k: Box<dyn KvCodec>,
+    v: Box<dyn KvCodec>,
+    blocks: Vec<(Vec<u64>, Vec<u64>)>,
+}
+
+fn as_bytes(w: &[u64]) -> &[u8] {
+    // SAFETY: u64 has no padding; u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(w.as_ptr() as *const u8, w.len() * 8) }
+}
+
+fn encode_pages(c: &dyn KvCodec, rows: &[f32]) -> Vec<u64> {
+    let (hd, pb) = (SHAPE.head_dim, c.page_bytes(BLOCK));
+    let mut words = vec![0u64; (SHAPE.n_kv_heads * pb).div_ceil(8)];
+    // SAFETY: as above, exclusive borrow.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 8) };
+    for g in 0..SHAPE.n_kv_heads {
+        let head: Vec<f32> = rows.chunks_exact(SHAPE.kv_width()).flat_map(|t| t[g * hd..(g + 1) * hd].to_vec()).collect();
+        c.encode(g, KvPageMut { bytes: &mut bytes[g * pb..(g + 1) * pb], tokens: BLOCK }, 0, &head);
+    }
+    words
+}
+
+impl Cache {
+    fn new(kf: KvFormat, vf: KvFormat, ctx: usize, r: &mut ChaCha8Rng) -> Cache {
+        let geom = KvGeometry { head_dim: SHAPE.head_dim, n_kv_heads: SHAPE.n_kv_heads };
+        let opts = CodecOptions { layer: 0, seed: 1, static_scale: None };
+        let k = codec(&kf, geom, KvRole::Key, opts).unwrap();
+        let v = codec(&vf, geom, KvRole::Value, opts).unwrap();
+        let blocks = (0..ctx / BLOCK)
+            .map(|_| {
+                let (kr, vr) = (randn(r, BLOCK * SHAPE.kv_width()), randn(r, BLOCK * SHAPE.kv_width()));
+                (encode_pages(k.as_ref(), &kr), encode_pages(v.as_ref(), &vr))
+            })
+            .collect();
+        Cache { k, v, blocks }
+    }
+
+    fn view(&self) -> KvView<'_> {
+        let n = SHAPE.n_kv_heads;
+        let tiles = self
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(b, (kp, vp))| KvTile {
+                start: b * BLOCK,
+                len: BLOCK,
+                slots: BLOCK,
+                keys: &as_bytes(kp)[..n * self.k.page_bytes(BLOCK)],
+                values: &as_bytes(vp)[..n * self.v.page_bytes(BLOCK)],
+            })
+            .collect();
+        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles }
+    }
+}
+
+fn formats() -> Vec<(String, KvFormat, KvFormat)> {
+    let p = |s: &str| s.parse::<KvFormat>().unwrap();
+    vec![
+        ("f32".into(), KvFormat::F32, KvFormat::F32),
+        ("bf16".into(), KvFormat::Bf16, KvFormat::Bf16),
+        ("fp8_e4m3".into(), KvFormat::Fp8E4m3, KvFormat::Fp8E4m3),
+        ("int8".into(), KvFormat::Int8, KvFormat::Int8),
+        ("k=qjl1,v=bf16".into(), KvFormat::Qjl1, KvFormat::Bf16),
+        ("k=qjl1,v=int8".into(), KvFormat::Qjl1, KvFormat::Int8),
+        ("tq3_0".into(), p("tq3_0"), p("tq3_0")),
+        ("hqmq-s96-r4".into(), p("hqmq-s96-r4"), p("hqmq-s96-r4")),
+        ("hqmq-s192-r6-med3".into(), p("hqmq-s192-r6-med3"), p("hqmq-s192-r6-med3")),
+    ]
+}
+
+fn decode_attention(c: &mut Criterion) {
+    let mut r = ChaCha8Rng::seed_from_u64(5);
+    let q = randn(&mut r, SHAPE.q_width());
+    let mut out = vec![0f32; SHAPE.q_width()];
+    for ctx in [1024, 4096, 8192] {
+        let mut g = c.benchmark_group(format!("decode_attention_ctx{ctx}"));
+        g.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+        g.throughput(Throughput::Elements(ctx as u64));
+        for (name, kf, vf) in formats() {
+            let cache = Cache::new(kf, vf, ctx, &mut r);
+            let view = cache.view();
+            g.bench_function(BenchmarkId::from_parameter(&name), |b| b.iter(|| attention(SHAPE, &q, 1, ctx - 1, &view, &mut out)));
+        }
+        g.finish();
+    }
+}
+
+fn encode(c: &mut Criterion) {
+    let mut r = ChaCha8Rng::seed_from_u64(6);
+    let rows = randn(&mut r, BLOCK * SHAPE.kv_width());
+    let mut g = c.benchmark_group("encode_block_16_tokens_3_heads");
+    g.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    g.throughput(Throughput::Elements(BLOCK as u64));
+    for (name, kf, _) in formats() {
+        let geom = KvGeometry { head_dim: SHAPE.head_dim, n_kv_heads: SHAPE.n_kv_heads };
+        let k = codec(&kf, geom, KvRole::Key, CodecOptions::default()).unwrap();
+        g.bench_function(BenchmarkId::from_parameter(&name), |b| b.iter(|| encode_pages(k.as_ref(), &rows)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decode_attention, encode);
+criterion_main!(benches);
