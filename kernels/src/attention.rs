@@ -8,7 +8,7 @@
 //! streaming (flash-attention) form, so memory stays bounded by the sub-tile size.
 
 use crate::cpu::SyncPtr;
-use crate::kv::{KvCodec, KvPage};
+use crate::kv::{dense, KvCodec, KvPage};
 use rayon::prelude::*;
 
 /// Head geometry.
@@ -82,18 +82,6 @@ impl<'a> KvView<'a> {
             assert_eq!(t.values.len(), shape.n_kv_heads * self.v.page_bytes(t.slots), "kv tile value bytes");
         }
     }
-}
-
-/// Rows `range` of a page as f32 (`range.len() × head_dim`): in place for f32 pages,
-/// otherwise decoded into `scratch`.
-fn dense<'a>(codec: &dyn KvCodec, head: usize, page: KvPage<'a>, range: std::ops::Range<usize>, scratch: &'a mut Vec<f32>) -> &'a [f32] {
-    let hd = codec.head_dim();
-    if let Some(f) = codec.as_f32(page) {
-        return &f[range.start * hd..range.end * hd];
-    }
-    scratch.resize(range.len() * hd, 0.0);
-    codec.decode(head, page, range, scratch);
-    scratch
 }
 
 /// Keys scored per inner step.

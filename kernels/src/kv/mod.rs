@@ -107,8 +107,8 @@ pub trait KvCodec: Send + Sync {
     /// (`nq × query_width`), `n = slots.len()`. Unscaled (attention applies 1/sqrt(d)).
     fn scores(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
         let (hd, n, isa) = (self.head_dim(), slots.len(), CpuCaps::detect().best_isa());
-        let mut keys = vec![0f32; n * hd];
-        self.decode(head, page, slots, &mut keys);
+        let mut scratch = Vec::new();
+        let keys = dense(self, head, page, slots, &mut scratch);
         for (qi, q) in queries.chunks_exact(hd).enumerate() {
             for (j, k) in keys.chunks_exact(hd).enumerate() {
                 out[qi * n + j] = dot_f32(isa, q, k);
@@ -119,8 +119,8 @@ pub trait KvCodec: Send + Sync {
     /// (`acc` is `nq × head_dim`).
     fn accumulate(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
         let (hd, n, isa) = (self.head_dim(), slots.len(), CpuCaps::detect().best_isa());
-        let mut values = vec![0f32; n * hd];
-        self.decode(head, page, slots, &mut values);
+        let mut scratch = Vec::new();
+        let values = dense(self, head, page, slots, &mut scratch);
         for (qi, a) in acc.chunks_exact_mut(hd).enumerate() {
             for (j, v) in values.chunks_exact(hd).enumerate() {
                 let w = weights[qi * n + j];
@@ -135,6 +135,18 @@ pub trait KvCodec: Send + Sync {
         let _ = page;
         None
     }
+}
+
+/// Slots `slots` of a page as f32 rows (`slots.len() × head_dim`): in place for f32 pages,
+/// otherwise decoded into `scratch`.
+pub fn dense<'a, C: KvCodec + ?Sized>(codec: &C, head: usize, page: KvPage<'a>, slots: Range<usize>, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    let hd = codec.head_dim();
+    if let Some(f) = codec.as_f32(page) {
+        return &f[slots.start * hd..slots.end * hd];
+    }
+    scratch.resize(slots.len() * hd, 0.0);
+    codec.decode(head, page, slots, scratch);
+    scratch
 }
 
 /// Builds the codec of `format` for one layer and role.

@@ -2,8 +2,6 @@
 //! `tokens × head_dim` values in token order.
 
 use super::{KvCodec, KvGeometry, KvPage, KvPageMut};
-use crate::cpu::dot::{axpy_f32, dot_f32};
-use crate::cpu::CpuCaps;
 use half::{bf16, f16};
 use std::ops::Range;
 
@@ -47,27 +45,6 @@ impl KvCodec for F32Codec {
         let src = &page.bytes[slots.start * hd * 4..slots.end * hd * 4];
         for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
             *o = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-        }
-    }
-    fn scores(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
-        let (hd, n, isa) = (self.head_dim, slots.len(), CpuCaps::detect().best_isa());
-        let keys = &floats(page.bytes)[slots.start * hd..slots.end * hd];
-        for (qi, q) in queries.chunks_exact(hd).enumerate() {
-            for (j, k) in keys.chunks_exact(hd).enumerate() {
-                out[qi * n + j] = dot_f32(isa, q, k);
-            }
-        }
-    }
-    fn accumulate(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
-        let (hd, n, isa) = (self.head_dim, slots.len(), CpuCaps::detect().best_isa());
-        let values = &floats(page.bytes)[slots.start * hd..slots.end * hd];
-        for (qi, a) in acc.chunks_exact_mut(hd).enumerate() {
-            for (j, v) in values.chunks_exact(hd).enumerate() {
-                let w = weights[qi * n + j];
-                if w != 0.0 {
-                    axpy_f32(isa, w, v, a);
-                }
-            }
         }
     }
     fn as_f32<'a>(&self, page: KvPage<'a>) -> Option<&'a [f32]> {
