@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Perplexity of the default model with every KV-cache format, at ctx 1024 and 2048, on the
 # project's corpus (llama.cpp's method: second half of each window scored). Prints a markdown
-# table: PPL, delta vs bf16 KV, KV bytes per token, compression vs bf16.
+# table: PPL, delta vs bf16 KV (bf16 runs first), KV bytes per token, compression vs bf16.
 #
 #   scripts/kv-ppl.sh [CHUNKS_AT_1024]        (default 12; ctx 2048 uses half as many windows)
 set -euo pipefail
@@ -10,8 +10,8 @@ BIN=${TESSERA_BIN:-target/release/tessera}
 CORPUS=${CORPUS:-../shared/data/pride_and_prejudice.txt}
 CHUNKS=${1:-12}
 FORMATS=(
-  "--kv-cache-dtype f32"
   "--kv-cache-dtype bf16"
+  "--kv-cache-dtype f32"
   "--kv-cache-dtype f16"
   "--kv-cache-dtype fp8_e4m3"
   "--kv-cache-dtype int8"
@@ -38,7 +38,7 @@ for ctx in 1024 2048; do
     desc=$(sed -n 's/.*kv cache \(.*\) (\([0-9.]*\) bytes\/token, \([0-9.]*\)x smaller than bf16)$/\1|\2|\3/p' <<<"$out")
     IFS='|' read -r name bpt ratio <<<"$desc"
     [[ "$name" == "bf16" ]] && base=$ppl
-    delta=$([[ -n "$base" ]] && awk -v p="$ppl" -v b="$base" 'BEGIN{printf "%+.2f%%", (p/b-1)*100}' || echo "(before bf16)")
+    delta=$(awk -v p="$ppl" -v b="$base" 'BEGIN{printf "%+.2f%%", (p/b-1)*100}')
     echo "| $name | $bpt | ${ratio}x | $ppl | $delta |"
   done
 done
