@@ -1,7 +1,9 @@
 //! `tessera inspect`: architecture, every tensor with its storage type, and the kernel plan.
 
+use super::kv_args::KvCacheArgs;
 use super::model_path::ModelArg;
 use anyhow::Result;
+use tessera_engine::kv::DEFAULT_BLOCK_SIZE;
 use clap::Args;
 use tessera_engine::model::PlanEntry;
 use tessera_kernels::linear::LinearPolicy;
@@ -14,6 +16,8 @@ pub struct InspectArgs {
     /// Only the summary and the kernel plan, not every tensor.
     #[arg(long)]
     brief: bool,
+    #[command(flatten)]
+    kv: KvCacheArgs,
 }
 
 /// Runs the command.
@@ -49,6 +53,8 @@ pub fn run(args: InspectArgs) -> Result<()> {
     }
     println!("embedding lookup: token_embd.weight ({}), dequantized row by row", lm.model.embedding_type());
     println!("quantization: {}", ck.quantization.as_deref().unwrap_or("none (weights as stored)"));
+    let kv = lm.model.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
+    println!("kv cache: {}, {:.0} tokens per GiB", kv.describe(), (1u64 << 30) as f64 / kv.bytes_per_token());
     let plan = lm.model.plan();
     let w = |f: fn(&PlanEntry) -> usize| plan.iter().map(f).max().unwrap_or(0);
     let (ws, wst, wa) = (w(|e| e.scheme.len()).max(6), w(|e| e.storage.len()).max(7), w(|e| e.activations.len()).max(11));
