@@ -63,8 +63,6 @@ mod quat;
 mod tests;
 
 use super::{bits, CodecOptions, HqmqParams, KvCodec, KvFormat, KvGeometry, KvPage, KvPageMut, KvRole};
-use crate::cpu::dot::{axpy_f32, dot_f32};
-use crate::cpu::CpuCaps;
 use half::f16;
 use quat::{best_score, haar_codebook, mul, nearest, Quat, PRIMARY};
 use rand::SeedableRng;
@@ -301,29 +299,6 @@ impl KvCodec for HqmqCodec {
         let book = &self.heads[head];
         for (slot, o) in slots.zip(out.chunks_exact_mut(self.head_dim)) {
             self.decode_slot(book, page.bytes, page.tokens, slot, o);
-        }
-    }
-    fn scores(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
-        let (book, hd, n, isa) = (&self.heads[head], self.head_dim, slots.len(), CpuCaps::detect().best_isa());
-        let mut key = vec![0f32; hd];
-        for (j, slot) in slots.enumerate() {
-            self.decode_slot(book, page.bytes, page.tokens, slot, &mut key);
-            for (qi, q) in queries.chunks_exact(hd).enumerate() {
-                out[qi * n + j] = dot_f32(isa, q, &key);
-            }
-        }
-    }
-    fn accumulate(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
-        let (book, hd, n, isa) = (&self.heads[head], self.head_dim, slots.len(), CpuCaps::detect().best_isa());
-        let mut value = vec![0f32; hd];
-        for (j, slot) in slots.enumerate() {
-            self.decode_slot(book, page.bytes, page.tokens, slot, &mut value);
-            for (qi, a) in acc.chunks_exact_mut(hd).enumerate() {
-                let w = weights[qi * n + j];
-                if w != 0.0 {
-                    axpy_f32(isa, w, &value, a);
-                }
-            }
         }
     }
 }

@@ -23,7 +23,8 @@ pub mod tq3;
 pub use format::{HqmqParams, KvFormat, KvFormatError};
 
 use crate::cpu::dot::{axpy_f32, dot_f32};
-use crate::cpu::CpuCaps;
+use crate::cpu::{CpuCaps, Isa};
+use std::sync::OnceLock;
 use std::ops::Range;
 
 /// Whether a codec stores keys or values.
@@ -106,7 +107,7 @@ pub trait KvCodec: Send + Sync {
     /// `out[i * n + j] = <query i, key at slot slots.start + j>` for prepared `queries`
     /// (`nq × query_width`), `n = slots.len()`. Unscaled (attention applies 1/sqrt(d)).
     fn scores(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
-        let (hd, n, isa) = (self.head_dim(), slots.len(), CpuCaps::detect().best_isa());
+        let (hd, n, isa) = (self.head_dim(), slots.len(), isa());
         let mut scratch = Vec::new();
         let keys = dense(self, head, page, slots, &mut scratch);
         for (qi, q) in queries.chunks_exact(hd).enumerate() {
@@ -118,7 +119,7 @@ pub trait KvCodec: Send + Sync {
     /// `acc[i] += sum_j weights[i * n + j] * value(slot slots.start + j)` for `nq` rows
     /// (`acc` is `nq × head_dim`).
     fn accumulate(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
-        let (hd, n, isa) = (self.head_dim(), slots.len(), CpuCaps::detect().best_isa());
+        let (hd, n, isa) = (self.head_dim(), slots.len(), isa());
         let mut scratch = Vec::new();
         let values = dense(self, head, page, slots, &mut scratch);
         for (qi, a) in acc.chunks_exact_mut(hd).enumerate() {
@@ -135,6 +136,12 @@ pub trait KvCodec: Send + Sync {
         let _ = page;
         None
     }
+}
+
+/// The SIMD level the hooks use, detected once (the hooks run per block in the decode loop).
+pub(crate) fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| CpuCaps::detect().best_isa())
 }
 
 /// Slots `slots` of a page as f32 rows (`slots.len() × head_dim`): in place for f32 pages,

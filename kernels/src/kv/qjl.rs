@@ -16,7 +16,7 @@
 //! ([`KvCodec::prepare_query`]); scoring a key is then a sign-flipped sum of 256 floats.
 
 use super::{CodecOptions, KvCodec, KvGeometry, KvPage, KvPageMut};
-use crate::cpu::{CpuCaps, Isa};
+use crate::cpu::Isa;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -46,7 +46,7 @@ pub struct QjlCodec {
 impl QjlCodec {
     /// A codec for heads of `geom`, with Π drawn from (`opts.seed`, `opts.layer`).
     pub fn new(geom: KvGeometry, opts: CodecOptions) -> Self {
-        QjlCodec { head_dim: geom.head_dim, proj: projection(geom.head_dim, opts), isa: CpuCaps::detect().best_isa() }
+        QjlCodec { head_dim: geom.head_dim, proj: projection(geom.head_dim, opts), isa: super::isa() }
     }
 
     /// `out = xᵀΠ` (256 floats). Every ISA sums over `d` in order with separate multiply and

@@ -20,7 +20,6 @@
 
 use super::{KvCodec, KvGeometry, KvPage, KvPageMut};
 use crate::cpu::dot::{axpy_f32, dot_f32};
-use crate::cpu::CpuCaps;
 use half::f16;
 use std::ops::Range;
 
@@ -210,7 +209,7 @@ impl KvCodec for Tq3Codec {
         per_block(out, forward);
     }
     fn scores(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
-        let (hd, n, isa) = (self.head_dim, slots.len(), CpuCaps::detect().best_isa());
+        let (hd, n, isa) = (self.head_dim, slots.len(), super::isa());
         let mut key = vec![0f32; hd];
         for (j, slot) in slots.enumerate() {
             self.rotated(page.bytes, slot, &mut key);
@@ -220,7 +219,7 @@ impl KvCodec for Tq3Codec {
         }
     }
     fn accumulate(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
-        let (hd, n, isa) = (self.head_dim, slots.len(), CpuCaps::detect().best_isa());
+        let (hd, n, isa) = (self.head_dim, slots.len(), super::isa());
         let mut sums = vec![0f32; acc.len()];
         let mut value = vec![0f32; hd];
         for (j, slot) in slots.enumerate() {
