@@ -9,4 +9,8 @@ scripts/fetch-default-model.sh
 # .venv-test/) and promtool (Debian's prometheus package); get both ready first.
 scripts/python-env.sh >/dev/null
 scripts/ensure-promtool.sh >/dev/null
+# NVRTC and the CUDA headers (pinned CUDA 13.0 wheels, no GPU needed): the compile gate builds
+# every CUDA kernel source for sm_80/sm_90/sm_90a and must not skip here.
+eval "$(scripts/cuda-env.sh)"
+export TESSERA_REQUIRE_NVRTC=1
 cargo test --release --workspace --locked "$@"

@@ -8,11 +8,13 @@
 //! - [`kv`]: KV-cache storage formats (plain, fp8/int8, QJL, TQ3_0, HQMQ);
 //! - [`ops`]: RMSNorm, RoPE, SwiGLU;
 //! - [`quant`]: linear layers over checkpoint-quantized weights (W4A16, W4A8, W8A8);
+//! - [`cuda`]: the CUDA backend (NVRTC-compiled sources, launched through `cudarc`);
 //! - [`reference`]: scalar references the optimized kernels are tested against.
 
 pub mod attention;
 pub mod kv;
 pub mod cpu;
+pub mod cuda;
 pub mod ggml;
 pub mod linear;
 pub mod ops;

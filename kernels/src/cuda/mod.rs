@@ -1,0 +1,64 @@
+//! CUDA backend: kernel sources compiled at run time by NVRTC, launched through `cudarc`.
+//!
+//! Everything CUDA is loaded dynamically, so this module builds everywhere and costs nothing
+//! on machines without a GPU:
+//! - [`source`]: the CUDA C sources (`kernels/cuda/*.cu`), each with the specializations it is
+//!   compiled in;
+//! - [`compile`]: NVRTC to CUBIN for one architecture, cached on disk;
+//! - [`device`]: one GPU (context, stream, loaded modules), opened with a clear error when the
+//!   driver or NVRTC is missing;
+//! - [`ops`]: typed launchers for each kernel.
+//!
+//! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/cuda_compile.rs`); the kernel
+//! tests (`tests/cuda_kernels.rs`) run on a GPU and skip, saying so, elsewhere.
+
+pub mod compile;
+pub mod device;
+pub mod ops;
+pub mod source;
+
+pub use compile::{nvrtc_available, CudaArch};
+pub use device::{driver_available, CudaDevice};
+
+/// Why a CUDA operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The NVIDIA driver library (libcuda) is not on this host.
+    #[error("CUDA requested but libcuda was not found (no NVIDIA driver on this host); use --device cpu")]
+    NoDriver,
+    /// NVRTC (libnvrtc.so.13) is not loadable.
+    #[error("NVRTC (libnvrtc.so.13) was not found on LD_LIBRARY_PATH; install the pinned wheel with scripts/cuda-env.sh")]
+    NoNvrtc,
+    /// The CUDA headers NVRTC needs (cuda_bf16.h, cuda_fp8.h) were not found.
+    #[error("CUDA headers not found: set TESSERA_CUDA_INCLUDE to the nvidia-cuda-runtime wheel's include directory (scripts/cuda-env.sh prints it)")]
+    NoHeaders,
+    /// The device ordinal does not exist.
+    #[error("CUDA device {ordinal} requested but only {count} present")]
+    NoSuchDevice {
+        /// Requested ordinal.
+        ordinal: usize,
+        /// Devices found.
+        count: usize,
+    },
+    /// NVRTC rejected a kernel source; the log says why.
+    #[error("NVRTC failed on {source_name} ({arch}, {defines}):\n{log}")]
+    Compile {
+        /// Kernel source file name.
+        source_name: &'static str,
+        /// Target architecture.
+        arch: String,
+        /// The specialization's defines.
+        defines: String,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// A driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {0}")]
+    Blas(#[from] cudarc::cublas::result::CublasError),
+    /// Arguments that do not fit the kernel (shapes, lengths).
+    #[error("{0}")]
+    Shape(String),
+}
