@@ -39,14 +39,11 @@ extern "C" __global__ void rope_rotate_half(float* x, const float2* sin_cos, int
     }
 }
 
-// SwiGLU over rows of [gate | up] (2n wide): out[i] = silu(gate[i]) * up[i]. Grid (rows).
-extern "C" __global__ void silu_mul(const float* gate_up, float* out, int n) {
-    const int64_t row = blockIdx.x;
-    const float* g = gate_up + row * 2 * n;
-    float* o = out + row * n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float a = g[i];
-        o[i] = a / (1.0f + expf(-a)) * g[n + i];
+// SwiGLU: out[i] = silu(gate[i]) * up[i] over `n` values (gate, up and out all [rows, width]).
+extern "C" __global__ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float a = gate[i];
+        out[i] = a / (1.0f + expf(-a)) * up[i];
     }
 }
 

@@ -109,3 +109,15 @@ impl CudaDevice {
         Ok(())
     }
 }
+
+/// For GPU tests and benchmarks: device 0, or `None` after printing why it is unavailable
+/// (`skipped: ...`), so the caller can return early on machines without a GPU.
+pub fn test_device() -> Option<Arc<CudaDevice>> {
+    match CudaDevice::open(0) {
+        Ok(dev) => Some(dev),
+        Err(e) => {
+            eprintln!("skipped: no usable CUDA device ({e})");
+            None
+        }
+    }
+}

@@ -18,7 +18,7 @@ pub mod ops;
 pub mod source;
 
 pub use compile::{nvrtc_available, CudaArch};
-pub use device::{driver_available, CudaDevice};
+pub use device::{driver_available, test_device, CudaDevice};
 
 /// Why a CUDA operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -83,17 +83,16 @@ pub fn rope(
     Ok(())
 }
 
-/// SwiGLU: rows of `gate_up` (`2n` wide) to rows of `out` (`n` wide).
-pub fn silu_mul(dev: &CudaDevice, gate_up: &CudaSlice<f32>, n: usize, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
-    if n == 0 || out.len() % n != 0 {
-        return Err(CudaError::Shape(format!("silu_mul: {} outputs are not rows of {n}", out.len())));
-    }
-    check("silu_mul gate_up", gate_up.len(), 2 * out.len())?;
+/// SwiGLU: `out[i] = silu(gate[i]) · up[i]` (three buffers of one length).
+pub fn silu_mul(dev: &CudaDevice, gate: &CudaSlice<f32>, up: &CudaSlice<f32>, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+    check("silu_mul gate", gate.len(), out.len())?;
+    check("silu_mul up", up.len(), out.len())?;
     let f = dev.function(&ELEMENTWISE, &[], "silu_mul")?;
-    let cfg = rows_config(out.len() / n, 256)?;
-    let n = int(n)?;
+    let blocks = out.len().div_ceil(256).clamp(1, 4096) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let n = out.len() as i64;
     let mut b = dev.stream().launch_builder(&f);
-    b.arg(gate_up).arg(out).arg(&n);
+    b.arg(gate).arg(up).arg(out).arg(&n);
     // SAFETY: argument types and order match `silu_mul`; lengths checked.
     unsafe { b.launch(cfg) }?;
     Ok(())
