@@ -114,3 +114,43 @@ fn shape_errors_are_reported_not_launched() {
     let up = upload(&dev, &[1.0; 10]);
     assert!(ops::silu_mul(&dev, &x, &up, &mut out).unwrap_err().to_string().contains("silu_mul"));
 }
+
+/// `‖got − want‖ / ‖want‖` against an f64 `x · Wᵀ`.
+fn gemm_rel_err(got: &[f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for i in 0..m {
+        for j in 0..n {
+            let r: f64 = (0..k).map(|t| x[i * k + t] as f64 * w[j * k + t] as f64).sum();
+            num += (got[i * n + j] as f64 - r).powi(2);
+            den += r * r;
+        }
+    }
+    (num / den).sqrt()
+}
+
+#[test]
+fn cublas_gemms_are_row_major_linear_layers() {
+    let Some(dev) = test_device() else { return };
+    let mut r = rng(5);
+    // Non-square, non-symmetric shapes catch a wrong transpose or leading dimension.
+    for (m, n, k) in [(1, 70, 96), (3, 192, 576), (33, 128, 64)] {
+        let (x, w) = (randn(&mut r, m * k), randn(&mut r, n * k));
+        let mut y = poisoned(&dev, m * n);
+        tessera_kernels::cuda::blas::gemm_f32(&dev, &upload(&dev, &x).as_view(), &upload(&dev, &w).as_view(), m, n, k, &mut y.as_view_mut()).unwrap();
+        // SGEMM without TF32 (cuBLAS's default math mode): f32 rounding only.
+        let err = gemm_rel_err(&download(&dev, &y), &x, &w, m, n, k);
+        assert!(err < 1e-5, "f32 {m}x{n}x{k}: {err}");
+
+        let to_bf16 = |v: &[f32]| v.iter().map(|&a| half::bf16::from_f32(a)).collect::<Vec<_>>();
+        let (xb, wb) = (to_bf16(&x), to_bf16(&w));
+        let (xr, wr): (Vec<f32>, Vec<f32>) = (xb.iter().map(|v| v.to_f32()).collect(), wb.iter().map(|v| v.to_f32()).collect());
+        let mut y = poisoned(&dev, m * n);
+        let (gx, gw) = (dev.stream().clone_htod(&xb).unwrap(), dev.stream().clone_htod(&wb).unwrap());
+        tessera_kernels::cuda::blas::gemm_bf16(&dev, &gx.as_view(), &gw.as_view(), m, n, k, &mut y.as_view_mut()).unwrap();
+        // Products of bf16 values are exact in f32; only the f32 sums round.
+        let err = gemm_rel_err(&download(&dev, &y), &xr, &wr, m, n, k);
+        assert!(err < 1e-5, "bf16 {m}x{n}x{k}: {err}");
+    }
+    let e = tessera_kernels::cuda::blas::gemm_f32(&dev, &upload(&dev, &[1.0; 6]).as_view(), &upload(&dev, &[1.0; 6]).as_view(), 2, 2, 2, &mut poisoned(&dev, 4).as_view_mut());
+    assert!(e.unwrap_err().to_string().contains("gemm"));
+}

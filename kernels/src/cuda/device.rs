@@ -3,10 +3,11 @@
 use super::compile::{cached_cubin, include_dir, nvrtc_available, CudaArch};
 use super::source::KernelSource;
 use super::CudaError;
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Whether the NVIDIA driver library can be loaded (never panics, unlike opening a context
 /// without it).
@@ -25,6 +26,7 @@ pub struct CudaDevice {
     name: String,
     total_bytes: usize,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
+    blas: OnceLock<CudaBlas>,
 }
 
 impl CudaDevice {
@@ -55,6 +57,7 @@ impl CudaDevice {
             ctx,
             stream,
             modules: Mutex::new(HashMap::new()),
+            blas: OnceLock::new(),
         }))
     }
 
@@ -100,6 +103,19 @@ impl CudaDevice {
             }
         };
         Ok(module.load_function(entry)?)
+    }
+
+    /// The cuBLAS handle on this device's stream, created on first use (needs libcublas).
+    pub fn blas(&self) -> Result<&CudaBlas, CudaError> {
+        if let Some(b) = self.blas.get() {
+            return Ok(b);
+        }
+        // SAFETY: only probes for the shared library with libloading.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::NoCublas);
+        }
+        let b = CudaBlas::new(self.stream.clone())?;
+        Ok(self.blas.get_or_init(|| b))
     }
 
     /// Waits for the stream and surfaces any fault a kernel raised.

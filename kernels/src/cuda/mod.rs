@@ -7,17 +7,20 @@
 //! - [`compile`]: NVRTC to CUBIN for one architecture, cached on disk;
 //! - [`device`]: one GPU (context, stream, loaded modules), opened with a clear error when the
 //!   driver or NVRTC is missing;
-//! - [`ops`]: typed launchers for each kernel.
+//! - [`ops`]: typed launchers for each kernel;
+//! - [`blas`]: dense f32 / bf16 GEMMs through cuBLAS, row-major.
 //!
 //! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/cuda_compile.rs`); the kernel
 //! tests (`tests/cuda_kernels.rs`) run on a GPU and skip, saying so, elsewhere.
 
+pub mod blas;
 pub mod compile;
 pub mod device;
 pub mod ops;
 pub mod source;
 
 pub use compile::{nvrtc_available, CudaArch};
+pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 pub use device::{driver_available, test_device, CudaDevice};
 
 /// Why a CUDA operation failed.
@@ -26,6 +29,9 @@ pub enum CudaError {
     /// The NVIDIA driver library (libcuda) is not on this host.
     #[error("CUDA requested but libcuda was not found (no NVIDIA driver on this host); use --device cpu")]
     NoDriver,
+    /// cuBLAS (libcublas.so.13) is not loadable.
+    #[error("cuBLAS (libcublas.so.13) was not found on LD_LIBRARY_PATH (it ships in the nvidia-cublas wheel)")]
+    NoCublas,
     /// NVRTC (libnvrtc.so.13) is not loadable.
     #[error("NVRTC (libnvrtc.so.13) was not found on LD_LIBRARY_PATH; install the pinned wheel with scripts/cuda-env.sh")]
     NoNvrtc,
