@@ -7,11 +7,13 @@
 //! - [`compile`]: NVRTC to CUBIN for one architecture, cached on disk;
 //! - [`device`]: one GPU (context, stream, loaded modules), opened with a clear error when the
 //!   driver or NVRTC is missing;
-//! - [`ops`]: typed launchers for each kernel.
+//! - [`ops`]: typed launchers for each kernel;
+//! - [`attention`]: paged decode attention and KV append over the engine's KV byte pool.
 //!
 //! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/cuda_compile.rs`); the kernel
 //! tests (`tests/cuda_kernels.rs`) run on a GPU and skip, saying so, elsewhere.
 
+pub mod attention;
 pub mod compile;
 pub mod device;
 pub mod ops;
@@ -58,6 +60,9 @@ pub enum CudaError {
     /// A cuBLAS call failed.
     #[error("cuBLAS: {0}")]
     Blas(#[from] cudarc::cublas::result::CublasError),
+    /// A feature the CUDA backend does not implement yet (e.g. a compressed KV format).
+    #[error("{0}")]
+    Unsupported(String),
     /// Arguments that do not fit the kernel (shapes, lengths).
     #[error("{0}")]
     Shape(String),
