@@ -237,8 +237,9 @@ fn check(what: &str, len: usize, want: usize) -> Result<(), CudaError> {
 /// Writes the K and V rows of `slots.len()` new tokens into `pool`, encoded in the layer's
 /// formats byte for byte as the CPU codecs encode them. `k` and `v` are
 /// `[tokens, n_kv_heads, head_dim]` f32; token `i` goes to slot `slots[i]` =
-/// `block * block_size + offset`. Negative slots (padding) are skipped, as are slots whose block
-/// lies past the end of `pool`.
+/// `block * block_size + offset`; slots must be distinct within one call (two writes to one slot
+/// race). Negative slots (padding) are skipped, as are slots whose block lies past the end of
+/// `pool`.
 pub fn kv_append(
     dev: &CudaDevice,
     desc: &KvLayerDesc,
