@@ -8,11 +8,13 @@
 //! - [`device`]: one GPU (context, stream, loaded modules), opened with a clear error when the
 //!   driver or NVRTC is missing;
 //! - [`ops`]: typed launchers for each kernel;
-//! - [`blas`]: dense f32 / bf16 GEMMs through cuBLAS, row-major.
+//! - [`blas`]: dense f32 / bf16 GEMMs through cuBLAS, row-major;
+//! - [`attention`]: paged decode attention and KV append over the engine's KV byte pool.
 //!
 //! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/cuda_compile.rs`); the kernel
-//! tests (`tests/cuda_kernels.rs`) run on a GPU and skip, saying so, elsewhere.
+//! tests (`tests/cuda_*.rs`) run on a GPU and skip, saying so, elsewhere.
 
+pub mod attention;
 pub mod blas;
 pub mod compile;
 pub mod device;
@@ -64,6 +66,9 @@ pub enum CudaError {
     /// A cuBLAS call failed.
     #[error("cuBLAS: {0}")]
     Blas(#[from] cudarc::cublas::result::CublasError),
+    /// A feature the CUDA backend does not implement yet (e.g. a compressed KV format).
+    #[error("{0}")]
+    Unsupported(String),
     /// Arguments that do not fit the kernel (shapes, lengths).
     #[error("{0}")]
     Shape(String),

@@ -27,5 +27,46 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
     needs_sm90a: false,
 };
 
+/// Paged decode attention over the KV byte pool and its split merge ([`super::attention`]).
+/// Specialized by `HEAD_DIM` (64, 128) and the K and V page formats (`K_FMT`, `V_FMT`, the
+/// `TS_KV_*` codes of `kv_pages.cuh`). The gate compiles every format on both sides (the
+/// diagonal) plus a few mixed pairs; any other pair compiles on first use from the same code.
+pub const ATTENTION: KernelSource = KernelSource {
+    name: "attention.cu",
+    code: concat!(include_str!("../../cuda/kv_pages.cuh"), include_str!("../../cuda/attention.cu")),
+    variants: &[
+        &["HEAD_DIM=64", "K_FMT=0", "V_FMT=0"],
+        &["HEAD_DIM=64", "K_FMT=1", "V_FMT=1"],
+        &["HEAD_DIM=64", "K_FMT=2", "V_FMT=2"],
+        &["HEAD_DIM=64", "K_FMT=3", "V_FMT=3"],
+        &["HEAD_DIM=64", "K_FMT=4", "V_FMT=4"],
+        &["HEAD_DIM=64", "K_FMT=5", "V_FMT=5"],
+        &["HEAD_DIM=64", "K_FMT=6", "V_FMT=6"],
+        &["HEAD_DIM=64", "K_FMT=3", "V_FMT=1"],
+        &["HEAD_DIM=64", "K_FMT=1", "V_FMT=0"],
+        &["HEAD_DIM=128", "K_FMT=0", "V_FMT=0"],
+        &["HEAD_DIM=128", "K_FMT=1", "V_FMT=1"],
+        &["HEAD_DIM=128", "K_FMT=2", "V_FMT=2"],
+        &["HEAD_DIM=128", "K_FMT=3", "V_FMT=3"],
+        &["HEAD_DIM=128", "K_FMT=4", "V_FMT=4"],
+        &["HEAD_DIM=128", "K_FMT=5", "V_FMT=5"],
+        &["HEAD_DIM=128", "K_FMT=6", "V_FMT=6"],
+        &["HEAD_DIM=128", "K_FMT=3", "V_FMT=1"],
+        &["HEAD_DIM=128", "K_FMT=6", "V_FMT=2"],
+    ],
+    entries: &["paged_decode_attention", "paged_attention_merge"],
+    needs_sm90a: false,
+};
+
+/// Writes new K/V rows into the paged pool in any supported page format (formats are kernel
+/// arguments, so one specialization serves every layer).
+pub const KV_APPEND: KernelSource = KernelSource {
+    name: "kv_append.cu",
+    code: concat!(include_str!("../../cuda/kv_pages.cuh"), include_str!("../../cuda/kv_append.cu")),
+    variants: &[&[]],
+    entries: &["kv_append"],
+    needs_sm90a: false,
+};
+
 /// Every kernel source, for the compile gate and for ahead-of-time warm-up.
-pub const ALL: &[&KernelSource] = &[&ELEMENTWISE];
+pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND];
