@@ -16,6 +16,7 @@
 
 pub mod attention;
 pub mod blas;
+pub mod linear;
 pub mod compile;
 pub mod device;
 pub mod ops;
