@@ -47,20 +47,39 @@ pub struct Generation {
     pub decode_secs: f64,
 }
 
-/// Generates from `prompt`, calling `on_text` with each new piece of text.
+/// Generates from `prompt` with the CPU model, calling `on_text` with each new piece of text.
 pub fn generate(
     model: &LlamaModel,
     tok: &Tokenizer,
     prompt: &[u32],
-    mut sampler: Sampler,
+    sampler: Sampler,
     opts: &GenerateOptions,
-    mut on_text: impl FnMut(&str),
+    on_text: impl FnMut(&str),
 ) -> Result<Generation, ForwardError> {
     let cfg = model.config();
     let mut kv = match &opts.kv {
         Some(layout) => crate::kv::LocalKv::new(layout.clone(), cfg.max_position_embeddings),
         None => model.local_kv(cfg.max_position_embeddings),
     };
+    let step = |tokens: &[u32], logits_from: Option<usize>| {
+        let mut batch = [SeqInput { tokens, kv: &mut kv, logits_from }];
+        Ok(model.forward(&mut batch)?.swap_remove(0))
+    };
+    generate_with(step, cfg.max_position_embeddings, tok, prompt, sampler, opts, on_text)
+}
+
+/// Generation over any forward pass: `step(tokens, logits_from)` appends `tokens` to the one
+/// sequence and returns the logits of tokens `logits_from..` (none for `None`); `context` is
+/// the most tokens the sequence may hold.
+pub fn generate_with<E>(
+    mut step: impl FnMut(&[u32], Option<usize>) -> Result<Vec<f32>, E>,
+    context: usize,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    mut sampler: Sampler,
+    opts: &GenerateOptions,
+    mut on_text: impl FnMut(&str),
+) -> Result<Generation, E> {
     let mut decoder = IncrementalDecoder::new();
     let mut out = Generation {
         text: String::new(),
@@ -78,8 +97,7 @@ pub fn generate(
     let chunks: Vec<&[u32]> = prompt.chunks(opts.prefill_chunk.max(1)).collect();
     for (i, chunk) in chunks.iter().enumerate() {
         let last = i + 1 == chunks.len();
-        let mut batch = [SeqInput { tokens: chunk, kv: &mut kv, logits_from: last.then(|| chunk.len() - 1) }];
-        logits = model.forward(&mut batch)?.swap_remove(0);
+        logits = step(chunk, last.then(|| chunk.len() - 1))?;
     }
     out.prefill_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
@@ -97,12 +115,11 @@ pub fn generate(
         if out.tokens.len() >= opts.max_tokens {
             break;
         }
-        if prompt.len() + out.tokens.len() >= cfg.max_position_embeddings {
+        if prompt.len() + out.tokens.len() >= context {
             out.finish = FinishReason::Context;
             break;
         }
-        let mut batch = [SeqInput { tokens: std::slice::from_ref(&id), kv: &mut kv, logits_from: Some(0) }];
-        logits = model.forward(&mut batch)?.swap_remove(0);
+        logits = step(std::slice::from_ref(&id), Some(0))?;
     }
     let rest = decoder.flush(tok);
     out.text.push_str(&rest);

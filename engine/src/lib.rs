@@ -3,6 +3,7 @@
 //! - [`checkpoint`]: GGUF and Hugging Face loaders producing one [`checkpoint::Checkpoint`];
 //! - [`tokenizer`]: the checkpoint's tokenizer and streaming detokenization;
 //! - [`quant`]: checkpoint quantization schemes (compressed-tensors, Quark, FP8, GPTQ, AWQ);
+//! - [`device`]: `--device cpu | cuda[:N]`;
 //! - [`model`]: architectures (Llama and its MoE relatives) built from a checkpoint with a kernel per layer;
 //! - [`kv`]: the per-sequence KV cache seam;
 //! - [`sample`]: logits processors, samplers and logprobs;
@@ -12,6 +13,7 @@
 
 pub mod checkpoint;
 pub mod convert;
+pub mod device;
 pub mod float_dtype;
 pub mod generate;
 pub mod kv;

@@ -365,6 +365,7 @@ pub fn random_dense(like: &Checkpoint, dims: RandomDims, seed: u64) -> Checkpoin
         tensors,
         quantized: BTreeMap::new(),
         quantization: None,
+        kv_cache: None,
         tokenizer: like.tokenizer.clone(),
         special: like.special.clone(),
     }

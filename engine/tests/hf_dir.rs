@@ -1,7 +1,8 @@
 //! Hugging Face directory loading: the default model's first two layers exported as a sharded
 //! safetensors checkpoint (F32 linears, F16 embedding, BF16 norms) with config.json,
 //! tokenizer.json and tokenizer_config.json, loaded back and run against the GGUF model cut to
-//! the same two layers; and malformed directories failing with the name of what is wrong.
+//! the same two layers; malformed directories failing with the name of what is wrong; and a
+//! `kv_cache_scheme` with per-layer k_scale / v_scale choosing the KV cache.
 
 mod common;
 
@@ -13,11 +14,13 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tessera_engine::checkpoint::{Checkpoint, TensorEntry};
+use tessera_engine::kv::{KvCacheScheme, KvDtype, KvRequest};
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
 use tessera_engine::tokenizer::Tokenizer;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::dequantize_row;
+use tessera_kernels::kv::KvFormat;
 use tessera_kernels::linear::LinearPolicy;
 
 const LAYERS: usize = 2;
@@ -200,4 +203,74 @@ fn malformed_directories_name_what_is_wrong() {
     assert!(e.contains("model.layers.1.mlp.experts.0.w1") && e.contains("not a tensor name of a supported architecture"), "{e}");
     std::fs::write(&bad, b"not safetensors").unwrap();
     assert!(Checkpoint::open(dir.path()).unwrap_err().to_string().contains("invalid safetensors"));
+}
+
+/// Adds `tensors` (scalar f32 scales by name) as one more shard of the export in `dir`.
+fn add_scale_shard(dir: &Path, tensors: &[(String, f32)]) {
+    let file = "kv-scales.safetensors";
+    let bytes: Vec<[u8; 4]> = tensors.iter().map(|(_, v)| v.to_le_bytes()).collect();
+    let views: Vec<(String, TensorView<'_>)> = tensors.iter().zip(&bytes).map(|((n, _), b)| (n.clone(), TensorView::new(Dtype::F32, vec![], b).unwrap())).collect();
+    safetensors::serialize_to_file(views, &None, &dir.join(file)).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+    for (n, _) in tensors {
+        v["weight_map"][n] = json!(file);
+    }
+    std::fs::write(index, v.to_string()).unwrap();
+}
+
+#[test]
+fn kv_cache_scheme_scales_choose_the_cache_format() {
+    let dir = tempfile::tempdir().unwrap();
+    export(dir.path());
+    let cfg_path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["quantization_config"] = json!({
+        "quant_method": "compressed-tensors", "config_groups": {},
+        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": false, "symmetric": true}
+    });
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let scales = [(0.031, 0.017), (0.045, 0.012)];
+    // Layer 0 in the current names, layer 1 in the older `*_proj.output_scale` ones.
+    let names = |i: usize, side: &str| if i == 0 { format!("model.layers.0.self_attn.{side}_scale") } else { format!("model.layers.{i}.self_attn.{side}_proj.output_scale") };
+    let tensors: Vec<(String, f32)> = scales.iter().enumerate().flat_map(|(i, &(k, v))| [(names(i, "k"), k), (names(i, "v"), v)]).collect();
+    add_scale_shard(dir.path(), &tensors);
+
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    assert_eq!(ck.kv_cache, Some(KvCacheScheme { format: KvFormat::Fp8E4m3, scales: scales.to_vec() }));
+    let m = LlamaModel::load(&ck, &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
+    // auto takes the checkpoint's format with its static scales: one byte per element, no stored scale.
+    let auto = m.kv_layout(KvRequest::default(), 16, 0).unwrap();
+    assert_eq!(auto.dtype(), KvDtype::both(KvFormat::Fp8E4m3));
+    assert_eq!(auto.codecs(1).0.name(), "fp8_e4m3 (static scale)");
+    assert_eq!(auto.static_scales(1), (Some(0.045), Some(0.012)));
+    let c = &ck.config;
+    assert_eq!(auto.bytes_per_token(), (LAYERS * 2 * c.num_kv_heads * c.head_dim) as f64);
+    // An explicit format wins; only a side in the checkpoint's format uses its scales.
+    let mixed = m.kv_layout(KvRequest { k: Some(KvFormat::Fp8E4m3), v: Some(KvFormat::Int8) }, 16, 0).unwrap();
+    assert_eq!((mixed.codecs(0).0.name(), mixed.codecs(0).1.name()), ("fp8_e4m3 (static scale)".into(), "int8".into()));
+    assert_eq!(mixed.static_scales(0), (Some(0.031), None));
+    // The static cache runs: its logits stay near the f32 cache's (these scales keep K and V of
+    // these two layers inside E4M3's range).
+    let tokens = Tokenizer::from_checkpoint(&ck).unwrap().encode("It is a truth universally acknowledged").unwrap();
+    let run = |layout| {
+        let mut kv = tessera_engine::kv::LocalKv::new(layout, 64);
+        m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0)
+    };
+    let (f32_logits, fp8_logits) = (run(m.kv_layout(KvDtype::both(KvFormat::F32), 16, 0).unwrap()), run(auto));
+    let err = common::max_rel_err(&fp8_logits, &f32_logits, c.vocab_size);
+    eprintln!("static fp8 KV vs f32 KV: max |diff| / spread = {err:.2e}");
+    assert!(err > 0.0 && err < 0.1, "{err}");
+
+    // A missing, zero or non-scalar scale names the tensor.
+    let broken = |tensors: &[(String, f32)]| {
+        add_scale_shard(dir.path(), tensors);
+        Checkpoint::open(dir.path()).err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    let e = broken(&tensors[..3]);
+    assert!(e.contains("model.layers.1.self_attn.v_scale") && e.contains("kv_cache_scheme"), "{e}");
+    let mut zero = tensors.clone();
+    zero[2].1 = 0.0;
+    let e = broken(&zero);
+    assert!(e.contains("model.layers.1.self_attn.k_proj.output_scale") && e.contains("finite and positive"), "{e}");
 }

@@ -166,7 +166,7 @@ fn compressed_kv_caches_batch_invariantly() {
     for dtype in ["k=hqmq-s192-r6-med3,v=tq3_0", "k=qjl1,v=fp8"] {
         let (k, v) = dtype.split_once(',').unwrap();
         let dtype = KvDtype { k: k[2..].parse().unwrap(), v: v[2..].parse().unwrap() };
-        let e = engine(EngineConfig { max_num_batched_tokens: 64 + 16, kv_dtype: dtype, ..no_cache() });
+        let e = engine(EngineConfig { max_num_batched_tokens: 64 + 16, kv_dtype: dtype.into(), ..no_cache() });
         assert_eq!(e.info().kv_cache_type, dtype.to_string());
         let mut reqs: Vec<GenRequest> = PROMPTS.iter().enumerate().map(|(i, p)| greedy(&i.to_string(), tokens(p), 12)).collect();
         reqs.push(greedy("long", tokens(&PROMPTS[1].repeat(8)), 12));
@@ -192,7 +192,7 @@ fn kv_pool_capacity_scales_with_compression() {
     let lm = Arc::new(LoadedModel::load(&default_model_path(), LinearPolicy::DEFAULT).unwrap());
     let bytes = 64 << 20;
     let blocks = |d: &str| {
-        let e = Engine::start(lm.clone(), EngineConfig { kv_cache_bytes: bytes, kv_dtype: KvDtype::both(d.parse().unwrap()), ..EngineConfig::default() }).unwrap();
+        let e = Engine::start(lm.clone(), EngineConfig { kv_cache_bytes: bytes, kv_dtype: KvDtype::both(d.parse().unwrap()).into(), ..EngineConfig::default() }).unwrap();
         let n = e.info().num_blocks;
         e.shutdown(Duration::from_secs(1));
         n

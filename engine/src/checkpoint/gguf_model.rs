@@ -223,6 +223,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
         tensors,
         quantized: Default::default(),
         quantization: None,
+        kv_cache: None,
         tokenizer: TokenizerSource::Gguf(Box::new(vocab)),
         special,
     })

@@ -139,11 +139,13 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
 pub fn load(dir: &Path) -> Result<Checkpoint, LoadError> {
     let cfg = read_json(&dir.join("config.json"))?;
     let config = model_config(&cfg)?;
-    let scheme = match cfg.get("quantization_config").filter(|q| !q.is_null()) {
-        Some(qc) => Some(quant::from_config(qc)?),
+    let qc = cfg.get("quantization_config").filter(|q| !q.is_null());
+    let scheme = qc.map(quant::from_config).transpose()?;
+    let set = TensorSet::open(&shard_files(dir)?)?;
+    let kv_cache = match qc.map(quant::kv_cache::parse_scheme).transpose()?.flatten() {
+        Some(format) => Some(quant::kv_cache::load_scales(format, &set, config.num_layers)?),
         None => None,
     };
-    let set = TensorSet::open(&shard_files(dir)?)?;
     let (tensors, quantized) = resolve_tensors(&set, scheme.as_deref())?;
 
     let tok_path = dir.join("tokenizer.json");
@@ -185,6 +187,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint, LoadError> {
         tensors,
         quantized,
         quantization: scheme.map(|s| s.summary()),
+        kv_cache,
         tokenizer: TokenizerSource::HfJson(Box::new(tok)),
         special,
     })

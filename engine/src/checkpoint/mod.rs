@@ -301,6 +301,8 @@ pub struct Checkpoint {
     pub quantized: BTreeMap<String, QuantizedWeight>,
     /// The checkpoint's quantization scheme, summarized (`None` without `quantization_config`).
     pub quantization: Option<String>,
+    /// The quantized KV cache its metadata asks for (`kv_cache_scheme` and per-layer scales).
+    pub kv_cache: Option<crate::kv::KvCacheScheme>,
     /// Tokenizer source.
     pub tokenizer: TokenizerSource,
     /// Special tokens.

@@ -1,6 +1,7 @@
 //! How a model's KV cache is stored: the K and V formats, one codec per (layer, role), and
 //! the byte layout of a block.
 
+use crate::checkpoint::ModelConfig;
 use std::fmt;
 use std::sync::Arc;
 use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvFormatError, KvGeometry, KvRole};
@@ -36,6 +37,47 @@ impl fmt::Display for KvDtype {
     }
 }
 
+/// The checkpoint's quantized KV cache (`quantization_config.kv_cache_scheme`): the format and
+/// each layer's static per-tensor `(k_scale, v_scale)` (value = code × scale, as vLLM reads them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvCacheScheme {
+    /// fp8_e4m3 or int8.
+    pub format: KvFormat,
+    /// Per layer `(k_scale, v_scale)`.
+    pub scales: Vec<(f32, f32)>,
+}
+
+/// The formats asked for, per side; `None` is `auto`: the checkpoint's `kv_cache_scheme` when it
+/// has one, else f32 (the compute type).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvRequest {
+    /// Key format, or auto.
+    pub k: Option<KvFormat>,
+    /// Value format, or auto.
+    pub v: Option<KvFormat>,
+}
+
+impl KvRequest {
+    /// The formats to use with the checkpoint's `scheme`.
+    pub fn resolve(self, scheme: Option<&KvCacheScheme>) -> KvDtype {
+        let auto = scheme.map_or(KvFormat::F32, |s| s.format);
+        KvDtype { k: self.k.unwrap_or(auto), v: self.v.unwrap_or(auto) }
+    }
+}
+
+impl From<KvDtype> for KvRequest {
+    fn from(d: KvDtype) -> Self {
+        KvRequest { k: Some(d.k), v: Some(d.v) }
+    }
+}
+
+impl fmt::Display for KvRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let side = |x: Option<KvFormat>| x.map_or("auto".to_string(), |x| x.to_string());
+        if self.k == self.v { write!(f, "{}", side(self.k)) } else { write!(f, "k={},v={}", side(self.k), side(self.v)) }
+    }
+}
+
 /// Alignment of each (layer, role) region inside a block: keeps f32 pages readable in place.
 const REGION_ALIGN: usize = 8;
 
@@ -48,6 +90,8 @@ pub struct KvLayout {
     codecs: Vec<(Box<dyn KvCodec>, Box<dyn KvCodec>)>,
     /// Per layer: byte offsets of the key and value regions inside a block.
     offsets: Vec<(usize, usize)>,
+    /// Per layer: the static (key, value) scales of 8-bit sides that use the checkpoint's.
+    static_scales: Vec<(Option<f32>, Option<f32>)>,
     block_bytes: usize,
 }
 
@@ -58,16 +102,19 @@ impl fmt::Debug for KvLayout {
 }
 
 impl KvLayout {
-    /// A layout for `layers` layers of heads `geom`, blocks of `block_size` tokens. `scales`
-    /// are the checkpoint's per-layer static (k_scale, v_scale), used by the 8-bit formats;
-    /// `seed` fixes the random state of QJL and HQMQ.
-    pub fn new(layers: usize, geom: KvGeometry, block_size: usize, dtype: KvDtype, scales: Option<&[(f32, f32)]>, seed: u64) -> Result<Arc<Self>, KvFormatError> {
+    /// A layout for `layers` layers of heads `geom`, blocks of `block_size` tokens. A side whose
+    /// format is the checkpoint `scheme`'s uses its static per-layer scale; `seed` fixes the
+    /// random state of QJL and HQMQ.
+    pub fn new(layers: usize, geom: KvGeometry, block_size: usize, dtype: KvDtype, scheme: Option<&KvCacheScheme>, seed: u64) -> Result<Arc<Self>, KvFormatError> {
         assert!(block_size > 0 && layers > 0);
+        assert!(scheme.is_none_or(|s| s.scales.len() == layers), "one (k_scale, v_scale) per layer");
         let mut codecs = Vec::with_capacity(layers);
         let mut offsets = Vec::with_capacity(layers);
+        let mut static_scales = Vec::with_capacity(layers);
         let mut at = 0;
         for layer in 0..layers {
-            let (ks, vs) = scales.map(|s| s[layer]).map_or((None, None), |(k, v)| (Some(k), Some(v)));
+            let scale = |f: KvFormat, pick: fn((f32, f32)) -> f32| scheme.filter(|s| s.format == f).map(|s| pick(s.scales[layer]));
+            let (ks, vs) = (scale(dtype.k, |s| s.0), scale(dtype.v, |s| s.1));
             let k = codec(&dtype.k, geom, KvRole::Key, CodecOptions { layer, seed, static_scale: ks })?;
             let v = codec(&dtype.v, geom, KvRole::Value, CodecOptions { layer, seed, static_scale: vs })?;
             let ko = at;
@@ -76,8 +123,16 @@ impl KvLayout {
             at = (at + geom.n_kv_heads * v.page_bytes(block_size)).next_multiple_of(REGION_ALIGN);
             codecs.push((k, v));
             offsets.push((ko, vo));
+            static_scales.push((ks, vs));
         }
-        Ok(Arc::new(KvLayout { dtype, geom, block_size, codecs, offsets, block_bytes: at.next_multiple_of(64) }))
+        Ok(Arc::new(KvLayout { dtype, geom, block_size, codecs, offsets, static_scales, block_bytes: at.next_multiple_of(64) }))
+    }
+
+    /// The layout of a model of `config` for the formats `req` asks for (auto sides take the
+    /// checkpoint's `scheme`, whose scales serve the sides in its format).
+    pub fn for_model(config: &ModelConfig, scheme: Option<&KvCacheScheme>, req: KvRequest, block_size: usize, seed: u64) -> Result<Arc<Self>, KvFormatError> {
+        let geom = KvGeometry { head_dim: config.head_dim, n_kv_heads: config.num_kv_heads };
+        Self::new(config.num_layers, geom, block_size, req.resolve(scheme), scheme, seed)
     }
 
     /// The formats.
@@ -114,6 +169,12 @@ impl KvLayout {
     pub fn codecs(&self, layer: usize) -> (&dyn KvCodec, &dyn KvCodec) {
         let (k, v) = &self.codecs[layer];
         (k.as_ref(), v.as_ref())
+    }
+
+    /// Layer `layer`'s static (key, value) scales: `Some` for an 8-bit side that uses the
+    /// checkpoint's per-tensor scale (its pages store no scale per token).
+    pub fn static_scales(&self, layer: usize) -> (Option<f32>, Option<f32>) {
+        self.static_scales[layer]
     }
 
     /// Byte ranges of layer `layer`'s key and value regions inside a block.

@@ -11,7 +11,7 @@ mod layout;
 
 pub use block_manager::{BlockManager, PrefixHit};
 pub use block_pool::{BlockPool, PagedSeqKv};
-pub use layout::{KvDtype, KvLayout, DEFAULT_BLOCK_SIZE};
+pub use layout::{KvCacheScheme, KvDtype, KvLayout, KvRequest, DEFAULT_BLOCK_SIZE};
 
 use std::sync::Arc;
 use tessera_kernels::attention::KvView;

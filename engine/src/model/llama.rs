@@ -10,7 +10,7 @@ use super::linear::{Linear, PlanEntry};
 use super::mlp::Mlp;
 use super::moe::MoeLayer;
 use crate::checkpoint::{Checkpoint, LoadError, ModelConfig, TensorEntry};
-use crate::kv::{KvDtype, KvError, KvLayout, LocalKv, SequenceKv, DEFAULT_BLOCK_SIZE};
+use crate::kv::{KvCacheScheme, KvDtype, KvError, KvLayout, KvRequest, LocalKv, SequenceKv, DEFAULT_BLOCK_SIZE};
 use std::sync::Arc;
 use tessera_kernels::attention::{attention_batch, AttnJob, AttnShape};
 use tessera_kernels::cpu::CpuCaps;
@@ -82,6 +82,7 @@ pub struct LlamaModel {
     lm_head: Linear,
     rope: Rope,
     shape: AttnShape,
+    kv_cache: Option<KvCacheScheme>,
 }
 
 fn norm_weights(t: &TensorEntry, n: usize) -> Result<Vec<f32>, LoadError> {
@@ -147,6 +148,7 @@ impl LlamaModel {
             lm_head: lin(head_name, c.vocab_size, h)?,
             rope: Rope::new(c.head_dim, c.rope_theta),
             shape: AttnShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim },
+            kv_cache: ckpt.kv_cache.clone(),
             embed,
             blocks,
             config: c,
@@ -187,10 +189,11 @@ impl LlamaModel {
         KvGeometry { head_dim: self.shape.head_dim, n_kv_heads: self.shape.n_kv_heads }
     }
 
-    /// The KV-cache storage for `dtype` in blocks of `block_size` tokens (random state of QJL
-    /// and HQMQ seeded by `seed`).
-    pub fn kv_layout(&self, dtype: KvDtype, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvFormatError> {
-        KvLayout::new(self.config.num_layers, self.kv_geometry(), block_size, dtype, None, seed)
+    /// The KV-cache storage for the formats `req` asks for (auto: the checkpoint's
+    /// `kv_cache_scheme`, else f32) in blocks of `block_size` tokens (random state of QJL and
+    /// HQMQ seeded by `seed`).
+    pub fn kv_layout(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvFormatError> {
+        KvLayout::for_model(&self.config, self.kv_cache.as_ref(), req.into(), block_size, seed)
     }
 
     /// A cache of `capacity` tokens for one sequence, in the engine's compute type (f32).

@@ -1,5 +1,6 @@
-//! Model architectures and their layers.
+//! Model architectures and their layers ([`cuda`]: the Llama decoder on an NVIDIA GPU).
 
+pub mod cuda;
 pub mod linear;
 pub mod llama;
 pub mod mlp;

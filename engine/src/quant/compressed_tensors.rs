@@ -117,9 +117,6 @@ pub struct CompressedTensors {
 
 /// Parses `quantization_config` for `quant_method: "compressed-tensors"`.
 pub fn parse(qc: &Value) -> Result<Box<dyn QuantScheme>, LoadError> {
-    if qc.get("kv_cache_scheme").is_some_and(|v| !v.is_null()) {
-        return Err(config_err("kv_cache_scheme", "quantized KV-cache scales from the checkpoint are not supported yet (use --kv-cache-dtype)"));
-    }
     for key in ["sparsity_config", "transform_config"] {
         if qc.get(key).is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty())) {
             return Err(config_err(key, "sparse or transformed checkpoints are not supported"));

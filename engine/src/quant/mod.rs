@@ -16,6 +16,7 @@ pub mod compressed_tensors;
 pub mod fp8;
 pub mod gptq;
 mod int4_packing;
+pub mod kv_cache;
 pub mod pattern;
 pub mod quark;
 pub mod tensors;

@@ -1,6 +1,7 @@
 //! Engine limits and what the engine reports about itself.
 
-use crate::kv::KvDtype;
+use crate::device::Device;
+use crate::kv::KvRequest;
 use crate::model::PlanEntry;
 
 /// Scheduler and KV-cache settings.
@@ -20,8 +21,10 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// Cap on prompt + output tokens (default: the model's context, bounded by the pool).
     pub max_model_len: Option<usize>,
-    /// KV-cache formats of keys and values.
-    pub kv_dtype: KvDtype,
+    /// KV-cache formats of keys and values as asked for (auto: the checkpoint's scheme, else f32).
+    pub kv_dtype: KvRequest,
+    /// Where the forward passes run.
+    pub device: Device,
 }
 
 impl Default for EngineConfig {
@@ -34,7 +37,8 @@ impl Default for EngineConfig {
             prefix_caching: true,
             max_waiting: 256,
             max_model_len: None,
-            kv_dtype: KvDtype::default(),
+            kv_dtype: KvRequest::default(),
+            device: Device::Cpu,
         }
     }
 }

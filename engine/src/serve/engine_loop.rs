@@ -5,8 +5,7 @@ use super::metrics::Metrics;
 use super::scheduler::{Scheduler, Work};
 use super::sequence::Sequence;
 use super::{Event, FinishReason, StopReason, TokenLogprob, Usage};
-use crate::kv::{BlockPool, PagedSeqKv};
-use crate::model::SeqInput;
+use super::backend::{Backend, StepSeq};
 use crate::sample::{logsumexp, top_n, Sampled};
 use crate::tokenizer::Tokenizer;
 use crate::LoadedModel;
@@ -29,8 +28,8 @@ pub(crate) enum Command {
 pub(crate) struct EngineLoop {
     /// The model.
     pub model: Arc<LoadedModel>,
-    /// KV storage.
-    pub pool: BlockPool,
+    /// The model and its KV storage, on the CPU or a GPU.
+    pub backend: Box<dyn Backend>,
     /// Queues and blocks.
     pub sched: Scheduler,
     /// Every live sequence by key.
@@ -114,17 +113,9 @@ impl EngineLoop {
         }
         let t_fwd = Instant::now();
         let result = {
-            let mut views: Vec<PagedSeqKv<'_>> = work
+            let batch: Vec<StepSeq<'_>> = work
                 .iter()
                 .map(|w| {
-                    let s = &self.seqs[&w.key];
-                    PagedSeqKv::new(&self.pool, &s.blocks, s.computed, s.shared)
-                })
-                .collect();
-            let mut inputs: Vec<SeqInput<'_>> = work
-                .iter()
-                .zip(views.iter_mut())
-                .map(|(w, kv)| {
                     let s = &self.seqs[&w.key];
                     let end = s.computed + w.tokens == s.tokens.len();
                     let logits_from = if s.wants_prompt_logprobs() {
@@ -132,10 +123,11 @@ impl EngineLoop {
                     } else {
                         end.then(|| w.tokens - 1)
                     };
-                    SeqInput { tokens: &s.tokens[s.computed..s.computed + w.tokens], kv, logits_from }
+                    let tokens = &s.tokens[s.computed..s.computed + w.tokens];
+                    StepSeq { tokens, blocks: &s.blocks, cached: s.computed, shared: s.shared, logits_from }
                 })
                 .collect();
-            self.model.model.forward(&mut inputs)
+            self.backend.forward(&batch)
         };
         let forward_secs = t_fwd.elapsed().as_secs_f64();
         match result {

@@ -5,8 +5,12 @@ use super::metrics::Metrics;
 use super::scheduler::{Limits, Scheduler};
 use super::sequence::Sequence;
 use super::{EngineConfig, EngineInfo, Event, FinishReason, GenRequest, Usage};
-use crate::kv::{BlockManager, BlockPool};
+use super::backend::{Backend, CpuBackend, CudaBackend};
+use crate::device::Device;
+use crate::kv::BlockManager;
+use crate::model::cuda::CudaLlama;
 use crate::LoadedModel;
+use tessera_kernels::cuda::CudaDevice;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
@@ -105,6 +109,15 @@ impl Engine {
             return Err(format!("kv_cache_bytes {} holds no block of {} bytes", c.kv_cache_bytes, layout.block_bytes()));
         }
         let max_model_len = c.max_model_len.unwrap_or(usize::MAX).min(mc.max_position_embeddings).min(num_blocks * c.block_size);
+        let backend: Box<dyn Backend> = match c.device {
+            Device::Cpu => Box::new(CpuBackend::new(model.clone(), layout.clone(), num_blocks)),
+            Device::Cuda(ordinal) => {
+                let dev = CudaDevice::open(ordinal).map_err(|e| e.to_string())?;
+                tracing::info!(device = %dev.describe(), "CUDA device");
+                let gpu = CudaLlama::load(&model.checkpoint, dev, layout.clone(), num_blocks).map_err(|e| e.to_string())?;
+                Box::new(CudaBackend::new(gpu))
+            }
+        };
         let info = EngineInfo {
             max_model_len,
             vocab_size: mc.vocab_size,
@@ -114,7 +127,7 @@ impl Engine {
             num_blocks,
             quantization: quantization_summary(&model),
             quantization_config: model.checkpoint.quantization.clone(),
-            plan: model.model.plan(),
+            plan: backend.plan(),
             config: config.clone(),
         };
         let model_name = model.checkpoint.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
@@ -129,7 +142,7 @@ impl Engine {
         let (tx, rx) = channel();
         let engine_loop = EngineLoop {
             model: model.clone(),
-            pool: BlockPool::new(layout.clone(), num_blocks),
+            backend,
             sched,
             seqs: HashMap::new(),
             rx,

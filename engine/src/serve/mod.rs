@@ -4,8 +4,11 @@
 //! tokenized [`GenRequest`]s and read [`Event`]s from the returned [`RequestStream`];
 //! dropping the stream aborts the request. Each engine step admits waiting requests under a
 //! token budget and a sequence cap, mixes prefill chunks with decodes in one batched forward
-//! pass, samples, detokenizes, checks stop conditions and streams the results.
+//! pass, samples, detokenizes, checks stop conditions and streams the results. The forward
+//! passes run on a backend: the CPU model over a host block pool, or the model on a GPU
+//! (`EngineConfig::device`).
 
+mod backend;
 mod config;
 mod engine_loop;
 mod handle;

@@ -6,10 +6,17 @@ use super::SamplingArgs;
 use anyhow::{anyhow, Result};
 use clap::Args;
 use std::io::Write;
-use tessera_engine::generate::{generate, GenerateOptions};
+use tessera_engine::checkpoint::Checkpoint;
+use tessera_engine::device::Device;
+use tessera_engine::generate::{generate, generate_with, GenerateOptions, Generation};
+use tessera_engine::kv::KvLayout;
+use tessera_engine::model::cuda::{CudaLlama, CudaStep};
+use tessera_engine::tokenizer::Tokenizer;
 use tessera_engine::kv::DEFAULT_BLOCK_SIZE;
 use tessera_engine::sample::Sampler;
+use tessera_kernels::cuda::CudaDevice;
 use tessera_kernels::linear::LinearPolicy;
+use std::sync::Arc;
 
 /// Arguments of `tessera generate`.
 #[derive(Args, Debug)]
@@ -32,30 +39,73 @@ pub struct GenerateArgs {
     sampling: SamplingArgs,
     #[command(flatten)]
     kv: KvCacheArgs,
+    /// Where to run: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
 }
 
 /// Runs the command.
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let lm = args.model.load(LinearPolicy::DEFAULT)?;
     let params = args.sampling.params()?;
-    let prompt = lm.tokenizer.encode(&args.prompt).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?;
-    if prompt.is_empty() {
-        anyhow::bail!("the prompt is empty");
-    }
-    let mut stop_ids = args.stop_token_ids.clone();
-    if !args.ignore_eos {
-        stop_ids.extend(lm.eos_ids());
-    }
-    let layout = lm.model.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
-    eprintln!("kv cache: {}", layout.describe());
-    let opts = GenerateOptions { max_tokens: args.max_tokens, stop_ids, prefill_chunk: 512, kv: Some(layout) };
-    let sampler = Sampler::new(params, &prompt);
     let mut stdout = std::io::stdout();
-    let g = generate(&lm.model, &lm.tokenizer, &prompt, sampler, &opts, |t| {
+    let on_text = |t: &str| {
         let _ = stdout.write_all(t.as_bytes());
         let _ = stdout.flush();
-    })?;
+    };
+    let g = match args.device {
+        Device::Cpu => {
+            let lm = args.model.load(LinearPolicy::DEFAULT)?;
+            let prompt = encode(&lm.tokenizer, &args.prompt)?;
+            let layout = lm.model.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
+            let opts = options(&args, lm.eos_ids(), layout);
+            generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(params, &prompt), &opts, on_text)?
+        }
+        Device::Cuda(ordinal) => {
+            let dev = CudaDevice::open(ordinal)?;
+            eprintln!("device: {}", dev.describe());
+            let ckpt = Checkpoint::open(&args.model.path()?)?;
+            let tok = Tokenizer::from_checkpoint(&ckpt)?;
+            let prompt = encode(&tok, &args.prompt)?;
+            let c = &ckpt.config;
+            let layout = KvLayout::for_model(c, ckpt.kv_cache.as_ref(), args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
+            let blocks = c.max_position_embeddings.div_ceil(DEFAULT_BLOCK_SIZE);
+            let opts = options(&args, ckpt.special.eos.clone(), layout.clone());
+            let mut model = CudaLlama::load(&ckpt, dev, layout, blocks)?;
+            // The one sequence owns the whole pool, blocks in order.
+            let table: Vec<u32> = (0..blocks as u32).collect();
+            let mut cached = 0;
+            let step = |tokens: &[u32], logits_from: Option<usize>| {
+                let mut out = model.forward(&[CudaStep { tokens, blocks: &table, cached, logits_from }])?;
+                cached += tokens.len();
+                Ok::<_, tessera_engine::model::cuda::CudaModelError>(out.swap_remove(0))
+            };
+            let context = c.max_position_embeddings;
+            generate_with(step, context, &tok, &prompt, Sampler::new(params, &prompt), &opts, on_text)?
+        }
+    };
     println!();
+    report(&g);
+    Ok(())
+}
+
+fn encode(tok: &Tokenizer, prompt: &str) -> Result<Vec<u32>> {
+    let ids = tok.encode(prompt).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?;
+    if ids.is_empty() {
+        anyhow::bail!("the prompt is empty");
+    }
+    Ok(ids)
+}
+
+fn options(args: &GenerateArgs, eos: Vec<u32>, layout: Arc<KvLayout>) -> GenerateOptions {
+    let mut stop_ids = args.stop_token_ids.clone();
+    if !args.ignore_eos {
+        stop_ids.extend(eos);
+    }
+    eprintln!("kv cache: {}", layout.describe());
+    GenerateOptions { max_tokens: args.max_tokens, stop_ids, prefill_chunk: 512, kv: Some(layout) }
+}
+
+fn report(g: &Generation) {
     let decoded = g.tokens.len().saturating_sub(1);
     eprintln!(
         "prefill: {} tokens in {:.3} s ({:.1} tok/s) | decode: {} tokens in {:.3} s ({:.1} tok/s) | finish: {:?}",
@@ -67,5 +117,4 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         decoded as f64 / g.decode_secs.max(1e-9),
         g.finish
     );
-    Ok(())
 }

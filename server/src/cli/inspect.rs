@@ -55,6 +55,9 @@ pub fn run(args: InspectArgs) -> Result<()> {
     println!("quantization: {}", ck.quantization.as_deref().unwrap_or("none (weights as stored)"));
     let kv = lm.model.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
     println!("kv cache: {}, {:.0} tokens per GiB", kv.describe(), (1u64 << 30) as f64 / kv.bytes_per_token());
+    if let Some(s) = &ck.kv_cache {
+        println!("checkpoint kv_cache_scheme: {} with static per-layer k_scale/v_scale (used by auto and by sides given as {})", s.format, s.format);
+    }
     let plan = lm.model.plan();
     let w = |f: fn(&PlanEntry) -> usize| plan.iter().map(f).max().unwrap_or(0);
     let (ws, wst, wa) = (w(|e| e.scheme.len()).max(6), w(|e| e.storage.len()).max(7), w(|e| e.activations.len()).max(11));

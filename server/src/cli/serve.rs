@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_engine::kv::KvDtype;
+use tessera_engine::device::Device;
+use tessera_engine::kv::KvRequest;
 use tessera_engine::serve::{Engine, EngineConfig};
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
@@ -65,7 +66,8 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     no_prefix_caching: bool,
-    /// KV-cache format for keys and values: auto (= f32, the compute type), bf16, f16,
+    /// KV-cache format for keys and values: auto (the checkpoint's kv_cache_scheme, else f32,
+    /// the compute type), f32, bf16, f16,
     /// fp8_e4m3, int8, tq3_0, hqmq-s{24,48,96,192}-r{3,4,6}[-med3]; qjl1 compresses keys only
     /// (give it with --kv-cache-dtype-k) [default: auto].
     #[arg(long)]
@@ -93,6 +95,9 @@ pub struct ServeArgs {
     #[arg(long, value_enum)]
     #[serde(default, deserialize_with = "value_enum")]
     compute: Option<ComputePath>,
+    /// Where the model runs: cpu, cuda or cuda:N [default: cpu].
+    #[arg(long)]
+    device: Option<String>,
     /// Log format (the global `--log-format` flag).
     #[arg(skip)]
     #[serde(default, deserialize_with = "value_enum")]
@@ -186,13 +191,15 @@ pub struct ServeConfig {
     kv_cache_bytes: usize,
     prefix_caching: bool,
     #[serde(serialize_with = "display")]
-    kv_cache_dtype: KvDtype,
+    kv_cache_dtype: KvRequest,
     max_waiting_requests: usize,
     max_model_len: Option<usize>,
     max_body_bytes: usize,
     shutdown_grace_secs: f64,
     #[serde(serialize_with = "value_enum_name")]
     compute: Option<ComputePath>,
+    #[serde(serialize_with = "display")]
+    device: Device,
     #[serde(serialize_with = "value_enum_name")]
     log_format: Option<LogFormat>,
 }
@@ -230,6 +237,7 @@ impl ServeArgs {
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
             shutdown_grace_secs: self.shutdown_grace_secs.or(file.shutdown_grace_secs),
             compute: self.compute.or(file.compute),
+            device: self.device.or(file.device),
             log_format: self.log_format.or(file.log_format),
         }
     }
@@ -276,6 +284,7 @@ impl ServeArgs {
             max_body_bytes: a.max_body_bytes.map_or(DEFAULT_MAX_BODY, |b| b.0),
             shutdown_grace_secs: grace,
             compute: a.compute,
+            device: a.device.as_deref().map_or(Ok(Device::Cpu), str::parse).map_err(|e: String| anyhow!("--device: {e}"))?,
             log_format: a.log_format,
         };
         for (name, v) in [
@@ -304,6 +313,7 @@ impl ServeConfig {
             max_waiting: self.max_waiting_requests,
             max_model_len: self.max_model_len,
             kv_dtype: self.kv_cache_dtype,
+            device: self.device,
         }
     }
 }
@@ -421,7 +431,7 @@ mod tests {
             "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--block-size", "32",
             "--kv-cache-memory", "64MiB", "--no-prefix-caching", "--max-waiting-requests", "2",
             "--max-model-len", "1024", "--max-body-bytes", "1KiB", "--shutdown-grace-secs", "2.5",
-            "--compute", "int8-act", "--kv-cache-dtype", "int8", "--kv-cache-dtype-k", "hqmq-s96-r4",
+            "--compute", "int8-act", "--kv-cache-dtype", "int8", "--kv-cache-dtype-k", "hqmq-s96-r4", "--device", "cuda:1",
         ])
         .resolve(gib)
         .unwrap();
@@ -437,13 +447,15 @@ mod tests {
                 prefix_caching: false,
                 max_waiting: 2,
                 max_model_len: Some(1024),
-                kv_dtype: KvDtype { k: "hqmq-s96-r4".parse().unwrap(), v: KvFormat::Int8 },
+                kv_dtype: KvRequest { k: Some("hqmq-s96-r4".parse().unwrap()), v: Some(KvFormat::Int8) },
+                device: Device::Cuda(1),
             }
         );
         assert_eq!((c.max_body_bytes, c.shutdown_grace_secs, c.compute), (1024, 2.5, Some(ComputePath::Int8Act)));
         let logged = serde_json::to_value(&c).unwrap();
         assert_eq!((logged["api_key"].as_str(), logged["compute"].as_str()), (Some("<set>"), Some("int8-act")));
         assert_eq!(logged["kv_cache_dtype"].as_str(), Some("k=hqmq-s96-r4,v=int8"));
+        assert_eq!(logged["device"].as_str(), Some("cuda:1"));
         let bad = args(&["--kv-cache-dtype", "qjl1"]).resolve(gib).map(|_| ()).unwrap_err().to_string();
         assert!(bad.contains("keys only"), "{bad}");
         assert_eq!(args(&["--kv-cache-memory-fraction", "0.5"]).resolve(gib).unwrap().kv_cache_bytes, 5 << 30);
@@ -457,6 +469,7 @@ mod tests {
             &["--max-num-seqs", "0"],
             &["--shutdown-grace-secs=-1"],
             &["--model", "/nonexistent/model.gguf"],
+            &["--device", "tpu"],
         ] {
             assert!(args(flags).resolve(gib).is_err(), "{flags:?}");
         }

@@ -3,6 +3,7 @@
 mod chat;
 mod completions;
 mod config;
+mod device;
 mod errors;
 mod harness;
 mod loadtest;

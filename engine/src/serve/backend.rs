@@ -1,0 +1,80 @@
+//! Where the engine's forward passes run: the scheduler hands out KV block ids and token spans;
+//! a [`Backend`] owns the model and the pool those ids index, on the CPU or on a GPU.
+
+use crate::kv::{BlockPool, KvLayout, PagedSeqKv};
+use crate::model::cuda::{CudaLlama, CudaStep};
+use crate::model::{PlanEntry, SeqInput};
+use crate::LoadedModel;
+use std::sync::Arc;
+
+/// One sequence's part of a step.
+pub struct StepSeq<'a> {
+    /// New tokens, after the `cached` ones already in the cache.
+    pub tokens: &'a [u32],
+    /// The sequence's block table (covering `cached + tokens.len()` positions).
+    pub blocks: &'a [u32],
+    /// Tokens already cached.
+    pub cached: usize,
+    /// Leading cached tokens that live in blocks shared with other sequences (never written).
+    pub shared: usize,
+    /// Return logits of new tokens `logits_from..` (`None`: none).
+    pub logits_from: Option<usize>,
+}
+
+/// Runs a batch of sequences through the model and returns each one's requested logit rows.
+pub trait Backend: Send {
+    /// One forward pass over `batch`.
+    fn forward(&mut self, batch: &[StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String>;
+    /// The kernel chosen for every linear layer on this backend.
+    fn plan(&self) -> Vec<PlanEntry>;
+}
+
+/// The CPU model over a host block pool.
+pub struct CpuBackend {
+    model: Arc<LoadedModel>,
+    pool: BlockPool,
+}
+
+impl CpuBackend {
+    /// A pool of `num_blocks` blocks of `layout` for `model`.
+    pub fn new(model: Arc<LoadedModel>, layout: Arc<KvLayout>, num_blocks: usize) -> Self {
+        CpuBackend { model, pool: BlockPool::new(layout, num_blocks) }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn forward(&mut self, batch: &[StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        let mut views: Vec<PagedSeqKv<'_>> = batch.iter().map(|s| PagedSeqKv::new(&self.pool, s.blocks, s.cached, s.shared)).collect();
+        let mut inputs: Vec<SeqInput<'_>> =
+            batch.iter().zip(views.iter_mut()).map(|(s, kv)| SeqInput { tokens: s.tokens, kv, logits_from: s.logits_from }).collect();
+        self.model.model.forward(&mut inputs).map_err(|e| e.to_string())
+    }
+
+    fn plan(&self) -> Vec<PlanEntry> {
+        self.model.model.plan()
+    }
+}
+
+/// The model on a GPU, its KV pool in device memory.
+pub struct CudaBackend {
+    model: CudaLlama,
+}
+
+impl CudaBackend {
+    /// Wraps a loaded GPU model (its pool sized to the scheduler's blocks).
+    pub fn new(model: CudaLlama) -> Self {
+        CudaBackend { model }
+    }
+}
+
+impl Backend for CudaBackend {
+    fn forward(&mut self, batch: &[StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        let steps: Vec<CudaStep<'_>> =
+            batch.iter().map(|s| CudaStep { tokens: s.tokens, blocks: s.blocks, cached: s.cached, logits_from: s.logits_from }).collect();
+        self.model.forward(&steps).map_err(|e| e.to_string())
+    }
+
+    fn plan(&self) -> Vec<PlanEntry> {
+        self.model.plan().to_vec()
+    }
+}

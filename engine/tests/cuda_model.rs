@@ -1,0 +1,135 @@
+//! The default model on a GPU against the same model on the CPU (f32 dequantized-weight GEMM
+//! path, the function the GPU computes): logits of whole prompts, chunked prefill, greedy decode
+//! compressed KV formats, and batching (several sequences in one step over shuffled block
+//! tables equal each alone). Skips, saying so, on machines without a GPU.
+//!
+//! Tolerance: both sides compute in f32 from the same stored weights and KV bytes; they differ
+//! only in summation order (warp reductions vs SIMD lanes), a few ulps per operation, which 30
+//! layers amplify to ~1e-5 of the logit spread. 1e-3 of the spread leaves room for that and still
+//! fails on any indexing or layout error (those give O(1) differences).
+
+mod common;
+
+use common::{max_rel_err, model_with};
+use std::sync::Arc;
+use tessera_engine::kv::{KvDtype, KvLayout, LocalKv, DEFAULT_BLOCK_SIZE};
+use tessera_engine::model::cuda::{CudaLlama, CudaStep};
+use tessera_engine::model::{LlamaModel, SeqInput};
+use tessera_engine::sample::argmax;
+use tessera_kernels::cuda::test_device;
+use tessera_kernels::kv::KvFormat;
+use tessera_kernels::linear::LinearPolicy;
+
+const PROMPTS: [&str; 3] = [
+    "The capital of France is",
+    "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+];
+
+fn cpu_logits(model: &LlamaModel, layout: &Arc<KvLayout>, chunks: &[&[u32]]) -> Vec<f32> {
+    let mut kv = LocalKv::new(layout.clone(), 4096);
+    let mut out = Vec::new();
+    for c in chunks {
+        let mut batch = [SeqInput { tokens: c, kv: &mut kv, logits_from: Some(0) }];
+        out.extend(model.forward(&mut batch).unwrap().swap_remove(0));
+    }
+    out
+}
+
+/// Runs `chunks` through the GPU as one sequence in blocks `blocks`; logits of every token.
+fn gpu_logits(gpu: &mut CudaLlama, blocks: &[u32], chunks: &[&[u32]]) -> Vec<f32> {
+    let mut cached = 0;
+    let mut out = Vec::new();
+    for c in chunks {
+        out.extend(gpu.forward(&[CudaStep { tokens: c, blocks, cached, logits_from: Some(0) }]).unwrap().swap_remove(0));
+        cached += c.len();
+    }
+    out
+}
+
+#[test]
+fn gpu_logits_and_greedy_tokens_match_the_cpu() {
+    let Some(dev) = test_device() else { return };
+    let lm = model_with(LinearPolicy::ALWAYS_GEMM);
+    let vocab = lm.model.config().vocab_size;
+    for fmt in [KvFormat::F32, KvFormat::Bf16, KvFormat::Fp8E4m3, KvFormat::Int8] {
+        let layout = lm.model.kv_layout(KvDtype::both(fmt), DEFAULT_BLOCK_SIZE, 0).unwrap();
+        let mut gpu = CudaLlama::load(&lm.checkpoint, dev.clone(), layout.clone(), 512).unwrap();
+        // Non-contiguous, out-of-order blocks.
+        let blocks: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 512).collect();
+        for prompt in PROMPTS {
+            let ids = lm.tokenizer.encode(prompt).unwrap();
+            let want = cpu_logits(&lm.model, &layout, &[&ids]);
+            let got = gpu_logits(&mut gpu, &blocks, &[&ids]);
+            let err = max_rel_err(&got, &want, vocab);
+            assert!(err <= 1e-3, "{fmt} {prompt:?}: logits differ by {err} of the spread");
+            // Chunked prefill (a split inside a KV block) gives the same logits.
+            let (a, b) = ids.split_at(ids.len() / 2 + 1);
+            let err = max_rel_err(&gpu_logits(&mut gpu, &blocks, &[a, b]), &want, vocab);
+            assert!(err <= 1e-3, "{fmt} {prompt:?} chunked: {err}");
+        }
+        // Greedy decode: 24 tokens, same ids unless the CPU's top two are a near-tie.
+        let ids = lm.tokenizer.encode(PROMPTS[0]).unwrap();
+        let mut kv = LocalKv::new(layout.clone(), 4096);
+        let (mut tc, mut tg) = (ids.clone(), ids.clone());
+        let mut cached = 0;
+        for step in 0..24 {
+            let mut batch = [SeqInput { tokens: &tc, kv: &mut kv, logits_from: Some(tc.len() - 1) }];
+            let lc = lm.model.forward(&mut batch).unwrap().swap_remove(0);
+            let lg = gpu.forward(&[CudaStep { tokens: &tg, blocks: &blocks, cached, logits_from: Some(tg.len() - 1) }]).unwrap().swap_remove(0);
+            cached += tg.len();
+            let (a, b) = (argmax(&lc), argmax(&lg));
+            if a != b {
+                let mut sorted = lc.clone();
+                sorted.sort_by(|x, y| y.total_cmp(x));
+                assert!(sorted[0] - sorted[1] < 1e-3 * (sorted[0] - sorted[vocab - 1]), "{fmt} step {step}: cpu {a} gpu {b} without a near-tie");
+                break;
+            }
+            (tc, tg) = (vec![a], vec![b]);
+        }
+    }
+}
+
+#[test]
+fn a_batch_equals_its_sequences_alone() {
+    let Some(dev) = test_device() else { return };
+    let lm = model_with(LinearPolicy::ALWAYS_GEMM);
+    let vocab = lm.model.config().vocab_size;
+    let layout = lm.model.kv_layout(KvDtype::both(KvFormat::Bf16), DEFAULT_BLOCK_SIZE, 0).unwrap();
+    let mut gpu = CudaLlama::load(&lm.checkpoint, dev, layout, 96).unwrap();
+    let ids: Vec<Vec<u32>> = PROMPTS.iter().map(|p| lm.tokenizer.encode(p).unwrap()).collect();
+    let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (0..8).map(|i| 95 - (i * 3 + s)).collect()).collect();
+    let alone: Vec<Vec<f32>> = (0..3).map(|i| gpu_logits(&mut gpu, &tables[i], &[&ids[i]])).collect();
+    // The same prompts in one step (fresh caches: the blocks are overwritten), then one decode
+    // step for all three with different cached lengths.
+    let steps: Vec<CudaStep<'_>> = (0..3).map(|i| CudaStep { tokens: &ids[i], blocks: &tables[i], cached: 0, logits_from: Some(0) }).collect();
+    let together = gpu.forward(&steps).unwrap();
+    // A batch may take a different matmul path (more rows per launch) than a sequence alone,
+    // which changes f32 summation order only: 1e-4 of the spread.
+    for i in 0..3 {
+        let err = max_rel_err(&together[i], &alone[i], vocab);
+        assert!(err <= 1e-4, "sequence {i}: batched vs alone {err}");
+    }
+    let next: Vec<[u32; 1]> = (0..3).map(|i| [argmax(&together[i][together[i].len() - vocab..])]).collect();
+    let steps: Vec<CudaStep<'_>> = (0..3).map(|i| CudaStep { tokens: &next[i], blocks: &tables[i], cached: ids[i].len(), logits_from: Some(0) }).collect();
+    let decoded = gpu.forward(&steps).unwrap();
+    for i in 0..3 {
+        let one = gpu.forward(&[CudaStep { tokens: &next[i], blocks: &tables[i], cached: ids[i].len(), logits_from: Some(0) }]).unwrap();
+        assert!(max_rel_err(&decoded[i], &one[0], vocab) <= 1e-4, "decode {i}");
+    }
+}
+
+#[test]
+fn bad_tokens_and_short_block_tables_are_errors() {
+    let Some(dev) = test_device() else { return };
+    let lm = model_with(LinearPolicy::ALWAYS_GEMM);
+    let layout = lm.model.kv_layout(KvDtype::default(), DEFAULT_BLOCK_SIZE, 0).unwrap();
+    let mut gpu = CudaLlama::load(&lm.checkpoint, dev, layout, 4).unwrap();
+    let step = |tokens, blocks| CudaStep { tokens, blocks, cached: 0, logits_from: Some(0) };
+    let err = gpu.forward(&[step(&[1, 999_999], &[0])]).unwrap_err().to_string();
+    assert!(err.contains("999999"), "{err}");
+    let err = gpu.forward(&[step(&[1; 40], &[0, 1])]).unwrap_err().to_string();
+    assert!(err.contains("exceeds the KV capacity"), "{err}");
+    let err = gpu.forward(&[step(&[1; 4], &[9])]).unwrap_err().to_string();
+    assert!(err.contains("block id 9"), "{err}");
+}

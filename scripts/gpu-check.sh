@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs Tessera's CUDA tests on a GPU machine that has no Rust toolchain.
+#
+# Here (with cargo):   scripts/gpu-check.sh build     -> gpu-bin/ (strip'd test binaries + tessera)
+# There (GPU machine): scripts/gpu-check.sh run [FILTER]
+#
+# `run` finds NVRTC, the CUDA headers and cuBLAS in the Python wheels of the machine's PyTorch
+# (nvidia-cuda-nvrtc / nvidia-cuda-runtime 13.0, matching driver 580), or in .venv-cuda, and
+# runs every CUDA test binary; tests print "skipped:" when they find no usable device.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="$ROOT/gpu-bin"
+cd "$ROOT"
+case "${1:-run}" in
+build)
+    rm -rf "$BIN" && mkdir -p "$BIN"
+    for spec in "tessera-kernels cuda_ops" "tessera-kernels cuda_linear" "tessera-kernels cuda_attention" \
+                "tessera-kernels cuda_compile" "tessera-engine cuda_model"; do
+        set -- $spec
+        exe=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null |
+              python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
+        cp "$exe" "$BIN/$2" && strip "$BIN/$2"
+    done
+    cargo build --release -p tessera-server && cp target/release/tessera "$BIN/" && strip "$BIN/tessera"
+    du -sh "$BIN"
+    ;;
+run)
+    NV=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__file__))' 2>/dev/null || true)
+    for d in "$NV/cu13" "$ROOT/.venv-cuda/nvidia/cu13"; do
+        if [[ -f "$d/include/cuda_bf16.h" ]]; then
+            export TESSERA_CUDA_INCLUDE="$d/include" LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            break
+        fi
+    done
+    export TESSERA_REQUIRE_NVRTC=1 TESSERA_CUDA_CACHE="${TMPDIR:-/tmp}/tessera-cuda-cache"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    status=0
+    for t in "$BIN"/cuda_*; do
+        echo "== $(basename "$t")"
+        "$t" --test-threads=1 ${2:+"$2"} || status=1
+    done
+    exit $status
+    ;;
+*) echo "usage: $0 build|run [FILTER]" >&2; exit 2 ;;
+esac
