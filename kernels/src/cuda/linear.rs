@@ -2,15 +2,17 @@
 //! storage type (GGML blocks or floats) and dequantized in registers, and the embedding lookup
 //! over the same tables.
 //!
-//! Supported storage: F32, F16, BF16, Q4_0, Q4_1, Q8_0 (the default model is Q4_1 with a Q8_0
-//! embedding). Other GGML types and checkpoint-quantized matrices (int4 / int8 / FP8) are a
-//! clear [`CudaError::Unsupported`] at upload, naming the type.
+//! Supported storage: GGML F32, F16, BF16, Q4_0, Q4_1, Q8_0 (the default model is Q4_1 with a
+//! Q8_0 embedding) and checkpoint int4 with f32 activations (W4A16: compressed-tensors
+//! pack-quantized, GPTQ, AWQ, Quark int4 weight-only). Other GGML types and the schemes with
+//! quantized activations (W4A8, W8A8 int8 / FP8) are a clear [`CudaError::Unsupported`] at
+//! upload, naming what is missing.
 
 use super::device::CudaDevice;
-use super::source::LINEAR_GGML;
+use super::source::{LINEAR_GGML, LINEAR_INT4};
 use super::CudaError;
 use crate::ggml::GgmlType;
-use crate::quant::{ActQuant, QuantMatrix};
+use crate::quant::{ActQuant, Int4Matrix, QuantMatrix};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 /// Rows one CTA computes (one warp each).
@@ -29,10 +31,17 @@ fn wtype(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// How a [`DeviceWeight`]'s bytes are laid out, with what its kernel needs besides them.
+enum Storage {
+    /// GGML blocks or floats of `ty`, compiled with `define`.
+    Ggml { ty: GgmlType, define: &'static str },
+    /// Tessera's int4 runs with per-(row, group) scales and optional zero points.
+    Int4 { group: usize, scales: CudaSlice<f32>, zeros: Option<CudaSlice<i8>>, name: String },
+}
+
 /// A `[rows, cols]` weight matrix resident on the device in its storage type.
 pub struct DeviceWeight {
-    ty: GgmlType,
-    define: &'static str,
+    storage: Storage,
     rows: usize,
     cols: usize,
     data: CudaSlice<u8>,
@@ -47,12 +56,28 @@ impl DeviceWeight {
             return Err(CudaError::Shape(format!("{} [{rows}, {cols}]: {} bytes, expected {}", ty.name(), data.len(), rows * row_bytes)));
         }
         i32::try_from(rows.max(cols)).map_err(|_| CudaError::Shape(format!("[{rows}, {cols}] exceeds the kernels' 32-bit dimensions")))?;
-        Ok(DeviceWeight { ty, define, rows, cols, data: dev.stream().clone_htod(data)? })
+        Ok(DeviceWeight { storage: Storage::Ggml { ty, define }, rows, cols, data: dev.stream().clone_htod(data)? })
     }
 
-    /// Checkpoint-quantized matrices (W4A16, W4A8, W8A8) are not on CUDA yet: a clear error.
-    pub fn from_quant(_dev: &CudaDevice, m: &QuantMatrix, act: ActQuant) -> Result<Self, CudaError> {
-        Err(CudaError::Unsupported(format!("checkpoint-quantized weights ({}, {} activations) are not yet on CUDA", m.storage(), act.name())))
+    /// Uploads a checkpoint-quantized matrix run with activations `act`: int4 with f32
+    /// activations (W4A16); anything else is [`CudaError::Unsupported`].
+    pub fn from_quant(dev: &CudaDevice, m: &QuantMatrix, act: ActQuant) -> Result<Self, CudaError> {
+        match (m, act) {
+            (QuantMatrix::Int4(w), ActQuant::F32) => Self::from_int4(dev, w, m.storage()),
+            _ => Err(CudaError::Unsupported(format!("{} weights with {} activations are not yet on CUDA (W4A16 is)", m.storage(), act.name()))),
+        }
+    }
+
+    fn from_int4(dev: &CudaDevice, w: &Int4Matrix, name: String) -> Result<Self, CudaError> {
+        let (rows, cols) = (w.rows(), w.cols());
+        i32::try_from(rows.max(cols)).map_err(|_| CudaError::Shape(format!("[{rows}, {cols}] exceeds the kernels' 32-bit dimensions")))?;
+        let packed: Vec<u8> = (0..rows).flat_map(|r| w.packed_row(r).to_vec()).collect();
+        let scales: Vec<f32> = (0..rows).flat_map(|r| w.row_scales(r).to_vec()).collect();
+        let zeros: Option<Vec<i8>> = w.has_zeros().then(|| (0..rows).flat_map(|r| w.row_zeros(r).map(<[i8]>::to_vec).unwrap_or_default()).collect());
+        let st = dev.stream();
+        let zeros = zeros.map(|z| st.clone_htod(&z)).transpose()?;
+        let storage = Storage::Int4 { group: w.group(), scales: st.clone_htod(&scales)?, zeros, name };
+        Ok(DeviceWeight { storage, rows, cols, data: st.clone_htod(&packed)? })
     }
 
     /// Output features.
@@ -65,14 +90,20 @@ impl DeviceWeight {
         self.cols
     }
 
-    /// Storage, as the plan prints it (`Q4_1`, `BF16`, ...).
+    /// Storage, as the plan prints it (`Q4_1`, `BF16`, `int4 g128 sym`, ...).
     pub fn storage(&self) -> String {
-        self.ty.name().to_string()
+        match &self.storage {
+            Storage::Ggml { ty, .. } => ty.name().to_string(),
+            Storage::Int4 { name, .. } => name.clone(),
+        }
     }
 
     /// The kernel that runs this weight.
     pub fn kernel_id(&self) -> String {
-        format!("cuda.gemv.warp-per-row.{}", self.ty.name().to_lowercase())
+        match &self.storage {
+            Storage::Ggml { ty, .. } => format!("cuda.gemv.warp-per-row.{}", ty.name().to_lowercase()),
+            Storage::Int4 { .. } => "cuda.gemv.warp-per-row.w4a16".into(),
+        }
     }
 }
 
@@ -88,15 +119,35 @@ pub fn matmul(dev: &CudaDevice, w: &DeviceWeight, x: &CudaView<'_, f32>, m: usiz
     if m == 0 {
         return Ok(());
     }
-    let f = dev.function(&LINEAR_GGML, &[w.define], "ggml_matmul")?;
     let ctas = u32::try_from(w.rows.div_ceil(ROWS_PER_CTA as usize)).map_err(|_| CudaError::Shape("too many rows".into()))?;
     let cfg = LaunchConfig { grid_dim: (ctas, 1, 1), block_dim: (ROWS_PER_CTA * 32, 1, 1), shared_mem_bytes: 0 };
     let (n, k, m) = (int(w.rows)?, int(w.cols)?, int(m)?);
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(&w.data).arg(x).arg(y).arg(&n).arg(&k).arg(&m);
-    // SAFETY: argument types and order match `ggml_matmul`; x, y and the weight bytes were
-    // checked against the shape.
-    unsafe { b.launch(cfg) }?;
+    match &w.storage {
+        Storage::Ggml { define, .. } => {
+            let f = dev.function(&LINEAR_GGML, &[define], "ggml_matmul")?;
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&w.data).arg(x).arg(y).arg(&n).arg(&k).arg(&m);
+            // SAFETY: argument types and order match `ggml_matmul`; x, y and the weight bytes
+            // were checked against the shape.
+            unsafe { b.launch(cfg) }?;
+        }
+        Storage::Int4 { group, scales, zeros, .. } => {
+            let f = dev.function(&LINEAR_INT4, &[], "int4_matmul")?;
+            let group = int(*group)?;
+            let null = 0u64;
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&w.data).arg(scales);
+            match zeros {
+                Some(z) => b.arg(z),
+                None => b.arg(&null),
+            };
+            b.arg(x).arg(y).arg(&n).arg(&k).arg(&m).arg(&group);
+            // SAFETY: argument types and order match `int4_matmul`; the packed rows, scales and
+            // zero points come from a validated Int4Matrix of this shape (cols a multiple of 32,
+            // so every 16-byte run load is aligned).
+            unsafe { b.launch(cfg) }?;
+        }
+    }
     Ok(())
 }
 
@@ -109,7 +160,10 @@ pub fn embedding(dev: &CudaDevice, table: &DeviceWeight, ids: &CudaSlice<i32>, o
     if ids.is_empty() {
         return Ok(());
     }
-    let f = dev.function(&LINEAR_GGML, &[table.define], "ggml_embedding")?;
+    let Storage::Ggml { define, .. } = &table.storage else {
+        return Err(CudaError::Unsupported(format!("embedding lookup in {} tables", table.storage())));
+    };
+    let f = dev.function(&LINEAR_GGML, &[define], "ggml_embedding")?;
     let tokens = u32::try_from(ids.len()).map_err(|_| CudaError::Shape("too many ids".into()))?;
     let cfg = LaunchConfig { grid_dim: (tokens, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     let (k, vocab) = (int(table.cols)?, int(table.rows)?);

@@ -69,7 +69,7 @@ pub const KV_APPEND: KernelSource = KernelSource {
 };
 
 /// Every kernel source, for the compile gate and for ahead-of-time warm-up.
-pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND, &LINEAR_GGML];
+pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND, &LINEAR_GGML, &LINEAR_INT4];
 
 /// Matmul and embedding lookup over GGML-typed weights ([`super::linear`]), one variant per
 /// weight type (`WTYPE`: 0 F32, 1 F16, 2 BF16, 3 Q4_0, 4 Q4_1, 5 Q8_0).
@@ -78,5 +78,15 @@ pub const LINEAR_GGML: KernelSource = KernelSource {
     code: include_str!("../../cuda/linear_ggml.cu"),
     variants: &[&["WTYPE=0"], &["WTYPE=1"], &["WTYPE=2"], &["WTYPE=3"], &["WTYPE=4"], &["WTYPE=5"]],
     entries: &["ggml_matmul", "ggml_embedding"],
+    needs_sm90a: false,
+};
+
+/// W4A16 matmul over Tessera's int4 layout with group scales and optional zero points
+/// ([`super::linear`]).
+pub const LINEAR_INT4: KernelSource = KernelSource {
+    name: "linear_int4.cu",
+    code: include_str!("../../cuda/linear_int4.cu"),
+    variants: &[&[]],
+    entries: &["int4_matmul"],
     needs_sm90a: false,
 };
