@@ -149,8 +149,60 @@ fn w4a16_matches_the_dequantized_int4_weights() {
             assert!(err < 1e-5, "w4a16 [{n}x{k}] g{group} m={m}: relative error {err}");
         }
     }
-    // Quantized activations are not on CUDA yet: refused by name.
-    let m4 = Int4Matrix::new(2, 32, 32, &[1; 64], vec![0.1; 2], None).unwrap();
-    let e = DeviceWeight::from_quant(&dev, &QuantMatrix::Int4(m4), ActQuant::Int8PerToken).err().unwrap().to_string();
-    assert!(e.contains("int8/token") && e.contains("not yet on CUDA"), "{e}");
+    // A combination without a CUDA kernel is refused by name.
+    let m8 = tessera_kernels::quant::Int8Matrix::new(2, 32, vec![1; 64], vec![0.1; 2]).unwrap();
+    let e = DeviceWeight::from_quant(&dev, &QuantMatrix::Int8(m8), ActQuant::F32).err().unwrap().to_string();
+    assert!(e.contains("int8 channel") && e.contains("not yet on CUDA"), "{e}");
+}
+
+#[test]
+fn int8_activation_kernels_give_the_cpu_kernels_bits() {
+    use rand::Rng;
+    use tessera_kernels::cpu::Isa;
+    use tessera_kernels::cuda::linear::quantize_activations;
+    use tessera_kernels::quant::act::quantize_int8_row_scalar;
+    use tessera_kernels::quant::{ActQuant, Int4Matrix, Int8Matrix, QuantLinear, QuantMatrix};
+    let Some(dev) = test_device() else { return };
+    let mut r = rng(15);
+    let (n, k) = (48, 576);
+    // Activations: random rows, an all-zero row, a row with one large outlier.
+    let m = 6;
+    let mut x = randn(&mut r, m * k);
+    x[2 * k..3 * k].fill(0.0);
+    x[4 * k + 17] = 900.0;
+    let gx = dev.stream().clone_htod(&x).unwrap();
+
+    let (gq, gs) = quantize_activations(&dev, &gx.as_view(), m, k).unwrap();
+    dev.synchronize().unwrap();
+    let (q, s) = (dev.stream().clone_dtoh(&gq).unwrap(), dev.stream().clone_dtoh(&gs).unwrap());
+    for i in 0..m {
+        let mut want = vec![0i8; k];
+        let scale = quantize_int8_row_scalar(&x[i * k..(i + 1) * k], &mut want);
+        assert_eq!(s[i].to_bits(), scale.to_bits(), "row {i} scale");
+        assert_eq!(&q[i * k..(i + 1) * k], &want[..], "row {i} codes");
+    }
+
+    let q4: Vec<i8> = (0..n * k).map(|_| r.gen_range(-8..=7)).collect();
+    let groups = k.div_ceil(128);
+    let s4: Vec<f32> = (0..n * groups).map(|_| r.gen_range(0.001f32..0.05)).collect();
+    let z4: Vec<i8> = (0..n * groups).map(|_| r.gen_range(-8..=7)).collect();
+    let q8: Vec<i8> = (0..n * k).map(|_| r.gen()).collect();
+    let s8: Vec<f32> = (0..n).map(|_| r.gen_range(0.001f32..0.02)).collect();
+    let cases = [
+        ("w4a8 g128 asym", QuantMatrix::Int4(Int4Matrix::new(n, k, 128, &q4, s4.clone(), Some(z4)).unwrap()), "cuda.gemv.dp4a.w4a8"),
+        ("w4a8 channel", QuantMatrix::Int4(Int4Matrix::new(n, k, k, &q4, (0..n).map(|i| s4[i]).collect(), None).unwrap()), "cuda.gemv.dp4a.w4a8"),
+        ("w8a8 int8", QuantMatrix::Int8(Int8Matrix::new(n, k, q8, s8).unwrap()), "cuda.gemv.dp4a.w8a8-int8"),
+    ];
+    for (what, qm, kernel) in cases {
+        let dw = DeviceWeight::from_quant(&dev, &qm, ActQuant::Int8PerToken).unwrap();
+        assert_eq!(dw.kernel_id(), kernel);
+        let mut y = dev.stream().clone_htod(&vec![f32::NAN; m * n]).unwrap();
+        matmul(&dev, &dw, &gx.as_view(), m, &mut y.as_view_mut()).unwrap();
+        dev.synchronize().unwrap();
+        let got = dev.stream().clone_dtoh(&y).unwrap();
+        let mut want = vec![0f32; m * n];
+        QuantLinear::with_isa(qm, ActQuant::Int8PerToken, Isa::Scalar).unwrap().forward(&x, m, &mut want, n);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{what}: GPU and CPU differ");
+    }
 }

@@ -3,16 +3,17 @@
 //! over the same tables.
 //!
 //! Supported storage: GGML F32, F16, BF16, Q4_0, Q4_1, Q8_0 (the default model is Q4_1 with a
-//! Q8_0 embedding) and checkpoint int4 with f32 activations (W4A16: compressed-tensors
-//! pack-quantized, GPTQ, AWQ, Quark int4 weight-only). Other GGML types and the schemes with
-//! quantized activations (W4A8, W8A8 int8 / FP8) are a clear [`CudaError::Unsupported`] at
-//! upload, naming what is missing.
+//! Q8_0 embedding); checkpoint int4 with f32 activations (W4A16: compressed-tensors
+//! pack-quantized, GPTQ, AWQ, Quark int4 weight-only) or with int8 per-token activations (W4A8,
+//! Quark's two-stage recipe); int8 with int8 activations (W8A8 int8). The int8-activation kernels
+//! give the CPU kernels' bits. Other GGML types and FP8 are a clear [`CudaError::Unsupported`]
+//! at upload, naming what is missing.
 
 use super::device::CudaDevice;
-use super::source::{LINEAR_GGML, LINEAR_INT4};
+use super::source::{LINEAR_A8, LINEAR_GGML, LINEAR_INT4};
 use super::CudaError;
 use crate::ggml::GgmlType;
-use crate::quant::{ActQuant, Int4Matrix, QuantMatrix};
+use crate::quant::{ActQuant, Int4Matrix, Int8Matrix, QuantMatrix};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 /// Rows one CTA computes (one warp each).
@@ -35,8 +36,11 @@ fn wtype(ty: GgmlType) -> Option<&'static str> {
 enum Storage {
     /// GGML blocks or floats of `ty`, compiled with `define`.
     Ggml { ty: GgmlType, define: &'static str },
-    /// Tessera's int4 runs with per-(row, group) scales and optional zero points.
-    Int4 { group: usize, scales: CudaSlice<f32>, zeros: Option<CudaSlice<i8>>, name: String },
+    /// Tessera's int4 runs with per-(row, group) scales and optional zero points; activations
+    /// in f32 (W4A16) or quantized to int8 per token (W4A8).
+    Int4 { group: usize, scales: CudaSlice<f32>, zeros: Option<CudaSlice<i8>>, name: String, int8_act: bool },
+    /// Row-major int8 with one scale per row; int8 activations per token (W8A8 int8).
+    Int8 { scales: CudaSlice<f32>, name: String },
 }
 
 /// A `[rows, cols]` weight matrix resident on the device in its storage type.
@@ -63,12 +67,24 @@ impl DeviceWeight {
     /// activations (W4A16); anything else is [`CudaError::Unsupported`].
     pub fn from_quant(dev: &CudaDevice, m: &QuantMatrix, act: ActQuant) -> Result<Self, CudaError> {
         match (m, act) {
-            (QuantMatrix::Int4(w), ActQuant::F32) => Self::from_int4(dev, w, m.storage()),
-            _ => Err(CudaError::Unsupported(format!("{} weights with {} activations are not yet on CUDA (W4A16 is)", m.storage(), act.name()))),
+            (QuantMatrix::Int4(w), ActQuant::F32 | ActQuant::Int8PerToken) => Self::from_int4(dev, w, m.storage(), act == ActQuant::Int8PerToken),
+            (QuantMatrix::Int8(w), ActQuant::Int8PerToken) => Self::from_int8(dev, w, m.storage()),
+            _ => Err(CudaError::Unsupported(format!("{} weights with {} activations are not yet on CUDA (W4A16, W4A8 and W8A8 int8 are)", m.storage(), act.name()))),
         }
     }
 
-    fn from_int4(dev: &CudaDevice, w: &Int4Matrix, name: String) -> Result<Self, CudaError> {
+    fn from_int8(dev: &CudaDevice, w: &Int8Matrix, name: String) -> Result<Self, CudaError> {
+        let (rows, cols) = (w.rows(), w.cols());
+        i32::try_from(rows.max(cols)).map_err(|_| CudaError::Shape(format!("[{rows}, {cols}] exceeds the kernels' 32-bit dimensions")))?;
+        let q: Vec<i8> = (0..rows).flat_map(|r| w.row(r).to_vec()).collect();
+        let scales: Vec<f32> = (0..rows).map(|r| w.scale(r)).collect();
+        let st = dev.stream();
+        let bytes: Vec<u8> = q.iter().map(|&v| v as u8).collect();
+        let storage = Storage::Int8 { scales: st.clone_htod(&scales)?, name };
+        Ok(DeviceWeight { storage, rows, cols, data: st.clone_htod(&bytes)? })
+    }
+
+    fn from_int4(dev: &CudaDevice, w: &Int4Matrix, name: String, int8_act: bool) -> Result<Self, CudaError> {
         let (rows, cols) = (w.rows(), w.cols());
         i32::try_from(rows.max(cols)).map_err(|_| CudaError::Shape(format!("[{rows}, {cols}] exceeds the kernels' 32-bit dimensions")))?;
         let packed: Vec<u8> = (0..rows).flat_map(|r| w.packed_row(r).to_vec()).collect();
@@ -76,7 +92,7 @@ impl DeviceWeight {
         let zeros: Option<Vec<i8>> = w.has_zeros().then(|| (0..rows).flat_map(|r| w.row_zeros(r).map(<[i8]>::to_vec).unwrap_or_default()).collect());
         let st = dev.stream();
         let zeros = zeros.map(|z| st.clone_htod(&z)).transpose()?;
-        let storage = Storage::Int4 { group: w.group(), scales: st.clone_htod(&scales)?, zeros, name };
+        let storage = Storage::Int4 { group: w.group(), scales: st.clone_htod(&scales)?, zeros, name, int8_act };
         Ok(DeviceWeight { storage, rows, cols, data: st.clone_htod(&packed)? })
     }
 
@@ -94,7 +110,7 @@ impl DeviceWeight {
     pub fn storage(&self) -> String {
         match &self.storage {
             Storage::Ggml { ty, .. } => ty.name().to_string(),
-            Storage::Int4 { name, .. } => name.clone(),
+            Storage::Int4 { name, .. } | Storage::Int8 { name, .. } => name.clone(),
         }
     }
 
@@ -102,7 +118,9 @@ impl DeviceWeight {
     pub fn kernel_id(&self) -> String {
         match &self.storage {
             Storage::Ggml { ty, .. } => format!("cuda.gemv.warp-per-row.{}", ty.name().to_lowercase()),
-            Storage::Int4 { .. } => "cuda.gemv.warp-per-row.w4a16".into(),
+            Storage::Int4 { int8_act: false, .. } => "cuda.gemv.warp-per-row.w4a16".into(),
+            Storage::Int4 { int8_act: true, .. } => "cuda.gemv.dp4a.w4a8".into(),
+            Storage::Int8 { .. } => "cuda.gemv.dp4a.w8a8-int8".into(),
         }
     }
 }
@@ -131,7 +149,32 @@ pub fn matmul(dev: &CudaDevice, w: &DeviceWeight, x: &CudaView<'_, f32>, m: usiz
             // were checked against the shape.
             unsafe { b.launch(cfg) }?;
         }
-        Storage::Int4 { group, scales, zeros, .. } => {
+        Storage::Int4 { group, scales, zeros, int8_act: true, .. } => {
+            let (xq, xs) = quantize_activations(dev, x, m as usize, w.cols)?;
+            let f = dev.function(&LINEAR_A8, &[], "int4_a8_matmul")?;
+            let group = int(*group)?;
+            let null = 0u64;
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&w.data).arg(scales);
+            match zeros {
+                Some(z) => b.arg(z),
+                None => b.arg(&null),
+            };
+            b.arg(&xq).arg(&xs).arg(y).arg(&n).arg(&k).arg(&m).arg(&group);
+            // SAFETY: argument types and order match `int4_a8_matmul`; the weights come from a
+            // validated Int4Matrix of this shape (cols a multiple of 32: aligned 4-byte loads).
+            unsafe { b.launch(cfg) }?;
+        }
+        Storage::Int8 { scales, .. } => {
+            let (xq, xs) = quantize_activations(dev, x, m as usize, w.cols)?;
+            let f = dev.function(&LINEAR_A8, &[], "int8_a8_matmul")?;
+            let mut b = dev.stream().launch_builder(&f);
+            b.arg(&w.data).arg(scales).arg(&xq).arg(&xs).arg(y).arg(&n).arg(&k).arg(&m);
+            // SAFETY: argument types and order match `int8_a8_matmul`; the weights come from a
+            // validated Int8Matrix of this shape (cols a multiple of 32: aligned 4-byte loads).
+            unsafe { b.launch(cfg) }?;
+        }
+        Storage::Int4 { group, scales, zeros, int8_act: false, .. } => {
             let f = dev.function(&LINEAR_INT4, &[], "int4_matmul")?;
             let group = int(*group)?;
             let null = 0u64;
@@ -149,6 +192,29 @@ pub fn matmul(dev: &CudaDevice, w: &DeviceWeight, x: &CudaView<'_, f32>, m: usiz
         }
     }
     Ok(())
+}
+
+/// Per-token int8 activations of `x` (`m × k`): codes and scales, as the CPU's
+/// `quantize_int8_row` gives them (a scratch allocated per call, stream-ordered).
+pub fn quantize_activations(dev: &CudaDevice, x: &CudaView<'_, f32>, m: usize, k: usize) -> Result<(CudaSlice<i8>, CudaSlice<f32>), CudaError> {
+    if x.len() != m * k {
+        return Err(CudaError::Shape(format!("int8 activations: {} values are not {m} rows of {k}", x.len())));
+    }
+    let st = dev.stream();
+    let (mut q, mut scales) = (st.alloc_zeros::<i8>(m * k)?, st.alloc_zeros::<f32>(m)?);
+    if m == 0 {
+        return Ok((q, scales));
+    }
+    let f = dev.function(&LINEAR_A8, &[], "quantize_int8_rows")?;
+    let rows = u32::try_from(m).map_err(|_| CudaError::Shape("too many rows".into()))?;
+    let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let k = int(k)?;
+    let mut b = st.launch_builder(&f);
+    b.arg(x).arg(&mut q).arg(&mut scales).arg(&k);
+    // SAFETY: argument types and order match `quantize_int8_rows` (256 threads, a power of two
+    // within its 1024-entry reduction array); lengths checked.
+    unsafe { b.launch(cfg) }?;
+    Ok((q, scales))
 }
 
 /// `out[t] = table[ids[t]]` dequantized to f32 (`out` is `[ids.len(), table.cols()]`). Ids

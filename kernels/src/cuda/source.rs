@@ -69,7 +69,7 @@ pub const KV_APPEND: KernelSource = KernelSource {
 };
 
 /// Every kernel source, for the compile gate and for ahead-of-time warm-up.
-pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND, &LINEAR_GGML, &LINEAR_INT4];
+pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND, &LINEAR_GGML, &LINEAR_INT4, &LINEAR_A8];
 
 /// Matmul and embedding lookup over GGML-typed weights ([`super::linear`]), one variant per
 /// weight type (`WTYPE`: 0 F32, 1 F16, 2 BF16, 3 Q4_0, 4 Q4_1, 5 Q8_0).
@@ -88,5 +88,15 @@ pub const LINEAR_INT4: KernelSource = KernelSource {
     code: include_str!("../../cuda/linear_int4.cu"),
     variants: &[&[]],
     entries: &["int4_matmul"],
+    needs_sm90a: false,
+};
+
+/// Per-token int8 activation quantization and the W4A8 / W8A8 int8 matmuls (dp4a, int32 sums)
+/// that use it ([`super::linear`]), bit-identical to the CPU kernels.
+pub const LINEAR_A8: KernelSource = KernelSource {
+    name: "linear_a8.cu",
+    code: include_str!("../../cuda/linear_a8.cu"),
+    variants: &[&[]],
+    entries: &["quantize_int8_rows", "int4_a8_matmul", "int8_a8_matmul"],
     needs_sm90a: false,
 };
