@@ -7,13 +7,15 @@
 //! - [`compile`]: NVRTC to CUBIN for one architecture, cached on disk;
 //! - [`device`]: one GPU (context, stream, loaded modules), opened with a clear error when the
 //!   driver or NVRTC is missing;
-//! - [`ops`]: typed launchers for each kernel.
+//! - [`ops`]: typed launchers for the elementwise kernels;
+//! - [`linear`]: weights uploaded in their storage type, matmul and embedding gather over them.
 //!
 //! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/cuda_compile.rs`); the kernel
-//! tests (`tests/cuda_kernels.rs`) run on a GPU and skip, saying so, elsewhere.
+//! tests (`tests/cuda_kernels.rs`, `tests/cuda_linear.rs`) run on a GPU and skip, saying so, elsewhere.
 
 pub mod compile;
 pub mod device;
+pub mod linear;
 pub mod ops;
 pub mod source;
 

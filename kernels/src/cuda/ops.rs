@@ -34,7 +34,7 @@ pub fn rms_norm(
     out: &mut CudaSlice<f32>,
 ) -> Result<(), CudaError> {
     let d = weight.len();
-    if d == 0 || x.len() % d != 0 {
+    if d == 0 || !x.len().is_multiple_of(d) {
         return Err(CudaError::Shape(format!("rms_norm: {} values are not rows of {d}", x.len())));
     }
     check("rms_norm out", out.len(), x.len())?;
@@ -68,7 +68,7 @@ pub fn rope(
     half: usize,
 ) -> Result<(), CudaError> {
     let row = heads * head_dim;
-    if row == 0 || x.len() % row != 0 || 2 * half > head_dim {
+    if row == 0 || !x.len().is_multiple_of(row) || 2 * half > head_dim {
         return Err(CudaError::Shape(format!("rope: {} values, {heads} heads of {head_dim}, half {half}", x.len())));
     }
     let tokens = x.len() / row;
@@ -85,7 +85,7 @@ pub fn rope(
 
 /// SwiGLU: rows of `gate_up` (`2n` wide) to rows of `out` (`n` wide).
 pub fn silu_mul(dev: &CudaDevice, gate_up: &CudaSlice<f32>, n: usize, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
-    if n == 0 || out.len() % n != 0 {
+    if n == 0 || !out.len().is_multiple_of(n) {
         return Err(CudaError::Shape(format!("silu_mul: {} outputs are not rows of {n}", out.len())));
     }
     check("silu_mul gate_up", gate_up.len(), 2 * out.len())?;

@@ -27,5 +27,32 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
     needs_sm90a: false,
 };
 
+/// Matmul and embedding gather over GGUF-typed weights (`GGML_TYPE` = the GGUF type id).
+pub const LINEAR_GGML: KernelSource = KernelSource {
+    name: "linear_ggml.cu",
+    code: include_str!("../../cuda/linear_ggml.cu"),
+    variants: &[&["GGML_TYPE=0"], &["GGML_TYPE=1"], &["GGML_TYPE=30"], &["GGML_TYPE=2"], &["GGML_TYPE=3"], &["GGML_TYPE=8"]],
+    entries: &["ggml_matmul", "embedding_rows"],
+    needs_sm90a: false,
+};
+
+/// Matmul over checkpoint-quantized weights (`QKIND`: 0 W4A16, 1 W4A8, 2 W8A8 int8, 3 W8A8 FP8).
+pub const LINEAR_QUANT: KernelSource = KernelSource {
+    name: "linear_quant.cu",
+    code: include_str!("../../cuda/linear_quant.cu"),
+    variants: &[&["QKIND=0"], &["QKIND=1"], &["QKIND=2"], &["QKIND=3"]],
+    entries: &["quant_matmul"],
+    needs_sm90a: false,
+};
+
+/// Dynamic per-token activation quantization (int8, FP8 E4M3), bit-identical to `quant::act`.
+pub const ACT_QUANT: KernelSource = KernelSource {
+    name: "act_quant.cu",
+    code: include_str!("../../cuda/act_quant.cu"),
+    variants: &[&[]],
+    entries: &["quantize_int8_rows", "quantize_fp8_rows"],
+    needs_sm90a: false,
+};
+
 /// Every kernel source, for the compile gate and for ahead-of-time warm-up.
-pub const ALL: &[&KernelSource] = &[&ELEMENTWISE];
+pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &LINEAR_GGML, &LINEAR_QUANT, &ACT_QUANT];
