@@ -554,6 +554,36 @@ mod tests {
         assert!(repack_blocks(GgmlType::Q4_0, &[0; 17]).is_none());
     }
 
+    /// The W4A8 kernel's reading of the uploaded int4 planes, transliterated: columns `c..c+4`
+    /// are one 32-bit word of the row's packed run, low or high nibbles, minus `8 + z` per byte
+    /// (`__vsub4`); the bytes must be the signed `q - z` of `Int4Matrix::row_values`.
+    #[test]
+    fn int4_words_unpack_like_the_kernel() {
+        use crate::quant::Int4Matrix;
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let (rows, cols, group) = (3usize, 160usize, 64usize);
+        let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
+        let ng = rows * cols.div_ceil(group);
+        let zeros: Vec<i8> = (0..ng).map(|_| r.gen_range(-8..=7)).collect();
+        let w = Int4Matrix::new(rows, cols, group, &q, vec![1.0; ng], Some(zeros)).unwrap();
+        let plane: Vec<u8> = (0..rows).flat_map(|r| w.packed_row(r).iter().copied()).collect();
+        let mut vals = vec![0i8; cols];
+        for row in 0..rows {
+            w.row_values(row, &mut vals);
+            let z = w.row_zeros(row).unwrap();
+            for c in (0..cols).step_by(4) {
+                let off = c % 32;
+                let at = row * (cols / 2) + (c / 32) * 16 + (off & 15);
+                let word = u32::from_le_bytes(plane[at..at + 4].try_into().unwrap());
+                let nib = (if off < 16 { word } else { word >> 4 }) & 0x0f0f_0f0f;
+                let zb = (8 + z[c / group] as i32) as u8;
+                for (i, b) in nib.to_le_bytes().iter().enumerate() {
+                    assert_eq!(b.wrapping_sub(zb) as i8, vals[c + i] - z[c / group], "row {row} col {}", c + i);
+                }
+            }
+        }
+    }
+
     #[test]
     fn grid_covers_rows_and_tokens() {
         for (rows, m) in [(1, 1), (8, 8), (9, 17), (1536, 257)] {
