@@ -1,125 +1,202 @@
-// y[m, n] = x[m, k] . W[n, k]^T over GGML-typed weights, dequantized in registers, f32 math.
-// WTYPE (compile-time): 0 F32, 1 F16, 2 BF16, 3 Q4_0, 4 Q4_1, 5 Q8_0. Every type is walked in
-// 32-element blocks (the float types' last block may be partial).
+// Weight-in-storage matmul and embedding gather for GGUF tensor types, f32 activations:
+//   y[m, N] = x[m, K] · W[N, K]ᵀ   (W never expanded to f32 in memory).
 //
-// One warp per output row; lane l takes blocks l, l+32, ...; each lane decodes a block's 32
-// weights once and applies them to up to 8 activation rows at a time. A token's sum has the
-// same order whatever m is (per lane in block order, then a fixed butterfly), so batching
-// never changes a row's result.
+// Specialized by GGML_TYPE (the GGUF type id): 0 F32, 1 F16, 30 BF16 (row-major [N, K] as
+// stored), 2 Q4_0, 3 Q4_1, 8 Q8_0. The block types are repacked at upload (linear.rs) into two
+// planes so a block's codes are 16-byte aligned:
+//   qs: [N, K/32, QS] bytes, the block's code bytes as in the GGUF block (QS = 16 for 4-bit:
+//       byte j = code j in the low nibble, code j + 16 in the high nibble; QS = 32 for Q8_0);
+//   sc: [N, K/32] raw f16 `d` (Q4_0, Q8_0) or [N, K/32] pairs (f16 `d`, f16 `m`) (Q4_1).
+// Dequantized values are computed as the CPU does (ggml/dequant.rs): Q4_0 (q - 8)·d,
+// Q4_1 q·d + m (separately rounded, no FMA), Q8_0 q·d.
+//
+// Work split (ggml_matmul): a CTA of TS_WARPS warps, one output row per warp, one tile of up to
+// TS_MT tokens per grid row (grid = (ceil(N / TS_WARPS), ceil(m / TS_MT))). Each lane walks the
+// row's 32-value blocks with stride 32, dequantizes a block into registers once and dots it with
+// every token of the tile (f32 accumulation), then the warp reduces by shuffles.
 
-#ifndef WTYPE
-#error "WTYPE must be defined"
+#ifndef GGML_TYPE
+#error "GGML_TYPE must be defined"
 #endif
 
-#define QK 32
-#define ROWS_PER_PASS 8
+#define TS_MT 8
+#define TS_WARPS 8
+#define TS_BLOCKED (GGML_TYPE == 2 || GGML_TYPE == 3 || GGML_TYPE == 8)
 
-__device__ __forceinline__ int64_t ts_row_bytes(int k) {
-#if WTYPE == 0
-    return (int64_t)k * 4;
-#elif WTYPE == 1 || WTYPE == 2
-    return (int64_t)k * 2;
-#elif WTYPE == 3
-    return (int64_t)(k / QK) * 18;
-#elif WTYPE == 4
-    return (int64_t)(k / QK) * 20;
+#if GGML_TYPE == 2 || GGML_TYPE == 3
+#define TS_QS 16
+#elif GGML_TYPE == 8
+#define TS_QS 32
+#elif GGML_TYPE == 0
+typedef float ts_w_t;
+#elif GGML_TYPE == 1 || GGML_TYPE == 30
+typedef uint16_t ts_w_t;
 #else
-    return (int64_t)(k / QK) * 34;
+#error "unsupported GGML_TYPE"
+#endif
+
+#if TS_BLOCKED
+// Value of code `q` (the raw nibble or byte) of a block with scale words `d` (and `m`).
+__device__ __forceinline__ float ts_dequant(uint32_t q, float d, float m) {
+#if GGML_TYPE == 2
+    return __fmul_rn((float)((int)q - 8), d);
+#elif GGML_TYPE == 3
+    return __fadd_rn(__fmul_rn((float)q, d), m);
+#else
+    return __fmul_rn((float)(int8_t)q, d);
 #endif
 }
 
-__device__ __forceinline__ uint16_t ts_u16(const uint8_t* p) {
-    return (uint16_t)p[0] | ((uint16_t)p[1] << 8);
+// Scale words of block `blk` (a flat block index over the whole matrix).
+__device__ __forceinline__ void ts_block_scales(const uint8_t* sc, int64_t blk, float& d, float& m) {
+#if GGML_TYPE == 3
+    const uint32_t dm = reinterpret_cast<const uint32_t*>(sc)[blk];
+    d = ts_f16_bits((uint16_t)(dm & 0xffffu));
+    m = ts_f16_bits((uint16_t)(dm >> 16));
+#else
+    d = ts_f16_bits(reinterpret_cast<const uint16_t*>(sc)[blk]);
+    m = 0.0f;
+#endif
 }
 
-// The 32 weights of block `b` of a row (zeros past column k for the float types).
-__device__ __forceinline__ void ts_decode_block(const uint8_t* row, int b, int k, float* w) {
-#if WTYPE == 0
-    const float* r = (const float*)row;
+// Dequantizes block `blk` into w[0..32) with 16-byte loads.
+__device__ __forceinline__ void ts_load_block(const uint8_t* qs, const uint8_t* sc, int64_t blk, float w[32]) {
+    float d, m;
+    ts_block_scales(sc, blk, d, m);
+    const uint4* p = reinterpret_cast<const uint4*>(qs + blk * TS_QS);
+#if TS_QS == 16
+    const uint4 v = p[0];
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int j = 0; j < QK; j++) w[j] = b * QK + j < k ? r[b * QK + j] : 0.0f;
-#elif WTYPE == 1
-#pragma unroll
-    for (int j = 0; j < QK; j++) w[j] = b * QK + j < k ? ts_f16_bits(ts_u16(row + 2 * (b * QK + j))) : 0.0f;
-#elif WTYPE == 2
-#pragma unroll
-    for (int j = 0; j < QK; j++) w[j] = b * QK + j < k ? __uint_as_float((uint32_t)ts_u16(row + 2 * (b * QK + j)) << 16) : 0.0f;
-#elif WTYPE == 3
-    const uint8_t* blk = row + (int64_t)b * 18;
-    const float d = ts_f16_bits(ts_u16(blk));
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const uint8_t q = blk[2 + j];
-        w[j] = (float)((int)(q & 0x0F) - 8) * d;
-        w[j + 16] = (float)((int)(q >> 4) - 8) * d;
-    }
-#elif WTYPE == 4
-    const uint8_t* blk = row + (int64_t)b * 20;
-    const float d = ts_f16_bits(ts_u16(blk)), mn = ts_f16_bits(ts_u16(blk + 2));
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const uint8_t q = blk[4 + j];
-        w[j] = (float)(q & 0x0F) * d + mn;
-        w[j + 16] = (float)(q >> 4) * d + mn;
+    for (int j = 0; j < 16; ++j) {
+        const uint32_t b = (words[j / 4] >> (8 * (j % 4))) & 0xffu;
+        w[j] = ts_dequant(b & 0xfu, d, m);
+        w[j + 16] = ts_dequant(b >> 4, d, m);
     }
 #else
-    const uint8_t* blk = row + (int64_t)b * 34;
-    const float d = ts_f16_bits(ts_u16(blk));
+    const uint4 v0 = p[0], v1 = p[1];
+    const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
-    for (int j = 0; j < QK; j++) w[j] = (float)(int8_t)blk[2 + j] * d;
+    for (int j = 0; j < 32; ++j) w[j] = ts_dequant((words[j / 4] >> (8 * (j % 4))) & 0xffu, d, m);
 #endif
 }
 
-extern "C" __global__ void ggml_matmul(const uint8_t* wt, const float* x, float* y, int n, int k, int m) {
-    const int row = (int)((blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / TS_WARP);
-    const int lane = threadIdx.x % TS_WARP;
-    if (row >= n) return;
-    const uint8_t* wr = wt + (int64_t)row * ts_row_bytes(k);
-    const int blocks = (k + QK - 1) / QK;
-    for (int t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
-        float acc[ROWS_PER_PASS];
+// Element `c` of row `r` (embedding gather).
+__device__ __forceinline__ float ts_element(const uint8_t* qs, const uint8_t* sc, int64_t r, int k, int c) {
+    const int64_t blk = r * (k / 32) + c / 32;
+    const int j = c % 32;
+    float d, m;
+    ts_block_scales(sc, blk, d, m);
+#if TS_QS == 16
+    const uint32_t b = qs[blk * TS_QS + (j & 15)];
+    return ts_dequant(j < 16 ? (b & 0xfu) : (b >> 4), d, m);
+#else
+    return ts_dequant(qs[blk * TS_QS + j], d, m);
+#endif
+}
+#else
+__device__ __forceinline__ float ts_float(float v) { return v; }
+__device__ __forceinline__ float ts_float(uint16_t v) {
+#if GGML_TYPE == 1
+    return ts_f16_bits(v);
+#else
+    return __uint_as_float(((uint32_t)v) << 16);
+#endif
+}
+
+__device__ __forceinline__ float ts_element(const uint8_t* qs, const uint8_t*, int64_t r, int k, int c) {
+    return ts_float(reinterpret_cast<const ts_w_t*>(qs)[r * k + c]);
+}
+#endif
+
+// x: [m, k] f32, 16-byte aligned (checked by the launcher); y: [m, n] f32. For block types
+// k is a multiple of 32; float types take any k (8-wide vector loads when k % 8 == 0).
+extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)
+ggml_matmul(const uint8_t* qs, const uint8_t* sc, const float* x, float* y, int n, int k, int m) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * TS_WARPS + threadIdx.x / 32;
+    if (row >= n) return;  // whole warps leave; no CTA-wide barrier follows
+    const int t0 = blockIdx.y * TS_MT;
+    const int mt = min(TS_MT, m - t0);
+    const float* xt = x + (int64_t)t0 * k;
+    float acc[TS_MT];
 #pragma unroll
-        for (int t = 0; t < ROWS_PER_PASS; t++) acc[t] = 0.0f;
-        for (int b = lane; b < blocks; b += TS_WARP) {
-            float w[QK];
-            ts_decode_block(wr, b, k, w);
+    for (int t = 0; t < TS_MT; ++t) acc[t] = 0.0f;
+
+#if TS_BLOCKED
+    const int nb = k / 32;
+    for (int b = lane; b < nb; b += 32) {
+        float w[32];
+        ts_load_block(qs, sc, (int64_t)row * nb + b, w);
 #pragma unroll
-            for (int t = 0; t < ROWS_PER_PASS; t++) {
-                if (t0 + t < m) {
-                    const float* xr = x + (int64_t)(t0 + t) * k + b * QK;
-                    float s = 0.0f;
+        for (int t = 0; t < TS_MT; ++t) {
+            if (t < mt) {
+                const float4* xv = reinterpret_cast<const float4*>(xt + (int64_t)t * k + b * 32);
+                float s = 0.0f;
 #pragma unroll
-                    for (int j = 0; j < QK; j++) s += b * QK + j < k ? w[j] * xr[j] : 0.0f;
-                    acc[t] += s;
+                for (int i = 0; i < 8; ++i) {
+                    const float4 a = xv[i];
+                    s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
+                }
+                acc[t] += s;
+            }
+        }
+    }
+#else
+    const ts_w_t* wr = reinterpret_cast<const ts_w_t*>(qs) + (int64_t)row * k;
+    if (k % 8 == 0) {
+        for (int c = lane * 8; c < k; c += 32 * 8) {
+            float w[8];
+#if GGML_TYPE == 0
+            const float4 w0 = *reinterpret_cast<const float4*>(wr + c);
+            const float4 w1 = *reinterpret_cast<const float4*>(wr + c + 4);
+            w[0] = w0.x; w[1] = w0.y; w[2] = w0.z; w[3] = w0.w;
+            w[4] = w1.x; w[5] = w1.y; w[6] = w1.z; w[7] = w1.w;
+#else
+            const uint4 v = *reinterpret_cast<const uint4*>(wr + c);
+            const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                w[2 * j] = ts_float((uint16_t)(words[j] & 0xffffu));
+                w[2 * j + 1] = ts_float((uint16_t)(words[j] >> 16));
+            }
+#endif
+#pragma unroll
+            for (int t = 0; t < TS_MT; ++t) {
+                if (t < mt) {
+                    const float4* xv = reinterpret_cast<const float4*>(xt + (int64_t)t * k + c);
+                    const float4 a = xv[0], b = xv[1];
+                    acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w
+                            + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
                 }
             }
         }
+    } else {
+        for (int c = lane; c < k; c += 32) {
+            const float w = ts_float(wr[c]);
 #pragma unroll
-        for (int t = 0; t < ROWS_PER_PASS; t++) {
-            const float s = ts_warp_sum(acc[t]);
-            if (lane == 0 && t0 + t < m) y[(int64_t)(t0 + t) * n + row] = s;
+            for (int t = 0; t < TS_MT; ++t) {
+                if (t < mt) acc[t] += w * xt[(int64_t)t * k + c];
+            }
         }
+    }
+#endif
+
+#pragma unroll
+    for (int t = 0; t < TS_MT; ++t) {
+        const float v = ts_warp_sum(acc[t]);
+        if (lane == 0 && t < mt) y[(int64_t)(t0 + t) * n + row] = v;
     }
 }
 
-// Embedding lookup: out[t, :] = dequantized row ids[t] of the [vocab, k] table. An id outside
-// the table writes NaN (host callers validate ids; the kernel never reads out of bounds).
-extern "C" __global__ void ggml_embedding(const uint8_t* table, const int* ids, float* out, int k, int vocab) {
-    const int64_t t = blockIdx.x;
-    const int id = ids[t];
-    float* o = out + t * k;
-    const int blocks = (k + QK - 1) / QK;
-    if (id < 0 || id >= vocab) {
-        for (int i = threadIdx.x; i < k; i += blockDim.x) o[i] = __int_as_float(0x7fc00000);
-        return;
-    }
-    const uint8_t* row = table + (int64_t)id * ts_row_bytes(k);
-    for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
-        float w[QK];
-        ts_decode_block(row, b, k, w);
-#pragma unroll
-        for (int j = 0; j < QK; j++) {
-            if (b * QK + j < k) o[b * QK + j] = w[j];
-        }
-    }
+// Embedding gather: out[i, :] = table[ids[i], :] as f32 (table [rows, k] in the layout above).
+// One CTA per id. An id outside [0, rows) reads nothing and yields a row of zeros (host callers
+// validate ids; the kernel only guarantees no out-of-bounds read).
+extern "C" __global__ void embedding_rows(const uint8_t* qs, const uint8_t* sc, const int* ids, int rows,
+                                          int k, float* out) {
+    const int64_t i = blockIdx.x;
+    const int id = ids[i];
+    const bool ok = id >= 0 && id < rows;
+    float* o = out + i * k;
+    for (int c = threadIdx.x; c < k; c += blockDim.x) o[c] = ok ? ts_element(qs, sc, id, k, c) : 0.0f;
 }

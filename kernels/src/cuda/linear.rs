@@ -1,241 +1,502 @@
-//! Linear layers on the GPU: `y[m, n] = x[m, k] · W[n, k]ᵀ` with the weights kept in their
-//! storage type (GGML blocks or floats) and dequantized in registers, and the embedding lookup
-//! over the same tables.
+//! Linear layers on the GPU over weights kept in their storage type: `y[m, N] = x[m, K] · W[N, K]ᵀ`
+//! with f32 activations and outputs, plus the embedding gather.
 //!
-//! Supported storage: GGML F32, F16, BF16, Q4_0, Q4_1, Q8_0 (the default model is Q4_1 with a
-//! Q8_0 embedding); checkpoint int4 with f32 activations (W4A16: compressed-tensors
-//! pack-quantized, GPTQ, AWQ, Quark int4 weight-only) or with int8 per-token activations (W4A8,
-//! Quark's two-stage recipe); int8 with int8 activations (W8A8 int8). The int8-activation kernels
-//! give the CPU kernels' bits. Other GGML types and FP8 are a clear [`CudaError::Unsupported`]
-//! at upload, naming what is missing.
+//! A [`DeviceWeight`] is uploaded once and never expanded to f32/bf16 in device memory:
+//! - GGUF types ([`DeviceWeight::from_ggml`]): F32, F16 and BF16 as stored; Q4_0, Q4_1 and
+//!   Q8_0 split into a code plane and a scale plane (same bytes, [`repack_blocks`]) so every
+//!   block's codes are one or two 16-byte loads. Kernel: `linear_ggml.cu`, dequantization in
+//!   registers, f32 accumulation (the GPU reference is f32 math over the dequantized weights; the
+//!   CPU's int8-activation dot path for small batches is not reproduced).
+//! - checkpoint-quantized matrices ([`DeviceWeight::from_quant`], `quant::QuantMatrix` layouts
+//!   uploaded as stored): W4A16 (f32 math), W4A8 and W8A8 int8 (per-token int8 activations
+//!   quantized on the GPU bit-identically to `quant::act`, exact int32 dp4a sums, the CPU's f32
+//!   epilogue operation for operation), W8A8 FP8 (per-token-and-block E4M3 activations
+//!   bit-identical to the CPU's, f32 sums). Kernels: `act_quant.cu`, `linear_quant.cu`.
+//!
+//! One entry point serves every batch size: CTAs of 8 warps, one output row per warp, tiles of
+//! up to 8 tokens ([`matmul_grid`]); weights are re-read once per 8-token tile (through L2), so
+//! large prefill batches are correct but not tensor-core fast yet.
+//!
+//! Launches are asynchronous on the device's stream; [`CudaDevice::synchronize`] surfaces faults.
 
 use super::device::CudaDevice;
-use super::source::{LINEAR_A8, LINEAR_GGML, LINEAR_INT4};
+use super::source::{ACT_QUANT, LINEAR_GGML, LINEAR_QUANT};
 use super::CudaError;
 use crate::ggml::GgmlType;
-use crate::quant::{ActQuant, Int4Matrix, Int8Matrix, QuantMatrix};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use crate::linear::WeightView;
+use crate::quant::{ActQuant, QuantMatrix};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
+use std::sync::Mutex;
 
-/// Rows one CTA computes (one warp each).
-const ROWS_PER_CTA: u32 = 4;
+/// Output rows per CTA of the matmul kernels (one warp each; `TS_WARPS` in the sources).
+pub const ROWS_PER_CTA: usize = 8;
+/// Tokens per CTA of the matmul kernels (`TS_MT` in the sources).
+pub const TOKENS_PER_CTA: usize = 8;
+/// Threads per CTA of the activation-quantization and embedding kernels.
+const ROW_THREADS: u32 = 256;
 
-/// The `WTYPE` define of a GGML type, if the CUDA kernels handle it.
-fn wtype(ty: GgmlType) -> Option<&'static str> {
+/// How a [`DeviceWeight`] is stored and which kernel multiplies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// GGUF type, f32 math.
+    Ggml(GgmlType),
+    /// Int4 with `group` columns per scale (clamped to `cols`), f32 or int8 activations.
+    Int4 { group: usize, act: ActQuant },
+    /// Int8 with per-row scales, int8 activations.
+    Int8,
+    /// E4M3 with `[bh, bw]` scale blocks (clamped to the shape), E4M3 activations per `bw` columns.
+    Fp8 { bh: usize, bw: usize },
+}
+
+/// A `[rows, cols]` weight matrix in device memory, in its storage type (never expanded), with
+/// the scratch its activation quantization needs (grown on first use, see [`matmul`]).
+pub struct DeviceWeight {
+    rows: usize,
+    cols: usize,
+    format: Format,
+    storage: String,
+    /// Codes: GGUF code plane or float data; int4 packed runs; int8 / E4M3 bytes.
+    codes: CudaSlice<u8>,
+    /// GGUF block scale plane (raw f16 `d`, or `d, m` pairs); `None` for float types.
+    block_scales: Option<CudaSlice<u8>>,
+    /// Checkpoint scales (f32): int4 `[rows, groups]`, int8 `[rows]`, fp8 `[row blocks, col blocks]`.
+    scales: Option<CudaSlice<f32>>,
+    /// Int4 zero points `[rows, groups]`, if asymmetric.
+    zeros: Option<CudaSlice<i8>>,
+    scratch: Mutex<Option<ActScratch>>,
+}
+
+/// Device buffers for quantized activations (int8 or E4M3 codes, and their scales), shareable
+/// by every weight of a model: size it once for the largest batch and widest input.
+pub struct ActScratch {
+    codes: CudaSlice<u8>,
+    scales: CudaSlice<f32>,
+}
+
+impl ActScratch {
+    /// Room for `max_tokens` rows of up to `max_cols` columns (scales for the finest FP8 column
+    /// blocks, 32 wide).
+    pub fn new(dev: &CudaDevice, max_tokens: usize, max_cols: usize) -> Result<Self, CudaError> {
+        let codes = max_tokens.checked_mul(max_cols).ok_or_else(|| shape("activation scratch size overflows"))?;
+        let scales = max_tokens * max_cols.div_ceil(32).max(1);
+        Ok(ActScratch { codes: dev.stream().alloc_zeros(codes.max(1))?, scales: dev.stream().alloc_zeros(scales.max(1))? })
+    }
+
+    fn fits(&self, codes: usize, scales: usize) -> bool {
+        self.codes.len() >= codes && self.scales.len() >= scales
+    }
+}
+
+fn shape(msg: impl Into<String>) -> CudaError {
+    CudaError::Shape(msg.into())
+}
+
+fn int(v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| shape(format!("{v} does not fit a 32-bit kernel argument")))
+}
+
+/// The `-D` set of `linear_ggml.cu` for `ty`, or `None` when no GPU kernel reads it.
+fn ggml_defines(ty: GgmlType) -> Option<&'static [&'static str]> {
     Some(match ty {
-        GgmlType::F32 => "WTYPE=0",
-        GgmlType::F16 => "WTYPE=1",
-        GgmlType::BF16 => "WTYPE=2",
-        GgmlType::Q4_0 => "WTYPE=3",
-        GgmlType::Q4_1 => "WTYPE=4",
-        GgmlType::Q8_0 => "WTYPE=5",
+        GgmlType::F32 => &["GGML_TYPE=0"],
+        GgmlType::F16 => &["GGML_TYPE=1"],
+        GgmlType::BF16 => &["GGML_TYPE=30"],
+        GgmlType::Q4_0 => &["GGML_TYPE=2"],
+        GgmlType::Q4_1 => &["GGML_TYPE=3"],
+        GgmlType::Q8_0 => &["GGML_TYPE=8"],
         _ => return None,
     })
 }
 
-/// How a [`DeviceWeight`]'s bytes are laid out, with what its kernel needs besides them.
-enum Storage {
-    /// GGML blocks or floats of `ty`, compiled with `define`.
-    Ggml { ty: GgmlType, define: &'static str },
-    /// Tessera's int4 runs with per-(row, group) scales and optional zero points; activations
-    /// in f32 (W4A16) or quantized to int8 per token (W4A8).
-    Int4 { group: usize, scales: CudaSlice<f32>, zeros: Option<CudaSlice<i8>>, name: String, int8_act: bool },
-    /// Row-major int8 with one scale per row; int8 activations per token (W8A8 int8).
-    Int8 { scales: CudaSlice<f32>, name: String },
+/// Code bytes per 32-value block of a repacked GGUF block type (`None` for other types).
+fn block_code_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => Some(16),
+        GgmlType::Q8_0 => Some(32),
+        _ => None,
+    }
 }
 
-/// A `[rows, cols]` weight matrix resident on the device in its storage type.
-pub struct DeviceWeight {
-    storage: Storage,
-    rows: usize,
-    cols: usize,
-    data: CudaSlice<u8>,
+/// Splits whole GGUF blocks of `ty` (Q4_0, Q4_1 or Q8_0) into the kernel's two planes: the code
+/// bytes of every block back to back (16 or 32 per block, 16-byte aligned), and the block headers
+/// (f16 `d`, or f16 `d` then f16 `m`) back to back. No value is changed or reordered within a
+/// block. Returns `None` for other types or a partial block.
+pub fn repack_blocks(ty: GgmlType, data: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let qs = block_code_bytes(ty)?;
+    let ts = ty.type_size();
+    if !data.len().is_multiple_of(ts) {
+        return None;
+    }
+    let head = ts - qs;
+    let blocks = data.len() / ts;
+    let (mut codes, mut heads) = (Vec::with_capacity(blocks * qs), Vec::with_capacity(blocks * head));
+    for b in data.chunks_exact(ts) {
+        heads.extend_from_slice(&b[..head]);
+        codes.extend_from_slice(&b[head..]);
+    }
+    Some((codes, heads))
+}
+
+/// Grid of the matmul kernels for `rows` outputs and `m` tokens: `(ceil(rows / 8), ceil(m / 8))`
+/// CTAs of 256 threads.
+pub fn matmul_grid(rows: usize, m: usize) -> Result<LaunchConfig, CudaError> {
+    let gx = u32::try_from(rows.div_ceil(ROWS_PER_CTA)).map_err(|_| shape(format!("{rows} rows exceed the grid")))?;
+    let gy = m.div_ceil(TOKENS_PER_CTA);
+    if gy > 65_535 {
+        return Err(shape(format!("{m} tokens exceed the grid (at most {})", 65_535 * TOKENS_PER_CTA)));
+    }
+    Ok(LaunchConfig { grid_dim: (gx, gy as u32, 1), block_dim: (32 * ROWS_PER_CTA as u32, 1, 1), shared_mem_bytes: 0 })
 }
 
 impl DeviceWeight {
-    /// Uploads a GGML-typed `[rows, cols]` tensor (`data` as stored: `rows` rows of blocks).
+    /// Uploads a GGUF tensor of `rows` output features by `cols` inputs (`data` exactly
+    /// `rows * ty.row_bytes(cols)` bytes). Supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0; any
+    /// other type is refused with an error naming it.
     pub fn from_ggml(dev: &CudaDevice, ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Result<Self, CudaError> {
-        let define = wtype(ty).ok_or_else(|| CudaError::Unsupported(format!("{} weights are not yet on CUDA (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)", ty.name())))?;
-        let row_bytes = ty.row_bytes(cols).ok_or_else(|| CudaError::Shape(format!("{} rows of {cols} columns are not whole blocks", ty.name())))?;
-        if data.len() != rows * row_bytes {
-            return Err(CudaError::Shape(format!("{} [{rows}, {cols}]: {} bytes, expected {}", ty.name(), data.len(), rows * row_bytes)));
+        if ggml_defines(ty).is_none() {
+            return Err(shape(format!(
+                "CUDA has no matmul kernel for GGML type {ty} (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)"
+            )));
         }
-        i32::try_from(rows.max(cols)).map_err(|_| CudaError::Shape(format!("[{rows}, {cols}] exceeds the kernels' 32-bit dimensions")))?;
-        Ok(DeviceWeight { storage: Storage::Ggml { ty, define }, rows, cols, data: dev.stream().clone_htod(data)? })
+        WeightView::new(ty, rows, cols, data).map_err(CudaError::Shape)?;
+        if rows == 0 || cols == 0 {
+            return Err(shape(format!("empty {rows}x{cols} {ty} weight")));
+        }
+        let stream = dev.stream();
+        let (codes, block_scales) = match repack_blocks(ty, data) {
+            Some((codes, heads)) => (stream.clone_htod(&codes)?, Some(stream.clone_htod(&heads)?)),
+            None => (stream.clone_htod(data)?, None),
+        };
+        Ok(DeviceWeight {
+            rows,
+            cols,
+            format: Format::Ggml(ty),
+            storage: ty.name().to_string(),
+            codes,
+            block_scales,
+            scales: None,
+            zeros: None,
+            scratch: Mutex::new(None),
+        })
     }
 
-    /// Uploads a checkpoint-quantized matrix run with activations `act`: int4 with f32
-    /// activations (W4A16); anything else is [`CudaError::Unsupported`].
+    /// Uploads a checkpoint-quantized matrix with its activation handling: int4 with
+    /// [`ActQuant::F32`] (W4A16) or [`ActQuant::Int8PerToken`] (W4A8), int8 with
+    /// `Int8PerToken` (W8A8), FP8 with [`ActQuant::Fp8PerToken`]; other pairs are refused.
+    /// An act-order input permutation (`QuantLinear::with_input_permutation`) is not applied
+    /// here: the caller gathers the activation columns first.
     pub fn from_quant(dev: &CudaDevice, m: &QuantMatrix, act: ActQuant) -> Result<Self, CudaError> {
-        match (m, act) {
-            (QuantMatrix::Int4(w), ActQuant::F32 | ActQuant::Int8PerToken) => Self::from_int4(dev, w, m.storage(), act == ActQuant::Int8PerToken),
-            (QuantMatrix::Int8(w), ActQuant::Int8PerToken) => Self::from_int8(dev, w, m.storage()),
-            _ => Err(CudaError::Unsupported(format!("{} weights with {} activations are not yet on CUDA (W4A16, W4A8 and W8A8 int8 are)", m.storage(), act.name()))),
+        let (rows, cols) = (m.rows(), m.cols());
+        if rows == 0 || cols == 0 {
+            return Err(shape(format!("empty {rows}x{cols} quantized weight")));
         }
+        let stream = dev.stream();
+        let (format, codes, scales, zeros): (Format, Vec<u8>, Vec<f32>, Option<Vec<i8>>) = match (m, act) {
+            (QuantMatrix::Int4(w), ActQuant::F32 | ActQuant::Int8PerToken) => {
+                let codes = (0..rows).flat_map(|r| w.packed_row(r).iter().copied()).collect();
+                let scales = (0..rows).flat_map(|r| w.row_scales(r).iter().copied()).collect();
+                let zeros = w.has_zeros().then(|| (0..rows).flat_map(|r| w.row_zeros(r).unwrap_or(&[]).iter().copied()).collect());
+                (Format::Int4 { group: w.group().min(cols), act }, codes, scales, zeros)
+            }
+            (QuantMatrix::Int8(w), ActQuant::Int8PerToken) => {
+                let codes = (0..rows).flat_map(|r| w.row(r).iter().map(|&v| v as u8)).collect();
+                (Format::Int8, codes, (0..rows).map(|r| w.scale(r)).collect(), None)
+            }
+            (QuantMatrix::Fp8(w), ActQuant::Fp8PerToken) => {
+                let [bh, bw] = w.block();
+                let codes = (0..rows).flat_map(|r| w.row(r).iter().copied()).collect();
+                let scales = (0..rows.div_ceil(bh)).flat_map(|rb| w.row_scales(rb * bh).iter().copied()).collect();
+                (Format::Fp8 { bh: bh.min(rows), bw: bw.min(cols) }, codes, scales, None)
+            }
+            _ => {
+                return Err(shape(format!("no CUDA kernel for {} weights with {} activations", m.storage(), act.name())));
+            }
+        };
+        int(rows)?;
+        int(cols)?;
+        Ok(DeviceWeight {
+            rows,
+            cols,
+            format,
+            storage: m.storage(),
+            codes: stream.clone_htod(&codes)?,
+            block_scales: None,
+            scales: Some(stream.clone_htod(&scales)?),
+            zeros: zeros.map(|z| stream.clone_htod(&z)).transpose()?,
+            scratch: Mutex::new(None),
+        })
     }
 
-    fn from_int8(dev: &CudaDevice, w: &Int8Matrix, name: String) -> Result<Self, CudaError> {
-        let (rows, cols) = (w.rows(), w.cols());
-        i32::try_from(rows.max(cols)).map_err(|_| CudaError::Shape(format!("[{rows}, {cols}] exceeds the kernels' 32-bit dimensions")))?;
-        let q: Vec<i8> = (0..rows).flat_map(|r| w.row(r).to_vec()).collect();
-        let scales: Vec<f32> = (0..rows).map(|r| w.scale(r)).collect();
-        let st = dev.stream();
-        let bytes: Vec<u8> = q.iter().map(|&v| v as u8).collect();
-        let storage = Storage::Int8 { scales: st.clone_htod(&scales)?, name };
-        Ok(DeviceWeight { storage, rows, cols, data: st.clone_htod(&bytes)? })
-    }
-
-    fn from_int4(dev: &CudaDevice, w: &Int4Matrix, name: String, int8_act: bool) -> Result<Self, CudaError> {
-        let (rows, cols) = (w.rows(), w.cols());
-        i32::try_from(rows.max(cols)).map_err(|_| CudaError::Shape(format!("[{rows}, {cols}] exceeds the kernels' 32-bit dimensions")))?;
-        let packed: Vec<u8> = (0..rows).flat_map(|r| w.packed_row(r).to_vec()).collect();
-        let scales: Vec<f32> = (0..rows).flat_map(|r| w.row_scales(r).to_vec()).collect();
-        let zeros: Option<Vec<i8>> = w.has_zeros().then(|| (0..rows).flat_map(|r| w.row_zeros(r).map(<[i8]>::to_vec).unwrap_or_default()).collect());
-        let st = dev.stream();
-        let zeros = zeros.map(|z| st.clone_htod(&z)).transpose()?;
-        let storage = Storage::Int4 { group: w.group(), scales: st.clone_htod(&scales)?, zeros, name, int8_act };
-        Ok(DeviceWeight { storage, rows, cols, data: st.clone_htod(&packed)? })
-    }
-
-    /// Output features.
+    /// Output features (N).
     pub fn rows(&self) -> usize {
         self.rows
     }
 
-    /// Input features.
+    /// Input features (K).
     pub fn cols(&self) -> usize {
         self.cols
     }
 
-    /// Storage, as the plan prints it (`Q4_1`, `BF16`, `int4 g128 sym`, ...).
+    /// Storage description: the GGML type name (`Q4_1`) or `QuantMatrix::storage`
+    /// (`int4 g128 asym`, `fp8 block 128x128`).
     pub fn storage(&self) -> String {
-        match &self.storage {
-            Storage::Ggml { ty, .. } => ty.name().to_string(),
-            Storage::Int4 { name, .. } | Storage::Int8 { name, .. } => name.clone(),
-        }
+        self.storage.clone()
     }
 
-    /// The kernel that runs this weight.
+    /// Kernel id for plans, e.g. `cuda.ggml.q4_1`, `cuda.w4a8.int4xint8.dp4a`.
     pub fn kernel_id(&self) -> String {
-        match &self.storage {
-            Storage::Ggml { ty, .. } => format!("cuda.gemv.warp-per-row.{}", ty.name().to_lowercase()),
-            Storage::Int4 { int8_act: false, .. } => "cuda.gemv.warp-per-row.w4a16".into(),
-            Storage::Int4 { int8_act: true, .. } => "cuda.gemv.dp4a.w4a8".into(),
-            Storage::Int8 { .. } => "cuda.gemv.dp4a.w8a8-int8".into(),
+        match self.format {
+            Format::Ggml(ty) => format!("cuda.ggml.{}", ty.name().to_lowercase()),
+            Format::Int4 { act: ActQuant::F32, .. } => "cuda.w4a16.int4xf32".into(),
+            Format::Int4 { .. } => "cuda.w4a8.int4xint8.dp4a".into(),
+            Format::Int8 => "cuda.w8a8.int8xint8.dp4a".into(),
+            Format::Fp8 { .. } => "cuda.w8a8.fp8xfp8".into(),
+        }
+    }
+
+    /// Codes and scales of scratch a call with `m` tokens needs (zero without activation
+    /// quantization).
+    fn scratch_need(&self, m: usize) -> (usize, usize) {
+        match self.format {
+            Format::Int4 { act: ActQuant::Int8PerToken, .. } | Format::Int8 => (m * self.cols, m),
+            Format::Fp8 { bw, .. } => (m * self.cols, m * self.cols.div_ceil(bw)),
+            _ => (0, 0),
         }
     }
 }
 
-fn int(v: usize) -> Result<i32, CudaError> {
-    i32::try_from(v).map_err(|_| CudaError::Shape(format!("{v} does not fit a 32-bit kernel argument")))
+fn check_len(what: &str, len: usize, want: usize) -> Result<(), CudaError> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(shape(format!("{what}: {len} elements, expected {want}")))
+    }
 }
 
-/// `y = x · Wᵀ`: `x` is `[m, w.cols()]`, `y` is `[m, w.rows()]`, both contiguous f32.
-pub fn matmul(dev: &CudaDevice, w: &DeviceWeight, x: &CudaView<'_, f32>, m: usize, y: &mut CudaViewMut<'_, f32>) -> Result<(), CudaError> {
-    if x.len() != m * w.cols || y.len() != m * w.rows {
-        return Err(CudaError::Shape(format!("matmul [{m}x{}]·[{}x{}]ᵀ: x has {}, y {} elements", w.cols, w.rows, w.cols, x.len(), y.len())));
+fn check_aligned(dev: &CudaDevice, what: &str, x: &CudaView<'_, f32>) -> Result<(), CudaError> {
+    let (ptr, _sync) = x.device_ptr(dev.stream());
+    if ptr % 16 == 0 {
+        Ok(())
+    } else {
+        Err(shape(format!("{what} must start on a 16-byte boundary (view offset a multiple of 4 floats)")))
     }
+}
+
+/// `y = x · wᵀ` for `m` tokens: `x` is `[m, w.cols()]` and `y` `[m, w.rows()]`, both contiguous
+/// row-major; `x` starts on a 16-byte boundary (any `CudaSlice`, or a view at a multiple of
+/// 4 floats). Weights that quantize activations (W4A8, W8A8) use scratch owned by `w`,
+/// allocated on the first call and reallocated only when `m` exceeds every earlier call (call
+/// once with the largest batch before capturing a CUDA graph); [`matmul_with`] takes shared
+/// scratch instead.
+pub fn matmul(
+    dev: &CudaDevice,
+    w: &DeviceWeight,
+    x: &CudaView<'_, f32>,
+    m: usize,
+    y: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let (codes, scales) = w.scratch_need(m);
+    if codes == 0 {
+        return launch_matmul(dev, w, x, m, y, None);
+    }
+    let mut guard = w.scratch.lock().unwrap_or_else(|p| p.into_inner());
+    if !guard.as_ref().is_some_and(|s| s.fits(codes, scales)) {
+        *guard = Some(ActScratch::new(dev, m, w.cols)?);
+    }
+    launch_matmul(dev, w, x, m, y, guard.as_mut())
+}
+
+/// [`matmul`] with caller-owned activation scratch (ignored by weights that keep f32
+/// activations); an error if `scratch` is too small for `m` tokens of `w.cols()` columns.
+pub fn matmul_with(
+    dev: &CudaDevice,
+    w: &DeviceWeight,
+    x: &CudaView<'_, f32>,
+    m: usize,
+    y: &mut CudaViewMut<'_, f32>,
+    scratch: &mut ActScratch,
+) -> Result<(), CudaError> {
+    let (codes, scales) = w.scratch_need(m);
+    if !scratch.fits(codes, scales) {
+        return Err(shape(format!("activation scratch too small for {m} tokens of {} columns", w.cols)));
+    }
+    launch_matmul(dev, w, x, m, y, Some(scratch))
+}
+
+fn launch_matmul(
+    dev: &CudaDevice,
+    w: &DeviceWeight,
+    x: &CudaView<'_, f32>,
+    m: usize,
+    y: &mut CudaViewMut<'_, f32>,
+    scratch: Option<&mut ActScratch>,
+) -> Result<(), CudaError> {
+    check_len("matmul x", x.len(), m * w.cols)?;
+    check_len("matmul y", y.len(), m * w.rows)?;
     if m == 0 {
         return Ok(());
     }
-    let ctas = u32::try_from(w.rows.div_ceil(ROWS_PER_CTA as usize)).map_err(|_| CudaError::Shape("too many rows".into()))?;
-    let cfg = LaunchConfig { grid_dim: (ctas, 1, 1), block_dim: (ROWS_PER_CTA * 32, 1, 1), shared_mem_bytes: 0 };
-    let (n, k, m) = (int(w.rows)?, int(w.cols)?, int(m)?);
-    match &w.storage {
-        Storage::Ggml { define, .. } => {
-            let f = dev.function(&LINEAR_GGML, &[define], "ggml_matmul")?;
+    check_aligned(dev, "matmul x", x)?;
+    let cfg = matmul_grid(w.rows, m)?;
+    let (n, k, mi) = (int(w.rows)?, int(w.cols)?, int(m)?);
+    let null = 0u64;
+    let (kind, group, bh) = match w.format {
+        Format::Ggml(ty) => {
+            let defines = ggml_defines(ty).expect("checked at upload");
+            let f = dev.function(&LINEAR_GGML, defines, "ggml_matmul")?;
             let mut b = dev.stream().launch_builder(&f);
-            b.arg(&w.data).arg(x).arg(y).arg(&n).arg(&k).arg(&m);
-            // SAFETY: argument types and order match `ggml_matmul`; x, y and the weight bytes
-            // were checked against the shape.
-            unsafe { b.launch(cfg) }?;
-        }
-        Storage::Int4 { group, scales, zeros, int8_act: true, .. } => {
-            let (xq, xs) = quantize_activations(dev, x, m as usize, w.cols)?;
-            let f = dev.function(&LINEAR_A8, &[], "int4_a8_matmul")?;
-            let group = int(*group)?;
-            let null = 0u64;
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(&w.data).arg(scales);
-            match zeros {
-                Some(z) => b.arg(z),
+            b.arg(&w.codes);
+            match &w.block_scales {
+                Some(s) => b.arg(s),
                 None => b.arg(&null),
             };
-            b.arg(&xq).arg(&xs).arg(y).arg(&n).arg(&k).arg(&m).arg(&group);
-            // SAFETY: argument types and order match `int4_a8_matmul`; the weights come from a
-            // validated Int4Matrix of this shape (cols a multiple of 32: aligned 4-byte loads).
+            b.arg(x).arg(&mut *y).arg(&n).arg(&k).arg(&mi);
+            // SAFETY: argument types and order match `ggml_matmul`; lengths and alignment
+            // checked above, the weight planes were sized at upload.
             unsafe { b.launch(cfg) }?;
+            return Ok(());
         }
-        Storage::Int8 { scales, .. } => {
-            let (xq, xs) = quantize_activations(dev, x, m as usize, w.cols)?;
-            let f = dev.function(&LINEAR_A8, &[], "int8_a8_matmul")?;
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(&w.data).arg(scales).arg(&xq).arg(&xs).arg(y).arg(&n).arg(&k).arg(&m);
-            // SAFETY: argument types and order match `int8_a8_matmul`; the weights come from a
-            // validated Int8Matrix of this shape (cols a multiple of 32: aligned 4-byte loads).
-            unsafe { b.launch(cfg) }?;
+        Format::Int4 { group, act: ActQuant::F32 } => ("QKIND=0", group, 1),
+        Format::Int4 { group, .. } => ("QKIND=1", group, 1),
+        Format::Int8 => ("QKIND=2", w.cols, 1),
+        Format::Fp8 { bh, bw } => ("QKIND=3", bw, bh),
+    };
+    let (group, bh) = (int(group)?, int(bh)?);
+    let f = dev.function(&LINEAR_QUANT, &[kind], "quant_matmul")?;
+    let scales = w.scales.as_ref().expect("quantized weights carry scales");
+    let launch = |xa: &CudaView<'_, u8>, xs: Option<&CudaSlice<f32>>, y: &mut CudaViewMut<'_, f32>| {
+        let mut b = dev.stream().launch_builder(&f);
+        b.arg(&w.codes).arg(scales);
+        match &w.zeros {
+            Some(z) => b.arg(z),
+            None => b.arg(&null),
+        };
+        b.arg(xa);
+        match xs {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        b.arg(y).arg(&n).arg(&k).arg(&mi).arg(&group).arg(&bh);
+        // SAFETY: argument types and order match `quant_matmul` (activations as raw bytes);
+        // lengths and alignment checked above, weight planes sized at upload, scratch checked
+        // by the callers.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(CudaError::from)
+    };
+    match w.format {
+        Format::Int4 { act: ActQuant::F32, .. } => {
+            // SAFETY: reinterprets the f32 activations as their bytes (4 per value).
+            let xa = unsafe { x.transmute::<u8>(x.len() * 4) }.ok_or_else(|| shape("activation view"))?;
+            launch(&xa, None, y)
         }
-        Storage::Int4 { group, scales, zeros, int8_act: false, .. } => {
-            let f = dev.function(&LINEAR_INT4, &[], "int4_matmul")?;
-            let group = int(*group)?;
-            let null = 0u64;
-            let mut b = dev.stream().launch_builder(&f);
-            b.arg(&w.data).arg(scales);
-            match zeros {
-                Some(z) => b.arg(z),
-                None => b.arg(&null),
-            };
-            b.arg(x).arg(y).arg(&n).arg(&k).arg(&m).arg(&group);
-            // SAFETY: argument types and order match `int4_matmul`; the packed rows, scales and
-            // zero points come from a validated Int4Matrix of this shape (cols a multiple of 32,
-            // so every 16-byte run load is aligned).
-            unsafe { b.launch(cfg) }?;
+        _ => {
+            let s = scratch.expect("callers provide scratch for quantized activations");
+            let (nc, ns) = w.scratch_need(m);
+            {
+                let mut q = s.codes.slice_mut(..nc);
+                let mut qs = s.scales.slice_mut(..ns);
+                match w.format {
+                    Format::Fp8 { bw, .. } => quantize_fp8_rows(dev, x, m, w.cols, bw, &mut q, &mut qs)?,
+                    _ => quantize_int8_rows(dev, x, m, w.cols, &mut q, &mut qs)?,
+                }
+            }
+            launch(&s.codes.slice(..nc), Some(&s.scales), y)
         }
     }
+}
+
+/// Per-token int8 quantization of `x` (`[m, k]`) into `q` (`[m, k]` two's-complement bytes)
+/// and `scales` (`[m]`), bit-identical to `quant::act::quantize_int8_row`.
+pub fn quantize_int8_rows(
+    dev: &CudaDevice,
+    x: &CudaView<'_, f32>,
+    m: usize,
+    k: usize,
+    q: &mut CudaViewMut<'_, u8>,
+    scales: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    check_len("quantize_int8 x", x.len(), m * k)?;
+    check_len("quantize_int8 q", q.len(), m * k)?;
+    check_len("quantize_int8 scales", scales.len(), m)?;
+    if m == 0 {
+        return Ok(());
+    }
+    let f = dev.function(&ACT_QUANT, &[], "quantize_int8_rows")?;
+    let rows = u32::try_from(m).map_err(|_| shape(format!("{m} rows exceed the grid")))?;
+    let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let k = int(k)?;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(x).arg(&k).arg(q).arg(scales);
+    // SAFETY: argument types and order match `quantize_int8_rows`; lengths checked above.
+    unsafe { b.launch(cfg) }?;
     Ok(())
 }
 
-/// Per-token int8 activations of `x` (`m × k`): codes and scales, as the CPU's
-/// `quantize_int8_row` gives them (a scratch allocated per call, stream-ordered).
-pub fn quantize_activations(dev: &CudaDevice, x: &CudaView<'_, f32>, m: usize, k: usize) -> Result<(CudaSlice<i8>, CudaSlice<f32>), CudaError> {
-    if x.len() != m * k {
-        return Err(CudaError::Shape(format!("int8 activations: {} values are not {m} rows of {k}", x.len())));
+/// Per-token, per-`bw`-column-block E4M3 quantization of `x` (`[m, k]`) into `q` (`[m, k]`
+/// E4M3 bytes) and `scales` (`[m, ceil(k / bw)]`), bit-identical to
+/// `quant::act::quantize_fp8_row` (whose codes are these bytes' values).
+pub fn quantize_fp8_rows(
+    dev: &CudaDevice,
+    x: &CudaView<'_, f32>,
+    m: usize,
+    k: usize,
+    bw: usize,
+    q: &mut CudaViewMut<'_, u8>,
+    scales: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    if bw == 0 {
+        return Err(shape("quantize_fp8: zero block width"));
     }
-    let st = dev.stream();
-    let (mut q, mut scales) = (st.alloc_zeros::<i8>(m * k)?, st.alloc_zeros::<f32>(m)?);
-    if m == 0 {
-        return Ok((q, scales));
+    let nb = k.div_ceil(bw);
+    check_len("quantize_fp8 x", x.len(), m * k)?;
+    check_len("quantize_fp8 q", q.len(), m * k)?;
+    check_len("quantize_fp8 scales", scales.len(), m * nb)?;
+    if m == 0 || k == 0 {
+        return Ok(());
     }
-    let f = dev.function(&LINEAR_A8, &[], "quantize_int8_rows")?;
-    let rows = u32::try_from(m).map_err(|_| CudaError::Shape("too many rows".into()))?;
-    let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let k = int(k)?;
-    let mut b = st.launch_builder(&f);
-    b.arg(x).arg(&mut q).arg(&mut scales).arg(&k);
-    // SAFETY: argument types and order match `quantize_int8_rows` (256 threads, a power of two
-    // within its 1024-entry reduction array); lengths checked.
+    if m > 65_535 {
+        return Err(shape(format!("{m} rows exceed the grid's y dimension")));
+    }
+    let f = dev.function(&ACT_QUANT, &[], "quantize_fp8_rows")?;
+    let cfg = LaunchConfig { grid_dim: (int(nb)? as u32, m as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let (k, bw) = (int(k)?, int(bw)?);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(x).arg(&k).arg(&bw).arg(q).arg(scales);
+    // SAFETY: argument types and order match `quantize_fp8_rows`; lengths checked above.
     unsafe { b.launch(cfg) }?;
-    Ok((q, scales))
+    Ok(())
 }
 
-/// `out[t] = table[ids[t]]` dequantized to f32 (`out` is `[ids.len(), table.cols()]`). Ids
-/// outside the table write NaN rows; callers validate ids first.
-pub fn embedding(dev: &CudaDevice, table: &DeviceWeight, ids: &CudaSlice<i32>, out: &mut CudaViewMut<'_, f32>) -> Result<(), CudaError> {
-    if out.len() != ids.len() * table.cols {
-        return Err(CudaError::Shape(format!("embedding: {} ids of {} values into {} elements", ids.len(), table.cols, out.len())));
-    }
+/// Gathers rows `ids` of a GGUF-typed `table` into `out` (`[ids.len(), table.cols()]` f32).
+/// Ids are not visible to the launcher: the kernel writes a row of zeros for an id outside
+/// `0..table.rows()` and never reads out of bounds; host callers validate ids.
+pub fn embedding(
+    dev: &CudaDevice,
+    table: &DeviceWeight,
+    ids: &CudaSlice<i32>,
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    let Format::Ggml(ty) = table.format else {
+        return Err(shape(format!("embedding: {} tables are not supported (GGUF types only)", table.storage)));
+    };
+    check_len("embedding out", out.len(), ids.len() * table.cols)?;
     if ids.is_empty() {
         return Ok(());
     }
-    let Storage::Ggml { define, .. } = &table.storage else {
-        return Err(CudaError::Unsupported(format!("embedding lookup in {} tables", table.storage())));
-    };
-    let f = dev.function(&LINEAR_GGML, &[define], "ggml_embedding")?;
-    let tokens = u32::try_from(ids.len()).map_err(|_| CudaError::Shape("too many ids".into()))?;
-    let cfg = LaunchConfig { grid_dim: (tokens, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    let (k, vocab) = (int(table.cols)?, int(table.rows)?);
+    let defines = ggml_defines(ty).expect("checked at upload");
+    let f = dev.function(&LINEAR_GGML, defines, "embedding_rows")?;
+    let n = u32::try_from(ids.len()).map_err(|_| shape(format!("{} ids exceed the grid", ids.len())))?;
+    let cfg = LaunchConfig { grid_dim: (n, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let (rows, k) = (int(table.rows)?, int(table.cols)?);
+    let null = 0u64;
     let mut b = dev.stream().launch_builder(&f);
-    b.arg(&table.data).arg(ids).arg(out).arg(&k).arg(&vocab);
-    // SAFETY: argument types and order match `ggml_embedding`; the kernel bounds ids by `vocab`.
+    b.arg(&table.codes);
+    match &table.block_scales {
+        Some(s) => b.arg(s),
+        None => b.arg(&null),
+    };
+    b.arg(ids).arg(&rows).arg(&k).arg(out);
+    // SAFETY: argument types and order match `embedding_rows`; `out` holds ids × cols values and
+    // the kernel bounds-checks each id against `rows`.
     unsafe { b.launch(cfg) }?;
     Ok(())
 }
@@ -243,14 +504,102 @@ pub fn embedding(dev: &CudaDevice, table: &DeviceWeight, ids: &CudaSlice<i32>, o
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ggml::dequantize_row;
+    use half::f16;
+    use rand::{Rng, SeedableRng};
+
+    /// Dequantizes value `c` of block `blk` from the repacked planes the way the kernels read it.
+    fn kernel_value(ty: GgmlType, codes: &[u8], heads: &[u8], blk: usize, j: usize) -> f32 {
+        let f16_at = |i: usize| f16::from_le_bytes([heads[i], heads[i + 1]]).to_f32();
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let b = codes[blk * 16 + (j & 15)];
+                let q = if j < 16 { b & 15 } else { b >> 4 };
+                if ty == GgmlType::Q4_0 {
+                    (q as i32 - 8) as f32 * f16_at(blk * 2)
+                } else {
+                    q as f32 * f16_at(blk * 4) + f16_at(blk * 4 + 2)
+                }
+            }
+            _ => codes[blk * 32 + j] as i8 as f32 * f16_at(blk * 2),
+        }
+    }
 
     #[test]
-    fn defines_cover_the_supported_types_and_nothing_else() {
-        let supported = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
-        let defines: Vec<&str> = supported.iter().map(|&t| wtype(t).unwrap()).collect();
-        // One gate variant per supported type, in the same order.
-        let gate: Vec<&str> = LINEAR_GGML.variants.iter().map(|v| v[0]).collect();
-        assert_eq!(defines, gate);
-        assert!(wtype(GgmlType::Q4K).is_none() && wtype(GgmlType::Q8_1).is_none());
+    fn repacked_blocks_decode_like_the_cpu() {
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (rows, cols) = (3, 96);
+            let mut data: Vec<u8> = (0..rows * ty.row_bytes(cols).unwrap()).map(|_| r.gen()).collect();
+            // Finite scales (random f16 bits may be NaN/inf).
+            let head = ty.type_size() - block_code_bytes(ty).unwrap();
+            for b in data.chunks_exact_mut(ty.type_size()) {
+                for h in (0..head).step_by(2) {
+                    b[h..h + 2].copy_from_slice(&f16::from_f32(r.gen::<f32>() - 0.5).to_le_bytes());
+                }
+            }
+            let (codes, heads) = repack_blocks(ty, &data).unwrap();
+            assert_eq!(codes.len() + heads.len(), data.len());
+            let rb = ty.row_bytes(cols).unwrap();
+            for row in 0..rows {
+                let mut want = vec![0f32; cols];
+                dequantize_row(ty, &data[row * rb..(row + 1) * rb], &mut want);
+                for (c, &w) in want.iter().enumerate() {
+                    let got = kernel_value(ty, &codes, &heads, row * cols / 32 + c / 32, c % 32);
+                    assert_eq!(got.to_bits(), w.to_bits(), "{ty} row {row} col {c}");
+                }
+            }
+        }
+        assert!(repack_blocks(GgmlType::F16, &[0; 4]).is_none());
+        assert!(repack_blocks(GgmlType::Q4_0, &[0; 17]).is_none());
+    }
+
+    /// The W4A8 kernel's reading of the uploaded int4 planes, transliterated: columns `c..c+4`
+    /// are one 32-bit word of the row's packed run, low or high nibbles, minus `8 + z` per byte
+    /// (`__vsub4`); the bytes must be the signed `q - z` of `Int4Matrix::row_values`.
+    #[test]
+    fn int4_words_unpack_like_the_kernel() {
+        use crate::quant::Int4Matrix;
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let (rows, cols, group) = (3usize, 160usize, 64usize);
+        let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
+        let ng = rows * cols.div_ceil(group);
+        let zeros: Vec<i8> = (0..ng).map(|_| r.gen_range(-8..=7)).collect();
+        let w = Int4Matrix::new(rows, cols, group, &q, vec![1.0; ng], Some(zeros)).unwrap();
+        let plane: Vec<u8> = (0..rows).flat_map(|r| w.packed_row(r).iter().copied()).collect();
+        let mut vals = vec![0i8; cols];
+        for row in 0..rows {
+            w.row_values(row, &mut vals);
+            let z = w.row_zeros(row).unwrap();
+            for c in (0..cols).step_by(4) {
+                let off = c % 32;
+                let at = row * (cols / 2) + (c / 32) * 16 + (off & 15);
+                let word = u32::from_le_bytes(plane[at..at + 4].try_into().unwrap());
+                let nib = (if off < 16 { word } else { word >> 4 }) & 0x0f0f_0f0f;
+                let zb = (8 + z[c / group] as i32) as u8;
+                for (i, b) in nib.to_le_bytes().iter().enumerate() {
+                    assert_eq!(b.wrapping_sub(zb) as i8, vals[c + i] - z[c / group], "row {row} col {}", c + i);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grid_covers_rows_and_tokens() {
+        for (rows, m) in [(1, 1), (8, 8), (9, 17), (1536, 257)] {
+            let cfg = matmul_grid(rows, m).unwrap();
+            assert!(cfg.grid_dim.0 as usize * ROWS_PER_CTA >= rows && (cfg.grid_dim.0 as usize - 1) * ROWS_PER_CTA < rows);
+            assert!(cfg.grid_dim.1 as usize * TOKENS_PER_CTA >= m && (cfg.grid_dim.1 as usize - 1) * TOKENS_PER_CTA < m);
+            assert_eq!(cfg.block_dim.0 as usize, 32 * ROWS_PER_CTA);
+        }
+        assert!(matmul_grid(8, 65_536 * TOKENS_PER_CTA).is_err());
+    }
+
+    #[test]
+    fn unsupported_ggml_types_have_no_kernel() {
+        for ty in GgmlType::ALL {
+            let supported = ggml_defines(ty).is_some();
+            assert_eq!(supported, matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0), "{ty}");
+        }
     }
 }

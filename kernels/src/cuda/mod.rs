@@ -9,16 +9,17 @@
 //!   driver or NVRTC is missing;
 //! - [`ops`]: typed launchers for each kernel;
 //! - [`blas`]: dense f32 / bf16 GEMMs through cuBLAS, row-major;
-//! - [`attention`]: paged decode attention and KV append over the engine's KV byte pool.
+//! - [`attention`]: paged decode attention and KV append over the engine's KV byte pool;
+//! - [`linear`]: weights uploaded in their storage type, matmul and embedding gather over them.
 //!
 //! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/cuda_compile.rs`); the kernel
 //! tests (`tests/cuda_*.rs`) run on a GPU and skip, saying so, elsewhere.
 
 pub mod attention;
 pub mod blas;
-pub mod linear;
 pub mod compile;
 pub mod device;
+pub mod linear;
 pub mod ops;
 pub mod source;
 

@@ -68,35 +68,32 @@ pub const KV_APPEND: KernelSource = KernelSource {
     needs_sm90a: false,
 };
 
-/// Every kernel source, for the compile gate and for ahead-of-time warm-up.
-pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND, &LINEAR_GGML, &LINEAR_INT4, &LINEAR_A8];
-
-/// Matmul and embedding lookup over GGML-typed weights ([`super::linear`]), one variant per
-/// weight type (`WTYPE`: 0 F32, 1 F16, 2 BF16, 3 Q4_0, 4 Q4_1, 5 Q8_0).
+/// Matmul and embedding gather over GGUF-typed weights (`GGML_TYPE` = the GGUF type id).
 pub const LINEAR_GGML: KernelSource = KernelSource {
     name: "linear_ggml.cu",
     code: include_str!("../../cuda/linear_ggml.cu"),
-    variants: &[&["WTYPE=0"], &["WTYPE=1"], &["WTYPE=2"], &["WTYPE=3"], &["WTYPE=4"], &["WTYPE=5"]],
-    entries: &["ggml_matmul", "ggml_embedding"],
+    variants: &[&["GGML_TYPE=0"], &["GGML_TYPE=1"], &["GGML_TYPE=30"], &["GGML_TYPE=2"], &["GGML_TYPE=3"], &["GGML_TYPE=8"]],
+    entries: &["ggml_matmul", "embedding_rows"],
     needs_sm90a: false,
 };
 
-/// W4A16 matmul over Tessera's int4 layout with group scales and optional zero points
-/// ([`super::linear`]).
-pub const LINEAR_INT4: KernelSource = KernelSource {
-    name: "linear_int4.cu",
-    code: include_str!("../../cuda/linear_int4.cu"),
-    variants: &[&[]],
-    entries: &["int4_matmul"],
+/// Matmul over checkpoint-quantized weights (`QKIND`: 0 W4A16, 1 W4A8, 2 W8A8 int8, 3 W8A8 FP8).
+pub const LINEAR_QUANT: KernelSource = KernelSource {
+    name: "linear_quant.cu",
+    code: include_str!("../../cuda/linear_quant.cu"),
+    variants: &[&["QKIND=0"], &["QKIND=1"], &["QKIND=2"], &["QKIND=3"]],
+    entries: &["quant_matmul"],
     needs_sm90a: false,
 };
 
-/// Per-token int8 activation quantization and the W4A8 / W8A8 int8 matmuls (dp4a, int32 sums)
-/// that use it ([`super::linear`]), bit-identical to the CPU kernels.
-pub const LINEAR_A8: KernelSource = KernelSource {
-    name: "linear_a8.cu",
-    code: include_str!("../../cuda/linear_a8.cu"),
+/// Dynamic per-token activation quantization (int8, FP8 E4M3), bit-identical to `quant::act`.
+pub const ACT_QUANT: KernelSource = KernelSource {
+    name: "act_quant.cu",
+    code: include_str!("../../cuda/act_quant.cu"),
     variants: &[&[]],
-    entries: &["quantize_int8_rows", "int4_a8_matmul", "int8_a8_matmul"],
+    entries: &["quantize_int8_rows", "quantize_fp8_rows"],
     needs_sm90a: false,
 };
+
+/// Every kernel source, for the compile gate and for ahead-of-time warm-up.
+pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND, &LINEAR_GGML, &LINEAR_QUANT, &ACT_QUANT];

@@ -1,0 +1,168 @@
+// Matmul over checkpoint-quantized weights (quant/*.rs layouts, uploaded as stored):
+//   y[m, N] = x[m, K] · W[N, K]ᵀ, f32 output.
+//
+// Specialized by QKIND:
+//   0 W4A16: int4 weights, f32 activations. Per 32-column run, (q - z)·x summed in f32, times
+//            the group scale, accumulated in f32 (the CPU's per-group order is not kept: a
+//            tolerance, not bit-equality).
+//   1 W4A8:  int4 weights, per-token int8 activations. Per group an exact int32 sum of
+//            (q - z)·xq (dp4a), then, in group order, acc = acc + s[g]·sum and y = xs·acc in
+//            separately rounded f32 operations: the CPU's scalar epilogue operation for operation.
+//   2 W8A8 int8: int8 weights, per-token int8 activations: y = xs · (s[n] · sum), as the CPU.
+//   3 W8A8 FP8: E4M3 weights and E4M3 activation codes (per token and column block). Per column
+//            block an f32 sum of code products (exact products, summation order differs from the
+//            CPU), then acc = acc + (s_w · s_x) · part in block order.
+//
+// Layouts:
+//   int4: [N, K/2] bytes; each 32-column run is 16 bytes, byte j = (q[j] + 8) | (q[j + 16] + 8) << 4;
+//         scales f32 [N, G] and optional zero points int8 [N, G], G = ceil(K / group).
+//   int8: [N, K] int8, scales f32 [N].
+//   fp8:  [N, K] E4M3 bytes, scales f32 [ceil(N / bh), ceil(K / bw)] (bw passed as `group`).
+// K is a multiple of 32 and group (bw) a multiple of 32 or >= K.
+//
+// Work split: one output row per warp, TS_WARPS warps per CTA, up to TS_MT tokens per grid row
+// (grid = (ceil(N / TS_WARPS), ceil(m / TS_MT))).
+
+#ifndef QKIND
+#error "QKIND must be defined"
+#endif
+
+#define TS_MT 8
+#define TS_WARPS 8
+
+__device__ __forceinline__ float ts_e4m3(uint32_t b) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
+    return __half2float(__half(h));
+}
+
+extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)
+quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* xa, const float* xs,
+             float* y, int n, int k, int m, int group, int bh) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * TS_WARPS + threadIdx.x / 32;
+    if (row >= n) return;  // whole warps leave; no CTA-wide barrier follows
+    const int t0 = blockIdx.y * TS_MT;
+    const int mt = min(TS_MT, m - t0);
+    const int ng = (k + group - 1) / group;
+    float acc[TS_MT];
+#pragma unroll
+    for (int t = 0; t < TS_MT; ++t) acc[t] = 0.0f;
+
+#if QKIND == 0
+    (void)xs;
+    (void)bh;
+    // Lane per 32-column run: one 16-byte weight load, 32 values dequantized in registers.
+    const float* x = reinterpret_cast<const float*>(xa) + (int64_t)t0 * k;
+    const uint8_t* wr = wq + (int64_t)row * (k / 2);
+    for (int run = lane; run < k / 32; run += 32) {
+        const int g = run * 32 / group;
+        const float s = ws[(int64_t)row * ng + g];
+        const int z = wz ? (int)wz[(int64_t)row * ng + g] : 0;
+        const uint4 v = *reinterpret_cast<const uint4*>(wr + run * 16);
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        float w[32];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const uint32_t b = (words[j / 4] >> (8 * (j % 4))) & 0xffu;
+            w[j] = (float)((int)(b & 0xfu) - 8 - z);
+            w[j + 16] = (float)((int)(b >> 4) - 8 - z);
+        }
+#pragma unroll
+        for (int t = 0; t < TS_MT; ++t) {
+            if (t < mt) {
+                const float4* xv = reinterpret_cast<const float4*>(x + (int64_t)t * k + run * 32);
+                float part = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const float4 a = xv[i];
+                    part += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
+                }
+                acc[t] += s * part;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TS_MT; ++t) {
+        const float v = ts_warp_sum(acc[t]);
+        if (lane == 0 && t < mt) y[(int64_t)(t0 + t) * n + row] = v;
+    }
+#else
+    // Group by group (column blocks for FP8), in order; lanes split a group into 4-column units.
+    const uint8_t* xq = reinterpret_cast<const uint8_t*>(xa) + (int64_t)t0 * k;
+#if QKIND == 3
+    const float* wsr = ws + (int64_t)(row / bh) * ng;
+#else
+    (void)bh;
+#endif
+    for (int g = 0; g < ng; ++g) {
+        const int c0 = g * group, c1 = min(k, c0 + group);
+#if QKIND == 3
+        float part[TS_MT];
+#pragma unroll
+        for (int t = 0; t < TS_MT; ++t) part[t] = 0.0f;
+#else
+        int part[TS_MT];
+#pragma unroll
+        for (int t = 0; t < TS_MT; ++t) part[t] = 0;
+#endif
+#if QKIND == 1
+        const int zb = 8 + (wz ? (int)wz[(int64_t)row * ng + g] : 0);  // code offset, 0..15
+#endif
+        for (int c = c0 + 4 * lane; c < c1; c += 4 * 32) {
+#if QKIND == 1
+            // Columns c..c+3 sit in the low (c % 32 < 16) or high nibbles of 4 bytes of the run.
+            const int off = c % 32;
+            const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * (k / 2) + (c / 32) * 16 + (off & 15));
+            const uint32_t nib = (off < 16 ? word : word >> 4) & 0x0f0f0f0fu;
+            const int wv = (int)__vsub4(nib, 0x01010101u * (uint32_t)zb);  // bytes q - z in -15..15
+#else
+            const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * k + c);
+#endif
+#if QKIND == 3
+            const float w0 = ts_e4m3(word & 0xffu), w1 = ts_e4m3((word >> 8) & 0xffu);
+            const float w2 = ts_e4m3((word >> 16) & 0xffu), w3 = ts_e4m3(word >> 24);
+#endif
+#pragma unroll
+            for (int t = 0; t < TS_MT; ++t) {
+                if (t < mt) {
+                    const uint32_t a = *reinterpret_cast<const uint32_t*>(xq + (int64_t)t * k + c);
+#if QKIND == 1
+                    part[t] = __dp4a(wv, (int)a, part[t]);
+#elif QKIND == 2
+                    part[t] = __dp4a((int)word, (int)a, part[t]);
+#else
+                    part[t] += w0 * ts_e4m3(a & 0xffu) + w1 * ts_e4m3((a >> 8) & 0xffu)
+                             + w2 * ts_e4m3((a >> 16) & 0xffu) + w3 * ts_e4m3(a >> 24);
+#endif
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TS_MT; ++t) {
+#if QKIND == 3
+            const float p = ts_warp_sum(part[t]);
+            if (t < mt) {
+                const float sx = xs[(int64_t)(t0 + t) * ng + g];
+                acc[t] = __fadd_rn(acc[t], __fmul_rn(__fmul_rn(wsr[g], sx), p));
+            }
+#elif QKIND == 1
+            const int p = __reduce_add_sync(0xffffffffu, part[t]);
+            acc[t] = __fadd_rn(acc[t], __fmul_rn(ws[(int64_t)row * ng + g], (float)p));
+#else
+            const int p = __reduce_add_sync(0xffffffffu, part[t]);
+            acc[t] = __fmul_rn(ws[row], (float)p);
+#endif
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TS_MT; ++t) {
+        if (lane == 0 && t < mt) {
+#if QKIND == 3
+            y[(int64_t)(t0 + t) * n + row] = acc[t];
+#else
+            y[(int64_t)(t0 + t) * n + row] = __fmul_rn(xs[t0 + t], acc[t]);
+#endif
+        }
+    }
+#endif
+}
