@@ -8,17 +8,6 @@
 
 #define TS_ACT_THREADS 256
 
-// Max over the block (blockDim.x == TS_ACT_THREADS); fmaxf skips NaN like Rust's f32::max.
-__device__ __forceinline__ float ts_block_max(float v, float* scratch) {
-    const int lane = threadIdx.x % TS_WARP, warp = threadIdx.x / TS_WARP;
-    v = ts_warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < TS_ACT_THREADS / TS_WARP ? scratch[lane] : 0.0f;
-    return ts_warp_max(v);
-}
-
 // x: [m, k] f32; q: [m, k] int8; scales: [m]. Grid (m), block TS_ACT_THREADS.
 extern "C" __global__ void __launch_bounds__(TS_ACT_THREADS)
 quantize_int8_rows(const float* x, int k, int8_t* q, float* scales) {

@@ -131,14 +131,7 @@ ggml_matmul(const uint8_t* qs, const uint8_t* sc, const float* x, float* y, int 
 #pragma unroll
         for (int t = 0; t < TS_MT; ++t) {
             if (t < mt) {
-                const float4* xv = reinterpret_cast<const float4*>(xt + (int64_t)t * k + b * 32);
-                float s = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const float4 a = xv[i];
-                    s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
-                }
-                acc[t] += s;
+                acc[t] += ts_dot32(w, xt + (int64_t)t * k + b * 32);
             }
         }
     }

@@ -70,14 +70,7 @@ quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* x
 #pragma unroll
         for (int t = 0; t < TS_MT; ++t) {
             if (t < mt) {
-                const float4* xv = reinterpret_cast<const float4*>(x + (int64_t)t * k + run * 32);
-                float part = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const float4 a = xv[i];
-                    part += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
-                }
-                acc[t] += s * part;
+                acc[t] += s * ts_dot32(w, x + (int64_t)t * k + run * 32);
             }
         }
     }
