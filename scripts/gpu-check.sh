@@ -39,6 +39,14 @@ run)
         echo "== $(basename "$t")"
         "$t" --test-threads=1 ${2:+"$2"} || status=1
     done
+    # Memory errors in the kernel tests (compute-sanitizer works on the Firecracker machines,
+    # not under gVisor: see the device notes).
+    if command -v compute-sanitizer >/dev/null; then
+        for t in "$BIN"/cuda_ops "$BIN"/cuda_linear "$BIN"/cuda_attention; do
+            echo "== memcheck $(basename "$t")"
+            compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --test-threads=1 ${2:+"$2"} || status=1
+        done
+    fi
     exit $status
     ;;
 *) echo "usage: $0 build|run [FILTER]" >&2; exit 2 ;;
