@@ -32,30 +32,29 @@ __device__ __forceinline__ float ts_warp_max(float v) {
     return v;
 }
 
-// Sum over a whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-// `scratch` holds 32 floats of shared memory; the call contains barriers.
-__device__ __forceinline__ float ts_block_sum(float v, float* scratch) {
+// Reduces `v` over a whole block (blockDim.x a multiple of 32, at most 1024) with the warp
+// reduction WarpOp; every thread gets the result. `scratch` holds 32 floats of shared memory;
+// the call contains barriers.
+template <float (*WarpOp)(float)>
+__device__ __forceinline__ float ts_block_reduce(float v, float* scratch, float identity) {
     const int lane = threadIdx.x % TS_WARP, warp = threadIdx.x / TS_WARP;
-    v = ts_warp_sum(v);
+    v = WarpOp(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     const int warps = blockDim.x / TS_WARP;
-    v = lane < warps ? scratch[lane] : 0.0f;
-    return ts_warp_sum(v);
+    v = lane < warps ? scratch[lane] : identity;
+    return WarpOp(v);
 }
 
-// Max over a whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-// fmaxf skips NaN like Rust's f32::max. `scratch` holds 32 floats; the call contains barriers.
+// Sum over a whole block (see ts_block_reduce).
+__device__ __forceinline__ float ts_block_sum(float v, float* scratch) {
+    return ts_block_reduce<ts_warp_sum>(v, scratch, 0.0f);
+}
+
+// Max over a whole block (see ts_block_reduce); fmaxf skips NaN like Rust's f32::max.
 __device__ __forceinline__ float ts_block_max(float v, float* scratch) {
-    const int lane = threadIdx.x % TS_WARP, warp = threadIdx.x / TS_WARP;
-    v = ts_warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    const int warps = blockDim.x / TS_WARP;
-    v = lane < warps ? scratch[lane] : 0.0f;
-    return ts_warp_max(v);
+    return ts_block_reduce<ts_warp_max>(v, scratch, -TS_INF);
 }
 
 // Dot product of 32 register weights with 32 activations (16-byte aligned), four at a time.

@@ -15,10 +15,10 @@
 //!
 //! Outputs are poisoned with NaN before each launch and checked fully written.
 
-#[allow(dead_code)] // shared helpers; this file uses three
+#[allow(dead_code)] // shared helpers; this file uses some
 mod common;
 
-use common::{randn, random_weights, rng};
+use common::{int4, randn, random_weights, rng, scale};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
@@ -27,7 +27,7 @@ use tessera_kernels::cuda::{test_device, CudaDevice};
 use tessera_kernels::ggml::{dequantize_row, GgmlType};
 use tessera_kernels::quant::act::{quantize_fp8_row, quantize_int8_row_scalar};
 use tessera_kernels::quant::fp8::e4m3_to_f32;
-use tessera_kernels::quant::{ActQuant, Fp8Matrix, Int4Matrix, Int8Matrix, QuantLinear, QuantMatrix};
+use tessera_kernels::quant::{ActQuant, Fp8Matrix, Int8Matrix, QuantLinear, QuantMatrix};
 
 const TOKENS: [usize; 7] = [1, 2, 3, 8, 17, 64, 257];
 
@@ -139,17 +139,7 @@ fn embedding_gathers_rows_exactly() {
     }
 }
 
-fn scale(r: &mut ChaCha8Rng) -> f32 {
-    r.gen_range(0.005f32..0.05) * if r.gen() { 1.0 } else { -1.0 }
-}
 
-fn int4(r: &mut ChaCha8Rng, rows: usize, cols: usize, group: usize, asym: bool) -> Int4Matrix {
-    let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
-    let ng = rows * cols.div_ceil(group);
-    let scales = (0..ng).map(|_| scale(r)).collect();
-    let zeros = asym.then(|| (0..ng).map(|_| r.gen_range(-8..=7)).collect());
-    Int4Matrix::new(rows, cols, group, &q, scales, zeros).unwrap()
-}
 
 /// Int4 layouts: groups of 32, 128 (544 = 4 × 128 + a short 32) and per channel; sym and asym.
 fn int4_cases(r: &mut ChaCha8Rng) -> Vec<QuantMatrix> {

@@ -1,5 +1,6 @@
 //! Every optimized kernel against the scalar reference on random data of awkward sizes.
 
+#[allow(dead_code)] // shared helpers; the int4 ones serve the quantized-matrix tests
 mod common;
 
 use common::{assert_close, randn, random_weights, rng};

@@ -13,10 +13,10 @@
 //!   then scaled; AVX2: 8 lanes, FMA, per-group scaling), each within `(k + ng + 4)·eps·Σ|w·x|`
 //!   of the exact sum; AVX2 vs scalar is held to twice that.
 
-#[allow(dead_code)] // shared helpers; this file uses two
+#[allow(dead_code)] // shared helpers; this file uses some
 mod common;
 
-use common::{randn, rng};
+use common::{int4, randn, rng, scale};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -31,20 +31,7 @@ fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2].into_iter().filter(|i| i.available()).collect()
 }
 
-/// Random nonzero scale with either sign.
-fn scale(r: &mut ChaCha8Rng) -> f32 {
-    r.gen_range(0.005f32..0.05) * if r.gen() { 1.0 } else { -1.0 }
-}
 
-/// Random int4 matrix (values and zero points over the full -8..=7 range), `ceil(cols / group)`
-/// groups per row.
-fn int4(r: &mut ChaCha8Rng, rows: usize, cols: usize, group: usize, asym: bool) -> Int4Matrix {
-    let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
-    let ng = rows * cols.div_ceil(group);
-    let scales = (0..ng).map(|_| scale(r)).collect();
-    let zeros = asym.then(|| (0..ng).map(|_| r.gen_range(-8..=7)).collect());
-    Int4Matrix::new(rows, cols, group, &q, scales, zeros).unwrap()
-}
 
 /// Random int8 matrix (-127..=127).
 fn int8(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Int8Matrix {

@@ -19,7 +19,7 @@ use crate::model::{ForwardError, PlanEntry};
 use std::cell::RefCell;
 use std::sync::Arc;
 use tessera_kernels::cuda::attention::{self as attn, AttnWorkspace, KvLayerDesc, KvSide, PagedBatch};
-use tessera_kernels::cuda::linear::{self as lin, DeviceWeight};
+use tessera_kernels::cuda::linear::{self as lin, ActScratch, DeviceWeight};
 use tessera_kernels::cuda::{ops, CudaDevice, CudaError, CudaSlice};
 use tessera_kernels::ggml::dequantize_row;
 use tessera_kernels::ops::Rope;
@@ -70,9 +70,17 @@ pub struct CudaLlama {
     layers: Vec<KvLayerDesc>,
     pool: CudaSlice<u8>,
     num_blocks: usize,
-    /// Attention split-K scratch and the step size (tokens) it holds.
-    workspace: Option<(AttnWorkspace, usize)>,
+    /// Per-step scratch shared by every layer, and the step size (tokens) it holds.
+    workspace: Option<StepScratch>,
     plan: Vec<PlanEntry>,
+}
+
+/// Scratch every step reuses: attention split partials and quantized activations.
+struct StepScratch {
+    attn: AttnWorkspace,
+    act: ActScratch,
+    /// Tokens per step it holds.
+    tokens: usize,
 }
 
 /// One sequence's part of a step.
@@ -190,17 +198,23 @@ impl CudaLlama {
         &self.plan
     }
 
-    /// Makes the attention scratch hold a step of `tokens` queries: many splits of the context
-    /// for the few queries of decode steps, none for prefill-sized steps (which fill the GPU
-    /// with CTAs anyway). Grows to a power of two so steps rarely reallocate.
+    /// Makes the step scratch hold a step of `tokens` queries: attention with many splits of
+    /// the context for the few queries of decode steps and none for prefill-sized steps (which
+    /// fill the GPU with CTAs anyway), and one int8/FP8 activation scratch for every layer that
+    /// quantizes activations. Grows to a power of two so steps rarely reallocate.
     fn ensure_workspace(&mut self, tokens: usize) -> Result<(), CudaError> {
-        if self.workspace.as_ref().is_some_and(|(_, n)| *n >= tokens) {
+        if self.workspace.as_ref().is_some_and(|w| w.tokens >= tokens) {
             return Ok(());
         }
         let n = tokens.next_power_of_two();
         let splits = (MAX_SPLITS * 16 / n).clamp(1, MAX_SPLITS);
         let c = &self.config;
-        self.workspace = Some((AttnWorkspace::new(&self.dev, n, c.num_heads, c.head_dim, splits)?, n));
+        let widest = c.hidden_size.max(c.num_heads * c.head_dim).max(c.intermediate_size);
+        self.workspace = Some(StepScratch {
+            attn: AttnWorkspace::new(&self.dev, n, c.num_heads, c.head_dim, splits)?,
+            act: ActScratch::new(&self.dev, n, widest)?,
+            tokens: n,
+        });
         Ok(())
     }
 
@@ -263,27 +277,28 @@ impl CudaLlama {
         let (mut g, mut u, mut act) = (zeros(m * ffn)?, zeros(m * ffn)?, zeros(m * ffn)?);
         let max_seq_len = batch.iter().map(|s| s.cached + s.tokens.len()).max().unwrap_or(1);
         let dev = &*self.dev;
-        let (pool, ws) = (&mut self.pool, &mut self.workspace.as_mut().expect("sized above").0);
+        let scratch = self.workspace.as_mut().expect("sized above");
+        let (pool, ws, aq) = (&mut self.pool, &mut scratch.attn, &mut scratch.act);
         let half = self.rope.half_dim();
 
         lin::embedding(dev, &self.embed, &ids, &mut x.as_view_mut())?;
         let mut pending = false;
         for (b, desc) in self.blocks.iter().zip(&self.layers) {
             ops::rms_norm(dev, &mut x, pending.then_some(&tmp), &b.attn_norm, c.rms_norm_eps, &mut normed)?;
-            lin::matmul(dev, &b.wq, &normed.as_view(), m, &mut q.as_view_mut())?;
-            lin::matmul(dev, &b.wk, &normed.as_view(), m, &mut k.as_view_mut())?;
-            lin::matmul(dev, &b.wv, &normed.as_view(), m, &mut v.as_view_mut())?;
+            lin::matmul_with(dev, &b.wq, &normed.as_view(), m, &mut q.as_view_mut(), aq)?;
+            lin::matmul_with(dev, &b.wk, &normed.as_view(), m, &mut k.as_view_mut(), aq)?;
+            lin::matmul_with(dev, &b.wv, &normed.as_view(), m, &mut v.as_view_mut(), aq)?;
             ops::rope(dev, &mut q, &sin_cos, c.num_heads, hd, half)?;
             ops::rope(dev, &mut k, &sin_cos, c.num_kv_heads, hd, half)?;
             attn::kv_append(dev, desc, pool, &k.as_view(), &v.as_view(), &slots.as_view())?;
             let paged = PagedBatch { pool, block_tables: tables.as_view(), max_blocks, seq_lens: seq_lens.as_view(), max_seq_len };
             attn::paged_decode_attention(dev, desc, &paged, &q.as_view(), c.num_heads, &mut att.as_view_mut(), ws)?;
-            lin::matmul(dev, &b.wo, &att.as_view(), m, &mut tmp.as_view_mut())?;
+            lin::matmul_with(dev, &b.wo, &att.as_view(), m, &mut tmp.as_view_mut(), aq)?;
             ops::rms_norm(dev, &mut x, Some(&tmp), &b.ffn_norm, c.rms_norm_eps, &mut normed)?;
-            lin::matmul(dev, &b.gate, &normed.as_view(), m, &mut g.as_view_mut())?;
-            lin::matmul(dev, &b.up, &normed.as_view(), m, &mut u.as_view_mut())?;
+            lin::matmul_with(dev, &b.gate, &normed.as_view(), m, &mut g.as_view_mut(), aq)?;
+            lin::matmul_with(dev, &b.up, &normed.as_view(), m, &mut u.as_view_mut(), aq)?;
             ops::silu_mul(dev, &g, &u, &mut act)?;
-            lin::matmul(dev, &b.down, &act.as_view(), m, &mut tmp.as_view_mut())?;
+            lin::matmul_with(dev, &b.down, &act.as_view(), m, &mut tmp.as_view_mut(), aq)?;
             pending = true;
         }
         ops::rms_norm(dev, &mut x, Some(&tmp), &self.final_norm, c.rms_norm_eps, &mut normed)?;
@@ -297,7 +312,7 @@ impl CudaLlama {
                     let rows = n - from;
                     let mut logits = zeros(rows * vocab)?;
                     let hidden = normed.slice((row + from) * h..(row + n) * h);
-                    lin::matmul(dev, self.lm_head.as_ref().unwrap_or(&self.embed), &hidden, rows, &mut logits.as_view_mut())?;
+                    lin::matmul_with(dev, self.lm_head.as_ref().unwrap_or(&self.embed), &hidden, rows, &mut logits.as_view_mut(), aq)?;
                     Some(logits)
                 }
                 None => None,

@@ -4,6 +4,7 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::ggml::GgmlType;
+use tessera_kernels::quant::Int4Matrix;
 
 /// Seeded RNG.
 pub fn rng(seed: u64) -> ChaCha8Rng {
@@ -80,4 +81,19 @@ pub fn assert_close(a: &[f32], b: &[f32], atol: f32, rtol: f32, what: &str) {
         }
     }
     assert!(worst.1 <= 0.0, "{what}: element {} is {} vs reference {}", worst.0, a[worst.0], b[worst.0]);
+}
+
+/// Random nonzero scale with either sign.
+pub fn scale(r: &mut ChaCha8Rng) -> f32 {
+    r.gen_range(0.005f32..0.05) * if r.gen() { 1.0 } else { -1.0 }
+}
+
+/// Random int4 matrix (values and zero points over the full -8..=7 range), `ceil(cols / group)`
+/// groups per row.
+pub fn int4(r: &mut ChaCha8Rng, rows: usize, cols: usize, group: usize, asym: bool) -> Int4Matrix {
+    let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
+    let ng = rows * cols.div_ceil(group);
+    let scales = (0..ng).map(|_| scale(r)).collect();
+    let zeros = asym.then(|| (0..ng).map(|_| r.gen_range(-8..=7)).collect());
+    Int4Matrix::new(rows, cols, group, &q, scales, zeros).unwrap()
 }
