@@ -1,5 +1,5 @@
-//! Linear-layer paths on a Q4_1 1536x576 matrix (SmolLM2's gate/up shape) at several batch
-//! sizes: int8-activation dots (decode path), the AVX2 dequantizing micro-kernel, and the
+//! Linear-layer paths on a Q4_1 1536x576 matrix (SmolLM2's gate/up shape, interleaved as the
+//! engine stores it) at several batch sizes: the int8-activation integer GEMM, the AVX2 dequantizing micro-kernel, and the
 //! portable gemm-crate panel path. This is the data behind `LinearPolicy::DEFAULT`'s switch.
 //! Run: `cargo bench -p tessera-kernels --bench linear`.
 
@@ -10,7 +10,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::linear::{LinearKernel, LinearPolicy, WeightView};
+use tessera_kernels::cpu::interleaved::Interleaved;
+use tessera_kernels::linear::{LinearKernel, LinearPolicy, Weight, WeightView};
 
 /// Random Q4_1 blocks with realistic scales and mins.
 fn q4_1_weights(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Vec<u8> {
@@ -28,6 +29,7 @@ fn linear(c: &mut Criterion) {
     let mut r = ChaCha8Rng::seed_from_u64(1);
     let w = q4_1_weights(&mut r, rows, cols);
     let view = WeightView::new(GgmlType::Q4_1, rows, cols, &w).unwrap();
+    let packed = Interleaved::pack(&view).unwrap();
     let mut paths = vec![("gemm-crate", LinearKernel::with_isa(GgmlType::Q4_1, Isa::Scalar, LinearPolicy::ALWAYS_GEMM))];
     if Isa::Avx2.available() {
         paths.push(("int8-dot", LinearKernel::with_isa(GgmlType::Q4_1, Isa::Avx2, LinearPolicy::ALWAYS_DOT)));
@@ -40,7 +42,7 @@ fn linear(c: &mut Criterion) {
         let mut y = vec![0f32; m * rows];
         g.throughput(Throughput::Elements((m * rows * cols) as u64));
         for (name, k) in &paths {
-            g.bench_with_input(BenchmarkId::new(*name, m), &m, |b, &m| b.iter(|| k.forward(&view, &x, m, &mut y, rows)));
+            g.bench_with_input(BenchmarkId::new(*name, m), &m, |b, &m| b.iter(|| k.forward(Weight::Interleaved(&packed), &x, m, &mut y, rows)));
         }
     }
     g.finish();

@@ -12,7 +12,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::{CpuCaps, Isa};
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::linear::{LinearKernel, LinearPolicy, WeightView};
+use tessera_kernels::cpu::interleaved::Interleaved;
+use tessera_kernels::linear::{LinearKernel, LinearPolicy, Weight, WeightView};
 use tessera_kernels::quant::fp8::e4m3_is_nan;
 use tessera_kernels::quant::{ActQuant, Fp8Matrix, Int4Matrix, Int8Matrix, QuantLinear, QuantMatrix};
 
@@ -62,7 +63,7 @@ fn quant(c: &mut Criterion) {
     for (name, rows, cols) in [("gate_up_1536x576", 1536, 576), ("down_576x1536", 576, 1536)] {
         let q4_1_bytes = q4_1(&mut r, rows, cols);
         let f32_bytes: Vec<u8> = (0..rows * cols).flat_map(|_| r.gen_range(-0.1f32..0.1).to_le_bytes()).collect();
-        let q4_1_view = WeightView::new(GgmlType::Q4_1, rows, cols, &q4_1_bytes).unwrap();
+        let q4_1_packed = Interleaved::pack(&WeightView::new(GgmlType::Q4_1, rows, cols, &q4_1_bytes).unwrap()).unwrap();
         let f32_view = WeightView::new(GgmlType::F32, rows, cols, &f32_bytes).unwrap();
         let q4_1_kernel = LinearKernel::with_isa(GgmlType::Q4_1, isa, LinearPolicy::DEFAULT);
         let f32_kernel = LinearKernel::with_isa(GgmlType::F32, isa, LinearPolicy::DEFAULT);
@@ -77,9 +78,9 @@ fn quant(c: &mut Criterion) {
                 g.bench_with_input(BenchmarkId::new(*path, m), &m, |b, &m| b.iter(|| l.forward(&x, m, &mut y, rows)));
             }
             g.bench_with_input(BenchmarkId::new("ggml-q4_1", m), &m, |b, &m| {
-                b.iter(|| q4_1_kernel.forward(&q4_1_view, &x, m, &mut y, rows))
+                b.iter(|| q4_1_kernel.forward(Weight::Interleaved(&q4_1_packed), &x, m, &mut y, rows))
             });
-            g.bench_with_input(BenchmarkId::new("ggml-f32", m), &m, |b, &m| b.iter(|| f32_kernel.forward(&f32_view, &x, m, &mut y, rows)));
+            g.bench_with_input(BenchmarkId::new("ggml-f32", m), &m, |b, &m| b.iter(|| f32_kernel.forward(Weight::Rows(f32_view), &x, m, &mut y, rows)));
         }
         g.finish();
     }

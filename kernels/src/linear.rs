@@ -2,9 +2,9 @@
 //!
 //! Two paths, chosen per sequence segment by its token count (see [`LinearPolicy`]):
 //! - **short segments (decode)**: activations are quantized per token to 8-bit blocks and
-//!   dotted with the weight blocks using integer SIMD (llama.cpp's method), up to four tokens
-//!   per pass over a weight row; types without an integer kernel dequantize each weight row
-//!   and use an f32 dot.
+//!   multiplied with Q4_0/Q4_1/Q8_0 weights regrouped eight rows at a time
+//!   ([`Interleaved`]) by an integer GEMM (llama.cpp's numerics, one scale epilogue per eight
+//!   rows); types without an integer kernel dequantize each weight row and use an f32 dot.
 //! - **long segments (prefill)**: weight rows are dequantized into packed, cache-resident f32
 //!   slivers and multiplied with a GEMM micro-kernel (`cpu::sgemm` on AVX2, the `gemm`
 //!   crate's elsewhere); activations stay f32.
@@ -14,7 +14,8 @@
 
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::SyncPtr;
-use crate::cpu::dot::{dot_f32, QuantDot, MULTI_TOKENS};
+use crate::cpu::dot::dot_f32;
+use crate::cpu::interleaved::{Interleaved, GROUP};
 use crate::ggml::act_quant::{quantize_q8, Q8Block, Q8_BLOCK};
 use crate::ggml::{dequantize_row, GgmlType};
 use rayon::prelude::*;
@@ -52,31 +53,86 @@ impl<'a> WeightView<'a> {
     }
 }
 
+/// A weight matrix in the layout a kernel reads.
+#[derive(Clone, Copy, Debug)]
+pub enum Weight<'a> {
+    /// GGML rows as stored in the file (every type).
+    Rows(WeightView<'a>),
+    /// Q4_0 / Q4_1 / Q8_0 rows regrouped for the integer GEMM.
+    Interleaved(&'a Interleaved),
+}
+
+impl Weight<'_> {
+    /// Storage type.
+    pub fn ty(&self) -> GgmlType {
+        match self {
+            Weight::Rows(w) => w.ty,
+            Weight::Interleaved(w) => w.ty(),
+        }
+    }
+
+    /// Output features (N).
+    pub fn rows(&self) -> usize {
+        match self {
+            Weight::Rows(w) => w.rows,
+            Weight::Interleaved(w) => w.rows(),
+        }
+    }
+
+    /// Input features (K).
+    pub fn cols(&self) -> usize {
+        match self {
+            Weight::Rows(w) => w.cols,
+            Weight::Interleaved(w) => w.cols(),
+        }
+    }
+
+    /// Row `r` as f32.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        match self {
+            Weight::Rows(w) => dequantize_row(w.ty, w.row(r), out),
+            Weight::Interleaved(w) => w.dequantize_row(r, out),
+        }
+    }
+}
+
 /// How small batches are computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SmallPath {
-    /// Integer dot against per-token Q8 activations.
-    QuantDot(QuantDot),
+    /// Integer GEMM of interleaved weights with per-token Q8 activations.
+    Integer,
     /// Dequantize the weight row, f32 dot.
     DequantDot,
 }
 
-/// When to switch from the per-token dot path to the panel GEMM path.
+/// When to switch from the small-batch path to the f32 panel GEMM path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearPolicy {
-    /// Batches of at least this many tokens use the panel GEMM path.
+    /// Types whose small path dequantizes rows (floats, k-quants, Q5): batches of at least
+    /// this many tokens use the panel GEMM.
     pub gemm_min_tokens: usize,
+    /// Q4_0 / Q4_1 / Q8_0, whose small path is the integer GEMM: the same switch.
+    pub integer_gemm_min_tokens: usize,
 }
 
 impl LinearPolicy {
-    /// Default: dot path below 32 tokens. Measured (`benches/linear.rs`, Q4_1 1536x576, AVX2,
-    /// 2 threads): int8 dots win up to 16 tokens (0.62 vs 0.97 ms), the dequantizing GEMM from
-    /// 32 (1.05 vs 1.39 ms), because packing the weights costs ~0.6 ms whatever the batch.
-    pub const DEFAULT: LinearPolicy = LinearPolicy { gemm_min_tokens: 32 };
-    /// Always use the quantized-activation dot path (llama.cpp's numerics).
-    pub const ALWAYS_DOT: LinearPolicy = LinearPolicy { gemm_min_tokens: usize::MAX };
-    /// Always use the f32-activation GEMM path.
-    pub const ALWAYS_GEMM: LinearPolicy = LinearPolicy { gemm_min_tokens: 1 };
+    /// Default: the integer GEMM at every batch size for the types that have one, the
+    /// dequantizing dot below 32 tokens otherwise. Measured side by side (`benches/linear.rs`,
+    /// Q4_1 1536x576, AVX2, 2 threads): the integer GEMM takes 0.12 ms at 8 tokens, 0.78 ms at
+    /// 64 and 6.7 ms at 512 against the f32 panel GEMM's 1.3, 1.9 and 8.6 ms.
+    pub const DEFAULT: LinearPolicy = LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: usize::MAX };
+    /// Always the small path (for integer types: int8 activations, llama.cpp's numerics).
+    pub const ALWAYS_DOT: LinearPolicy = LinearPolicy { gemm_min_tokens: usize::MAX, integer_gemm_min_tokens: usize::MAX };
+    /// Always the f32-activation GEMM path.
+    pub const ALWAYS_GEMM: LinearPolicy = LinearPolicy { gemm_min_tokens: 1, integer_gemm_min_tokens: 1 };
+
+    /// The switch that applies to a small path.
+    fn min_tokens(self, small: SmallPath) -> usize {
+        match small {
+            SmallPath::Integer => self.integer_gemm_min_tokens,
+            SmallPath::DequantDot => self.gemm_min_tokens,
+        }
+    }
 }
 
 impl Default for LinearPolicy {
@@ -102,23 +158,29 @@ impl LinearKernel {
 
     /// Picks the kernel for an explicit ISA level (tests use this to compare paths).
     pub fn with_isa(ty: GgmlType, isa: Isa, policy: LinearPolicy) -> Self {
-        let small = QuantDot::for_type(ty).map_or(SmallPath::DequantDot, SmallPath::QuantDot);
+        let small = if Interleaved::supports(ty) { SmallPath::Integer } else { SmallPath::DequantDot };
         LinearKernel { ty, isa, small, policy }
     }
 
     /// Computes `y[i, j] = Σ_k x[i, k] · W[j, k]` for `m` tokens.
     ///
-    /// `x` is `m × w.cols` row-major; row `i` of the output starts at `y[i * ldy]` and has
-    /// `w.rows` values (so several matrices can write side by side into one buffer).
-    pub fn forward(&self, w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
-        assert_eq!(w.ty, self.ty, "kernel selected for {} used on {}", self.ty, w.ty);
-        assert_eq!(x.len(), m * w.cols, "activation shape");
-        assert!(ldy >= w.rows && (m == 0 || y.len() >= (m - 1) * ldy + w.rows), "output shape");
-        forward_group(&[(self, *w, 0)], x, &[m], y, ldy);
+    /// `x` is `m × cols` row-major; row `i` of the output starts at `y[i * ldy]` and has
+    /// `rows` values (so several matrices can write side by side into one buffer).
+    ///
+    /// # Panics
+    /// On shape mismatch, or if a type with an integer kernel comes as [`Weight::Rows`] while
+    /// this batch takes the small path (such weights must be [`Interleaved::pack`]ed).
+    pub fn forward(&self, w: Weight<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+        forward_group(&[(self, w, 0)], x, &[m], y, ldy);
+    }
+
+    /// Whether this kernel's small-batch path reads [`Interleaved`] weights.
+    pub fn wants_interleaved(&self) -> bool {
+        self.small == SmallPath::Integer
     }
 
     /// The large-batch path: the AVX2 dequantizing micro-kernel, or the portable `gemm` crate.
-    fn gemm(&self, w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+    fn gemm(&self, w: &Weight<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => crate::cpu::sgemm::dequant_sgemm(w, x, m, y, ldy),
@@ -126,12 +188,18 @@ impl LinearKernel {
         }
     }
 
-    /// Whether a batch of `m` tokens takes the panel-GEMM path.
-    fn uses_gemm(&self, m: usize) -> bool {
-        m >= self.policy.gemm_min_tokens
+    /// What the kernel does with activations: `q8 blocks` (integer GEMM), `f32`, or both
+    /// with the switch point.
+    pub fn activations(&self) -> String {
+        match (self.small, self.policy.min_tokens(self.small)) {
+            (SmallPath::DequantDot, _) | (SmallPath::Integer, 1) => "f32".into(),
+            (SmallPath::Integer, usize::MAX) => "q8 blocks".into(),
+            (SmallPath::Integer, t) => format!("q8 blocks (m<{t}) | f32"),
+        }
     }
 
-    /// Kernel id for plans, e.g. `cpu.q4_1*q8_1.avx2 (m<32) | cpu.dequant-sgemm.6x16.avx2 (m>=32)`.
+    /// Kernel id for plans, e.g. `cpu.q4_1x8*q8_1.avx2` or
+    /// `cpu.dequant-dot.bf16.avx2 (m<32) | cpu.dequant-sgemm.6x16.avx2 (m>=32)`.
     pub fn id(&self) -> String {
         self.to_string()
     }
@@ -140,14 +208,18 @@ impl LinearKernel {
 impl fmt::Display for LinearKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let small = match self.small {
-            SmallPath::QuantDot(q) => format!("cpu.{}.{}", q.name(), self.isa.name()),
+            SmallPath::Integer => {
+                let w = self.ty.name().to_lowercase();
+                let a = if self.ty == GgmlType::Q4_1 { "q8_1" } else { "q8_0" };
+                format!("cpu.{w}x{GROUP}*{a}.{}", self.isa.name())
+            }
             SmallPath::DequantDot => format!("cpu.dequant-dot.{}.{}", self.ty.name().to_lowercase(), self.isa.name()),
         };
         let large = match self.isa {
             Isa::Avx2 => "cpu.dequant-sgemm.6x16.avx2",
             Isa::Scalar => "cpu.panel-gemm.f32",
         };
-        match self.policy.gemm_min_tokens {
+        match self.policy.min_tokens(self.small) {
             usize::MAX => f.write_str(&small),
             1 => f.write_str(large),
             t => write!(f, "{small} (m<{t}) | {large} (m>={t})"),
@@ -170,26 +242,41 @@ fn rows_per_task(rows: usize, align: usize) -> usize {
 /// long ones), and both paths compute every output row independently of the others, so a
 /// sequence's results are bit-identical whatever it is batched with.
 pub fn forward_group(
-    parts: &[(&LinearKernel, WeightView<'_>, usize)],
+    parts: &[(&LinearKernel, Weight<'_>, usize)],
     x: &[f32],
     segments: &[usize],
     y: &mut [f32],
     ldy: usize,
 ) {
-    let Some(&(first_kern, first, _)) = parts.first() else { return };
-    let k = first.cols;
+    let Some(&(_, first, _)) = parts.first() else { return };
+    let k = first.cols();
     let m: usize = segments.iter().sum();
     assert_eq!(x.len(), m * k, "activation shape");
     for (kern, w, col) in parts {
-        assert_eq!(w.ty, kern.ty, "kernel selected for {} used on {}", kern.ty, w.ty);
-        assert_eq!(w.cols, k, "grouped matrices must share their input width");
-        assert_eq!(kern.policy, first_kern.policy, "grouped matrices must share their path policy");
-        assert!(col + w.rows <= ldy && (m == 0 || y.len() >= (m - 1) * ldy + col + w.rows), "output shape");
+        assert_eq!(w.ty(), kern.ty, "kernel selected for {} used on {}", kern.ty, w.ty());
+        assert_eq!(w.cols(), k, "grouped matrices must share their input width");
+        assert!(col + w.rows() <= ldy && (m == 0 || y.len() >= (m - 1) * ldy + col + w.rows()), "output shape");
     }
+    // Matrices of different types may switch paths at different lengths (an integer Q4_1
+    // next to a dequantized Q6_K): each switch point runs as its own group.
+    let mut switches: Vec<usize> = parts.iter().map(|(kern, _, _)| kern.policy.min_tokens(kern.small)).collect();
+    switches.sort_unstable();
+    switches.dedup();
+    for switch in switches {
+        let class: Vec<_> = parts.iter().copied().filter(|(kern, _, _)| kern.policy.min_tokens(kern.small) == switch).collect();
+        forward_class(&class, switch, x, segments, y, ldy);
+    }
+}
+
+/// [`forward_group`] for matrices that share one switch point: segments of at least `switch`
+/// tokens take the panel GEMM, the others the small path.
+fn forward_class(parts: &[(&LinearKernel, Weight<'_>, usize)], switch: usize, x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
+    let k = parts[0].1.cols();
+    let m: usize = segments.iter().sum();
     let (mut gemm_rows, mut dot_rows) = (Vec::new(), Vec::new());
     let mut r = 0;
     for &len in segments {
-        if first_kern.uses_gemm(len) { &mut gemm_rows } else { &mut dot_rows }.extend(r..r + len);
+        if len >= switch { &mut gemm_rows } else { &mut dot_rows }.extend(r..r + len);
         r += len;
     }
     if gemm_rows.len() == m {
@@ -200,10 +287,11 @@ pub fn forward_group(
         let gm = gemm_rows.len();
         let xg: Vec<f32> = gemm_rows.iter().flat_map(|&i| x[i * k..(i + 1) * k].iter().copied()).collect();
         for &(kern, w, col) in parts {
-            let mut yg = vec![0f32; gm * w.rows];
-            kern.gemm(&w, &xg, gm, &mut yg, w.rows);
+            let n = w.rows();
+            let mut yg = vec![0f32; gm * n];
+            kern.gemm(&w, &xg, gm, &mut yg, n);
             for (t, &i) in gemm_rows.iter().enumerate() {
-                y[i * ldy + col..i * ldy + col + w.rows].copy_from_slice(&yg[t * w.rows..(t + 1) * w.rows]);
+                y[i * ldy + col..i * ldy + col + n].copy_from_slice(&yg[t * n..(t + 1) * n]);
             }
         }
     }
@@ -214,10 +302,10 @@ pub fn forward_group(
 
 /// The small-batch path over the given rows of `x`: one activation quantization, one
 /// parallel region over every weight row of every part.
-fn dot_path(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32], rows: &[usize], y: &mut [f32], ldy: usize) {
-    let k = parts[0].1.cols;
+fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usize], y: &mut [f32], ldy: usize) {
+    let k = parts[0].1.cols();
     let nb = k / Q8_BLOCK;
-    let acts = if parts.iter().any(|(kern, _, _)| matches!(kern.small, SmallPath::QuantDot(_))) {
+    let acts = if parts.iter().any(|(kern, _, _)| kern.small == SmallPath::Integer) {
         let mut a = vec![Q8Block::default(); rows.len() * nb];
         for (&i, ab) in rows.iter().zip(a.chunks_exact_mut(nb)) {
             quantize_q8(&x[i * k..(i + 1) * k], ab);
@@ -226,52 +314,44 @@ fn dot_path(parts: &[(&LinearKernel, WeightView<'_>, usize)], x: &[f32], rows: &
     } else {
         Vec::new()
     };
-    // Tasks are (part, weight-row range) pairs over all parts, sized to balance the pool.
-    let total: usize = parts.iter().map(|(_, w, _)| w.rows).sum();
-    let chunk = rows_per_task(total, 8);
+    // Tasks are (part, weight-row range) pairs over all parts, sized to balance the pool and
+    // aligned to whole interleaved groups.
+    let total: usize = parts.iter().map(|(_, w, _)| w.rows()).sum();
+    let chunk = rows_per_task(total, GROUP);
     let tasks: Vec<(usize, usize, usize)> = parts
         .iter()
         .enumerate()
-        .flat_map(|(p, (_, w, _))| (0..w.rows).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(w.rows))))
+        .flat_map(|(p, (_, w, _))| {
+            let n = w.rows();
+            (0..n).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(n)))
+        })
         .collect();
     let out = SyncPtr::new(y.as_mut_ptr());
     tasks.into_par_iter().for_each(|(p, r0, r1)| {
         let (kern, w, col) = parts[p];
-        match kern.small {
-            SmallPath::QuantDot(q) if rows.len() == 1 => {
-                // One token (the common decode step): all of this task's weight rows in one call,
-                // straight into their (contiguous) output columns.
-                let i = rows[0];
-                let rb = w.data.len() / w.rows;
-                // SAFETY: columns col + r0..col + r1 of output row i are inside y (asserted by the
-                // caller) and belong to this task alone.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(i * ldy + col + r0), r1 - r0) };
-                q.dot_rows(kern.isa, &w.data[r0 * rb..r1 * rb], &acts, dst);
-            }
-            SmallPath::QuantDot(q) => {
-                // Each group of up to MULTI_TOKENS tokens against all of this task's weight
-                // rows in one call; results land row-major (weight row, token).
-                let rb = w.data.len() / w.rows;
-                let mut res = vec![0f32; (r1 - r0) * MULTI_TOKENS];
-                for (ids, ab) in rows.chunks(MULTI_TOKENS).zip(acts.chunks(MULTI_TOKENS * nb)) {
-                    let a: Vec<&[Q8Block]> = ab.chunks_exact(nb).collect();
-                    let res = &mut res[..(r1 - r0) * ids.len()];
-                    q.dot_multi_rows(kern.isa, &w.data[r0 * rb..r1 * rb], &a, res);
-                    for (r, vals) in (r0..r1).zip(res.chunks_exact(ids.len())) {
-                        for (&i, &v) in ids.iter().zip(vals) {
-                            // SAFETY: (i, col + r) is inside y (asserted by the caller); each
-                            // (part, weight row) belongs to one task.
-                            unsafe { *out.get().add(i * ldy + col + r) = v };
-                        }
-                    }
+        match (kern.small, w) {
+            (SmallPath::Integer, Weight::Interleaved(w)) => {
+                let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
+                let width = (g1 - g0) * GROUP;
+                let mut tile = vec![0f32; rows.len() * width];
+                w.gemm(kern.isa, g0, g1, &acts, rows.len(), &mut tile);
+                for (&i, res) in rows.iter().zip(tile.chunks_exact(width)) {
+                    // SAFETY: columns col + r0..col + r1 of output row i are inside y (asserted
+                    // by the caller) and belong to this task alone.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(i * ldy + col + r0), r1 - r0) };
+                    dst.copy_from_slice(&res[..r1 - r0]);
                 }
             }
-            SmallPath::DequantDot => {
+            (SmallPath::Integer, Weight::Rows(_)) => {
+                panic!("{} weights reach the integer kernel as GGML rows: pack them with Interleaved::pack", kern.ty)
+            }
+            (SmallPath::DequantDot, w) => {
                 let mut buf = vec![0f32; k];
                 for r in r0..r1 {
-                    dequantize_row(w.ty, w.row(r), &mut buf);
+                    w.dequantize_row(r, &mut buf);
                     for &i in rows {
-                        // SAFETY: as above.
+                        // SAFETY: (i, col + r) is inside y (asserted by the caller); each
+                        // (part, weight row) belongs to one task.
                         unsafe { *out.get().add(i * ldy + col + r) = dot_f32(kern.isa, &buf, &x[i * k..(i + 1) * k]) };
                     }
                 }
@@ -311,19 +391,19 @@ impl Drop for Chunk {
 
 /// Dequantizes chunks of weight rows to f32 (in parallel) and multiplies each with one
 /// multi-threaded GEMM call.
-fn panel_gemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
-    let k = w.cols;
-    let chunk_rows = (GEMM_CHUNK_BYTES / (4 * k)).clamp(16, w.rows.max(16));
+fn panel_gemm(w: &Weight<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+    let (n_rows, k) = (w.rows(), w.cols());
+    let chunk_rows = (GEMM_CHUNK_BYTES / (4 * k)).clamp(16, n_rows.max(16));
     let threads = rayon::current_num_threads();
     {
-        let mut buf = Chunk::take(chunk_rows.min(w.rows) * k);
+        let mut buf = Chunk::take(chunk_rows.min(n_rows) * k);
         let mut r0 = 0;
-        while r0 < w.rows {
-            let n = chunk_rows.min(w.rows - r0);
+        while r0 < n_rows {
+            let n = chunk_rows.min(n_rows - r0);
             let panel = &mut buf.0[..n * k];
             panel.par_chunks_mut(16 * k).enumerate().for_each(|(i, dst)| {
                 for (j, row) in dst.chunks_exact_mut(k).enumerate() {
-                    dequantize_row(w.ty, w.row(r0 + i * 16 + j), row);
+                    w.dequantize_row(r0 + i * 16 + j, row);
                 }
             });
             // Split the tokens across the pool; each part is a single-threaded GEMM over the

@@ -8,7 +8,8 @@ use crate::checkpoint::{Checkpoint, LoadError, TensorBytes};
 use crate::quant::QuantizedWeight;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::linear::{forward_group, LinearKernel, LinearPolicy, WeightView};
+use tessera_kernels::cpu::interleaved::Interleaved;
+use tessera_kernels::linear::{forward_group, LinearKernel, LinearPolicy, Weight, WeightView};
 use tessera_kernels::quant::QuantLinear;
 
 /// One row of the per-layer plan: what a weight is stored as and which kernel runs it.
@@ -20,8 +21,8 @@ pub struct PlanEntry {
     pub scheme: String,
     /// Storage, e.g. `Q4_1`, `BF16`, `int4 g128 sym`.
     pub storage: String,
-    /// Run-time activation handling (`f32`, `int8/token`, `fp8/token`; GGML dot paths
-    /// quantize to Q8 blocks below the GEMM threshold, see the kernel id).
+    /// Run-time activation handling (`f32`, `int8/token`, `fp8/token`, `q8 blocks` for the
+    /// GGML integer GEMM).
     pub activations: String,
     /// `[rows, cols]`.
     pub shape: [usize; 2],
@@ -34,8 +35,10 @@ pub struct PlanEntry {
 /// The weights and their kernel.
 #[derive(Debug)]
 enum Weights {
-    /// A GGML-typed tensor (GGUF or float) with its two-path kernel.
+    /// A GGML-typed tensor (GGUF or float), read in place, with its two-path kernel.
     Ggml { ty: GgmlType, data: TensorBytes, kernel: LinearKernel },
+    /// Q4_0 / Q4_1 / Q8_0 regrouped at load for the integer GEMM (the file's rows are not kept).
+    Interleaved { w: Interleaved, kernel: LinearKernel },
     /// A checkpoint-quantized matrix with its kernel.
     Quant { op: QuantLinear, scheme: String, note: Option<String> },
 }
@@ -76,9 +79,14 @@ impl Linear {
         if t.shape != [rows, cols] {
             return Err(LoadError::Tensor { name: t.source_name.clone(), msg: format!("shape {:?}, expected [{rows}, {cols}]", t.shape) });
         }
-        WeightView::new(t.ty, rows, cols, t.data.bytes()).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
+        let view = WeightView::new(t.ty, rows, cols, t.data.bytes()).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
         let kernel = LinearKernel::select(t.ty, caps, policy);
-        Ok(Linear { name: name.into(), rows, cols, w: Weights::Ggml { ty: t.ty, data: t.data.clone(), kernel } })
+        let w = if kernel.wants_interleaved() {
+            Weights::Interleaved { w: Interleaved::pack(&view).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?, kernel }
+        } else {
+            Weights::Ggml { ty: t.ty, data: t.data.clone(), kernel }
+        };
+        Ok(Linear { name: name.into(), rows, cols, w })
     }
 
     /// Output features.
@@ -107,8 +115,9 @@ impl Linear {
         for l in layers {
             match &l.w {
                 Weights::Ggml { ty, data, kernel } => {
-                    ggml.push((kernel, WeightView { ty: *ty, rows: l.rows, cols: l.cols, data: data.bytes() }, col))
+                    ggml.push((kernel, Weight::Rows(WeightView { ty: *ty, rows: l.rows, cols: l.cols, data: data.bytes() }), col))
                 }
+                Weights::Interleaved { w, kernel } => ggml.push((kernel, Weight::Interleaved(w), col)),
                 Weights::Quant { op, .. } => op.forward(x, m, &mut y[col..], ldy),
             }
             col += l.rows;
@@ -123,9 +132,9 @@ impl Linear {
         let (scheme, storage, activations, kernel, note) = match &self.w {
             Weights::Ggml { ty, kernel, .. } => {
                 let scheme = if ty.is_float() { "float" } else { "gguf" };
-                let act = if ty.is_float() { "f32" } else { "q8 blocks (small m) | f32" };
-                (scheme.to_string(), ty.name().to_string(), act.to_string(), kernel.id(), None)
+                (scheme.to_string(), ty.name().to_string(), kernel.activations(), kernel.id(), None)
             }
+            Weights::Interleaved { w, kernel } => ("gguf".to_string(), w.ty().name().to_string(), kernel.activations(), kernel.id(), None),
             Weights::Quant { op, scheme, note } => (scheme.clone(), op.matrix().storage(), op.act().name().to_string(), op.id(), note.clone()),
         };
         PlanEntry { tensor: self.name.clone(), scheme, storage, activations, shape: [self.rows, self.cols], kernel, note }

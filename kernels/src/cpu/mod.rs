@@ -2,6 +2,7 @@
 
 pub mod caps;
 pub mod dot;
+pub mod interleaved;
 #[cfg(target_arch = "x86_64")]
 pub mod sgemm;
 pub(crate) mod simd;

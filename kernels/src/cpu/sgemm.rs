@@ -7,8 +7,7 @@
 //! group is reused by every token while it sits in L2.
 
 use crate::cpu::SyncPtr;
-use crate::ggml::dequantize_row;
-use crate::linear::WeightView;
+use crate::linear::Weight;
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 
@@ -19,11 +18,11 @@ pub const MR: usize = 6;
 
 
 /// Dequantizes weight rows `r0..r0 + n` (n <= 16) into a zero-padded `k × 16` sliver.
-fn pack_sliver(w: &WeightView<'_>, r0: usize, n: usize, row: &mut [f32], sliver: &mut [f32]) {
-    let k = w.cols;
+fn pack_sliver(w: &Weight<'_>, r0: usize, n: usize, row: &mut [f32], sliver: &mut [f32]) {
+    let k = w.cols();
     for c in 0..NR {
         if c < n {
-            dequantize_row(w.ty, w.row(r0 + c), row);
+            w.dequantize_row(r0 + c, row);
             for (kk, &v) in row.iter().enumerate() {
                 sliver[kk * NR + c] = v;
             }
@@ -94,12 +93,12 @@ unsafe fn micro_rows(rows: usize, x: *const f32, ldx: usize, b: *const f32, k: u
 ///
 /// # Panics
 /// Without AVX2+FMA (callers select this kernel only when present) or on shape mismatch.
-pub fn dequant_sgemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+pub fn dequant_sgemm(w: &Weight<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
     assert!(crate::cpu::Isa::Avx2.available(), "AVX2 GEMM on a CPU without AVX2+FMA");
-    let k = w.cols;
+    let (n_rows, k) = (w.rows(), w.cols());
     assert_eq!(x.len(), m * k);
-    assert!(ldy >= w.rows && (m == 0 || y.len() >= (m - 1) * ldy + w.rows));
-    let slivers = w.rows.div_ceil(NR);
+    assert!(ldy >= n_rows && (m == 0 || y.len() >= (m - 1) * ldy + n_rows));
+    let slivers = n_rows.div_ceil(NR);
     // Slivers per task: enough tasks to balance the pool, and a packed group <= 256 KiB (L2).
     let by_cache = ((256 << 10) / (k * NR * 4)).max(1);
     let group = slivers.div_ceil(rayon::current_num_threads() * 4).clamp(1, by_cache);
@@ -111,7 +110,7 @@ pub fn dequant_sgemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy
             let s1 = (s0 + group).min(slivers);
             for s in s0..s1 {
                 let r0 = s * NR;
-                let n = NR.min(w.rows - r0);
+                let n = NR.min(n_rows - r0);
                 pack_sliver(w, r0, n, row, &mut packed[(s - s0) * k * NR..(s - s0 + 1) * k * NR]);
             }
             let mut i0 = 0;
@@ -119,7 +118,7 @@ pub fn dequant_sgemm(w: &WeightView<'_>, x: &[f32], m: usize, y: &mut [f32], ldy
                 let rows = MR.min(m - i0);
                 for s in s0..s1 {
                     let r0 = s * NR;
-                    let n = NR.min(w.rows - r0);
+                    let n = NR.min(n_rows - r0);
                     // SAFETY: AVX2+FMA asserted; x rows i0..i0+rows exist (k floats each); the
                     // sliver holds k*16 floats; y rows i0.. have n writable columns at r0 (checked
                     // above), and this task alone writes columns of slivers s0..s1.

@@ -4,6 +4,7 @@
 //! the same 32-value blocking. Scales are rounded through f16 exactly as llama.cpp
 //! stores them, so results match its kernels number for number.
 
+use crate::cpu::Isa;
 use half::f16;
 
 /// Values per activation block.
@@ -17,24 +18,85 @@ pub struct Q8Block {
     pub d: f32,
     /// `d * Σ qs` (f16-rounded), the block sum needed by Q4_1/Q5_1 weights.
     pub s: f32,
+    /// `Σ qs` exactly (the offset correction of Q4_0 weights).
+    pub sum: i32,
     /// Quantized values in [-127, 127].
     pub qs: [i8; Q8_BLOCK],
 }
 
-/// Quantizes `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks), absmax / 127 per block.
+/// Quantizes `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks), absmax / 127
+/// per block, values rounded half away from zero; the AVX2 version where the CPU has it.
 pub fn quantize_q8(x: &[f32], out: &mut [Q8Block]) {
+    let isa = if Isa::Avx2.available() { Isa::Avx2 } else { Isa::Scalar };
+    quantize_q8_with(isa, x, out);
+}
+
+/// [`quantize_q8`] at an explicit ISA level; every level gives the same bytes.
+///
+/// # Panics
+/// If `isa` is unavailable or the lengths disagree.
+pub fn quantize_q8_with(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
     assert_eq!(x.len(), out.len() * Q8_BLOCK, "activation length is not whole Q8 blocks");
     for (blk, xs) in out.iter_mut().zip(x.chunks_exact(Q8_BLOCK)) {
+        let xs: &[f32; Q8_BLOCK] = xs.try_into().expect("32 values");
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, &v) in blk.qs.iter_mut().zip(xs) {
-            let r = (v * id).round() as i32;
-            *q = r as i8;
-            sum += r;
-        }
+        let sum = match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2");
+                // SAFETY: AVX2 present (checked above).
+                unsafe { avx2::round_block(xs, id, &mut blk.qs) }
+            }
+            _ => {
+                let mut sum = 0i32;
+                for (q, &v) in blk.qs.iter_mut().zip(xs) {
+                    let r = (v * id).round() as i32;
+                    *q = r as i8;
+                    sum += r;
+                }
+                sum
+            }
+        };
+        blk.sum = sum;
         blk.d = f16::from_f32(d).to_f32();
         blk.s = f16::from_f32(sum as f32 * d).to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// `qs[i] = round(x[i] * id)` (half away from zero, as `f32::round`); returns `Σ qs`.
+    #[target_feature(enable = "avx2,fma")]
+    pub fn round_block(x: &[f32; 32], id: f32, qs: &mut [i8; 32]) -> i32 {
+        let sign = _mm256_set1_ps(-0.0);
+        let half = _mm256_set1_ps(0.5);
+        let one = _mm256_set1_ps(1.0);
+        let mut ints = [_mm256_setzero_si256(); 4];
+        for (i, v) in ints.iter_mut().enumerate() {
+            let c: &[f32; 8] = x[8 * i..8 * i + 8].try_into().expect("8 values");
+            // SAFETY: `c` is 8 readable floats.
+            let p = _mm256_mul_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, _mm256_set1_ps(id));
+            // Truncate, then step one away from zero where the dropped fraction is >= 1/2
+            // (exact: the fraction of a float below 2^23 is representable).
+            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
+            let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(p, t));
+            let step = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), _mm256_or_ps(_mm256_and_ps(p, sign), one));
+            *v = _mm256_cvtps_epi32(_mm256_add_ps(t, step));
+        }
+        let total = _mm256_add_epi32(_mm256_add_epi32(ints[0], ints[1]), _mm256_add_epi32(ints[2], ints[3]));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256::<1>(total));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0x4E>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0xB1>(s));
+        // i32 -> i16 -> i8 packs interleave the 128-bit halves; one permute restores the order.
+        let w01 = _mm256_packs_epi32(ints[0], ints[1]);
+        let w23 = _mm256_packs_epi32(ints[2], ints[3]);
+        let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: `qs` is 32 writable bytes.
+        unsafe { _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, b) };
+        _mm_cvtsi128_si32(s)
     }
 }

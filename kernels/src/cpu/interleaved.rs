@@ -1,0 +1,474 @@
+//! GGML Q4_0 / Q4_1 / Q8_0 weights regrouped eight rows at a time, and the integer GEMM
+//! that multiplies them with per-token Q8 activation blocks.
+//!
+//! Layout: rows are taken in groups of [`GROUP`] (the last group zero-padded). For each group
+//! and each 32-value block there is one record: the eight rows' f16 scales, for Q4_1 then their
+//! f16 mins, then their code bytes interleaved four at a time (chunk `i`, bytes `4j..4j + 4` are
+//! row `j`'s code bytes `4i..4i + 4`). A 256-bit load of a chunk puts one row in each 32-bit
+//! lane, so `vpmaddubsw` against four broadcast activation bytes makes partial sums for eight
+//! rows at once, and the per-block scale epilogue runs once per eight rows instead of once per
+//! row. A group's records are contiguous: while the tokens pass over a group, its weights
+//! (18 records, 2.9 KiB of Q4_1 at 576 columns) stay in L1. The repacked matrix has the same
+//! size as the GGML rows.
+//!
+//! Numerics, per (row, token), block by block in order: `acc = fma(isum as f32, d_w * d_a, acc)`,
+//! then for Q4_1 `acc = fma(m_w, s_a, acc)`, with `isum` the exact integer dot product. The
+//! scalar and AVX2 kernels perform exactly these operations, so they agree bit for bit, and a
+//! token's result never depends on which other tokens share the call.
+
+use super::caps::Isa;
+use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
+use crate::ggml::GgmlType;
+use crate::linear::WeightView;
+use half::f16;
+
+/// Weight rows per interleaved group (one per 32-bit lane of a 256-bit register).
+pub const GROUP: usize = 8;
+
+/// Most tokens one pass over a group's blocks serves; more tokens take further passes while
+/// the group is still in L1.
+const TILE: usize = 4;
+
+/// Tokens whose activations (48 bytes per 32 values) are reused across all groups of a call
+/// before the next tokens are read: 32 tokens of 576 values are 27 KiB.
+const TOKEN_BLOCK: usize = 32;
+
+/// A Q4_0, Q4_1 or Q8_0 matrix in the interleaved layout.
+#[derive(Clone, Debug)]
+pub struct Interleaved {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+/// Byte geometry of one record.
+#[derive(Clone, Copy)]
+struct Record {
+    /// Bytes of one GGML block of this type.
+    block: usize,
+    /// Offset of the code bytes inside a GGML block.
+    block_codes: usize,
+    /// Code bytes per row per block (16 for 4-bit, 32 for 8-bit).
+    codes: usize,
+    /// Offset of the interleaved codes inside a record (after scales and mins).
+    codes_at: usize,
+}
+
+impl Record {
+    fn of(ty: GgmlType) -> Option<Self> {
+        match ty {
+            GgmlType::Q4_0 => Some(Record {
+                block: 18,
+                block_codes: 2,
+                codes: 16,
+                codes_at: 16,
+            }),
+            GgmlType::Q4_1 => Some(Record {
+                block: 20,
+                block_codes: 4,
+                codes: 16,
+                codes_at: 32,
+            }),
+            GgmlType::Q8_0 => Some(Record {
+                block: 34,
+                block_codes: 2,
+                codes: 32,
+                codes_at: 16,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one record (eight rows' blocks).
+    fn bytes(self) -> usize {
+        self.codes_at + GROUP * self.codes
+    }
+
+    /// Offset in a record of row `j`'s code byte `c`.
+    fn code(self, j: usize, c: usize) -> usize {
+        self.codes_at + (c / 4) * 4 * GROUP + 4 * j + c % 4
+    }
+}
+
+impl Interleaved {
+    /// Whether `ty` has an interleaved form and integer kernel.
+    pub fn supports(ty: GgmlType) -> bool {
+        Record::of(ty).is_some()
+    }
+
+    /// Regroups GGML rows; fails for other types.
+    pub fn pack(w: &WeightView<'_>) -> Result<Self, String> {
+        let rec = Record::of(w.ty)
+            .ok_or_else(|| format!("{} has no interleaved integer layout", w.ty))?;
+        let nb = w.cols / Q8_BLOCK;
+        let groups = w.rows.div_ceil(GROUP);
+        let mut data = vec![0u8; groups * nb * rec.bytes()];
+        for (g, group) in data.chunks_exact_mut(nb * rec.bytes()).enumerate() {
+            for (j, r) in (g * GROUP..(g * GROUP + GROUP).min(w.rows)).enumerate() {
+                let row = w.row(r);
+                for (b, dst) in group.chunks_exact_mut(rec.bytes()).enumerate() {
+                    let src = &row[b * rec.block..(b + 1) * rec.block];
+                    dst[2 * j..2 * j + 2].copy_from_slice(&src[..2]);
+                    if w.ty == GgmlType::Q4_1 {
+                        dst[16 + 2 * j..16 + 2 * j + 2].copy_from_slice(&src[2..4]);
+                    }
+                    for c in 0..rec.codes {
+                        dst[rec.code(j, c)] = src[rec.block_codes + c];
+                    }
+                }
+            }
+        }
+        Ok(Interleaved {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            data,
+        })
+    }
+
+    /// Storage type of the rows.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Output features (N).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (K).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn record(&self) -> Record {
+        Record::of(self.ty).expect("constructed for a supported type")
+    }
+
+    /// The records of group `g`.
+    fn group(&self, g: usize) -> &[u8] {
+        let len = self.cols / Q8_BLOCK * self.record().bytes();
+        &self.data[g * len..(g + 1) * len]
+    }
+
+    /// Row `r` as f32, exactly as GGML's dequantization of the original row.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(
+            r < self.rows && out.len() == self.cols,
+            "row {r} of {}x{}",
+            self.rows,
+            self.cols
+        );
+        let rec = self.record();
+        let j = r % GROUP;
+        for (blk, out) in self
+            .group(r / GROUP)
+            .chunks_exact(rec.bytes())
+            .zip(out.chunks_exact_mut(Q8_BLOCK))
+        {
+            let d = f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
+            let byte = |c: usize| blk[rec.code(j, c)];
+            match self.ty {
+                GgmlType::Q8_0 => out
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(c, o)| *o = byte(c) as i8 as f32 * d),
+                _ => {
+                    let m = if self.ty == GgmlType::Q4_1 {
+                        f16::from_le_bytes([blk[16 + 2 * j], blk[17 + 2 * j]]).to_f32()
+                    } else {
+                        0.0
+                    };
+                    for c in 0..16 {
+                        let (lo, hi) = ((byte(c) & 0x0F) as f32, (byte(c) >> 4) as f32);
+                        (out[c], out[c + 16]) = match self.ty {
+                            GgmlType::Q4_0 => ((lo - 8.0) * d, (hi - 8.0) * d),
+                            _ => (lo * d + m, hi * d + m),
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows of groups `g0..g1` against `tokens` activation rows of `cols / 32` blocks each
+    /// (`acts`, token-major): `out[t * w + i]` is row `g0 * 8 + i` for token `t`, with
+    /// `w = (g1 - g0) * 8` (padding rows of the last group give zeros).
+    ///
+    /// # Panics
+    /// If `isa` is unavailable or a length disagrees.
+    pub fn gemm(
+        &self,
+        isa: Isa,
+        g0: usize,
+        g1: usize,
+        acts: &[Q8Block],
+        tokens: usize,
+        out: &mut [f32],
+    ) {
+        let nb = self.cols / Q8_BLOCK;
+        assert!(
+            g0 <= g1 && g1 <= self.rows.div_ceil(GROUP),
+            "groups {g0}..{g1}"
+        );
+        assert_eq!(acts.len(), tokens * nb, "activation blocks");
+        assert_eq!(out.len(), tokens * (g1 - g0) * GROUP, "output tile");
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                assert!(
+                    isa.available(),
+                    "AVX2 kernel requested on a CPU without AVX2+FMA"
+                );
+                // SAFETY: AVX2+FMA+F16C present (checked); lengths checked above.
+                unsafe { avx2::gemm(self, g0, g1, acts, tokens, out) }
+            }
+            _ => self.gemm_scalar(g0, g1, acts, tokens, out),
+        }
+    }
+
+    /// The scalar kernel: the reference the AVX2 kernel must equal bit for bit.
+    fn gemm_scalar(&self, g0: usize, g1: usize, acts: &[Q8Block], tokens: usize, out: &mut [f32]) {
+        let rec = self.record();
+        let nb = self.cols / Q8_BLOCK;
+        let width = (g1 - g0) * GROUP;
+        for g in g0..g1 {
+            for t in 0..tokens {
+                for j in 0..GROUP {
+                    let mut acc = 0f32;
+                    for (blk, a) in self
+                        .group(g)
+                        .chunks_exact(rec.bytes())
+                        .zip(&acts[t * nb..(t + 1) * nb])
+                    {
+                        let d = f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
+                        let byte = |c: usize| blk[rec.code(j, c)];
+                        let isum: i32 = match self.ty {
+                            GgmlType::Q8_0 => {
+                                (0..32).map(|c| byte(c) as i8 as i32 * a.qs[c] as i32).sum()
+                            }
+                            _ => (0..16)
+                                .map(|c| {
+                                    (byte(c) & 0x0F) as i32 * a.qs[c] as i32
+                                        + (byte(c) >> 4) as i32 * a.qs[c + 16] as i32
+                                })
+                                .sum(),
+                        };
+                        let isum = if self.ty == GgmlType::Q4_0 {
+                            isum - 8 * a.sum
+                        } else {
+                            isum
+                        };
+                        acc = (isum as f32).mul_add(d * a.d, acc);
+                        if self.ty == GgmlType::Q4_1 {
+                            let m = f16::from_le_bytes([blk[16 + 2 * j], blk[17 + 2 * j]]).to_f32();
+                            acc = m.mul_add(a.s, acc);
+                        }
+                    }
+                    out[t * width + (g - g0) * GROUP + j] = acc;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Interleaved, GROUP, TILE, TOKEN_BLOCK};
+    use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
+    use crate::ggml::GgmlType;
+    use std::arch::x86_64::*;
+
+    /// See [`Interleaved::gemm`].
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; lengths as [`Interleaved::gemm`] checks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gemm(
+        w: &Interleaved,
+        g0: usize,
+        g1: usize,
+        acts: &[Q8Block],
+        tokens: usize,
+        out: &mut [f32],
+    ) {
+        let nb = w.cols / Q8_BLOCK;
+        let width = (g1 - g0) * GROUP;
+        // Blocks of tokens whose activations stay in L1/L2 while every group passes over them.
+        for tb in (0..tokens).step_by(TOKEN_BLOCK) {
+            for g in g0..g1 {
+                let recs = w.group(g);
+                let mut t0 = tb;
+                while t0 < tokens.min(tb + TOKEN_BLOCK) {
+                    let n = TILE.min(tokens.min(tb + TOKEN_BLOCK) - t0);
+                    let a = &acts[t0 * nb..(t0 + n) * nb];
+                    let dst = &mut out[t0 * width + (g - g0) * GROUP..];
+                    // SAFETY: forwarded contract; `a` holds n token rows of nb blocks and `dst` n
+                    // output rows of stride `width` with GROUP columns each.
+                    unsafe {
+                        match (w.ty, n) {
+                            (GgmlType::Q4_1, 4) => q4::<4, true>(recs, a, dst, width),
+                            (GgmlType::Q4_1, 3) => q4::<3, true>(recs, a, dst, width),
+                            (GgmlType::Q4_1, 2) => q4::<2, true>(recs, a, dst, width),
+                            (GgmlType::Q4_1, _) => q4::<1, true>(recs, a, dst, width),
+                            (GgmlType::Q4_0, 4) => q4::<4, false>(recs, a, dst, width),
+                            (GgmlType::Q4_0, 3) => q4::<3, false>(recs, a, dst, width),
+                            (GgmlType::Q4_0, 2) => q4::<2, false>(recs, a, dst, width),
+                            (GgmlType::Q4_0, _) => q4::<1, false>(recs, a, dst, width),
+                            (_, 4) => q8::<4>(recs, a, dst, width),
+                            (_, 3) => q8::<3>(recs, a, dst, width),
+                            (_, 2) => q8::<2>(recs, a, dst, width),
+                            (_, _) => q8::<1>(recs, a, dst, width),
+                        }
+                    }
+                    t0 += n;
+                }
+            }
+        }
+    }
+
+    /// Four activation bytes `4i..4i + 4` of a block, broadcast to every lane.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn bcast(a: &Q8Block, i: usize) -> __m256i {
+        assert!(i < Q8_BLOCK / 4);
+        // SAFETY: bytes 4i..4i + 4 of the 32 activation bytes.
+        _mm256_set1_epi32(unsafe { (a.qs.as_ptr().add(4 * i) as *const i32).read_unaligned() })
+    }
+
+    /// Eight f16 values at `p` as f32.
+    ///
+    /// # Safety
+    /// `p` points to 16 readable bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn f16x8(p: *const u8) -> __m256 {
+        // SAFETY: caller's contract.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+
+    /// Writes T accumulators (8 rows each) to rows of `dst` at stride `width`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn store<const T: usize>(acc: &[__m256; T], dst: &mut [f32], width: usize) {
+        for (t, v) in acc.iter().enumerate() {
+            let d: &mut [f32; 8] = (&mut dst[t * width..t * width + GROUP])
+                .try_into()
+                .expect("8 outputs");
+            // SAFETY: `d` is 8 writable floats.
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), *v) };
+        }
+    }
+
+    /// 4-bit records (Q4_1 when `MIN`, else Q4_0) against T tokens.
+    ///
+    /// # Safety
+    /// `recs` holds whole records of the type; `a` holds T rows of as many blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4<const T: usize, const MIN: bool>(
+        recs: &[u8],
+        a: &[Q8Block],
+        dst: &mut [f32],
+        width: usize,
+    ) {
+        let rb = if MIN { 160 } else { 144 };
+        let nb = recs.len() / rb;
+        let codes = if MIN { 32 } else { 16 };
+        let mask = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            let rec = &recs[b * rb..(b + 1) * rb];
+            // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
+            let d = unsafe { f16x8(rec.as_ptr()) };
+            let m = if MIN {
+                unsafe { f16x8(rec.as_ptr().add(16)) }
+            } else {
+                _mm256_setzero_ps()
+            };
+            let mut lo = [_mm256_setzero_si256(); 4];
+            let mut hi = [_mm256_setzero_si256(); 4];
+            for i in 0..4 {
+                let c: &[u8; 32] = rec[codes + 32 * i..codes + 32 * i + 32]
+                    .try_into()
+                    .expect("32 bytes");
+                // SAFETY: `c` is 32 readable bytes.
+                let p = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
+                lo[i] = _mm256_and_si256(p, mask);
+                hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(p), mask);
+            }
+            for t in 0..T {
+                let ab = &a[t * nb + b];
+                // |products| <= 2 * 15 * 127 per pair and 8 pairs per lane: fits in i16.
+                let mut s = _mm256_maddubs_epi16(lo[0], bcast(ab, 0));
+                for (i, (l, h)) in lo.iter().zip(&hi).enumerate() {
+                    if i > 0 {
+                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*l, bcast(ab, i)));
+                    }
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*h, bcast(ab, 4 + i)));
+                }
+                let mut isum = _mm256_madd_epi16(s, ones);
+                if !MIN {
+                    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * ab.sum));
+                }
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(isum),
+                    _mm256_mul_ps(d, _mm256_set1_ps(ab.d)),
+                    acc[t],
+                );
+                if MIN {
+                    acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab.s), acc[t]);
+                }
+            }
+        }
+        store::<T>(&acc, dst, width);
+    }
+
+    /// Q8_0 records against T tokens.
+    ///
+    /// # Safety
+    /// `recs` holds whole Q8_0 records; `a` holds T rows of as many blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        const RB: usize = 16 + 32 * GROUP;
+        let nb = recs.len() / RB;
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            let rec = &recs[b * RB..(b + 1) * RB];
+            // SAFETY: a record starts with 16 bytes of scales.
+            let d = unsafe { f16x8(rec.as_ptr()) };
+            let mut w = [_mm256_setzero_si256(); 8];
+            let mut wabs = [_mm256_setzero_si256(); 8];
+            for i in 0..8 {
+                let c: &[u8; 32] = rec[16 + 32 * i..16 + 32 * i + 32]
+                    .try_into()
+                    .expect("32 bytes");
+                // SAFETY: `c` is 32 readable bytes.
+                w[i] = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
+                wabs[i] = _mm256_sign_epi8(w[i], w[i]);
+            }
+            for t in 0..T {
+                let ab = &a[t * nb + b];
+                // |w| * (a with w's sign): pairs <= 2 * 127 * 127, so widen every chunk to i32.
+                let mut isum = _mm256_setzero_si256();
+                for i in 0..8 {
+                    let p = _mm256_maddubs_epi16(wabs[i], _mm256_sign_epi8(bcast(ab, i), w[i]));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+                }
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(isum),
+                    _mm256_mul_ps(d, _mm256_set1_ps(ab.d)),
+                    acc[t],
+                );
+            }
+        }
+        store::<T>(&acc, dst, width);
+    }
+}
