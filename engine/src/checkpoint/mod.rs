@@ -195,6 +195,19 @@ impl TensorBytes {
         }
     }
 
+    /// Drops these bytes' pages from the process's resident set; for owned bytes, nothing.
+    /// Called once a tensor has been repacked into memory of its own, so that its file pages
+    /// do not count twice. Pages read again later come back from the file.
+    pub fn release_pages(&self) {
+        #[cfg(unix)]
+        if let TensorBytes::Mapped(m, r) = self {
+            // SAFETY: the map is a read-only file map: MADV_DONTNEED only drops this process's
+            // page-table entries, and any later read faults the same bytes back in from the file.
+            // Failure (an unsupported platform) just leaves the pages resident.
+            let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, r.start, r.len()) };
+        }
+    }
+
     /// Bytes `range` of these (still mapped when these are).
     fn slice(&self, range: Range<usize>) -> TensorBytes {
         match self {

@@ -82,7 +82,9 @@ impl Linear {
         let view = WeightView::new(t.ty, rows, cols, t.data.bytes()).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
         let kernel = LinearKernel::select(t.ty, caps, policy);
         let w = if kernel.wants_interleaved() {
-            Weights::Interleaved { w: Interleaved::pack(&view).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?, kernel }
+            let w = Interleaved::pack(&view).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
+            t.data.release_pages();
+            Weights::Interleaved { w, kernel }
         } else {
             Weights::Ggml { ty: t.ty, data: t.data.clone(), kernel }
         };
