@@ -1,6 +1,9 @@
 //! A checkpoint loaded and ready to run: tokenizer plus model.
 
 use crate::checkpoint::{Checkpoint, LoadError};
+use crate::kv::centering::CALIBRATION_TEXT;
+use crate::kv::{KvLayout, KvLayoutError, KvRequest};
+use std::sync::Arc;
 use crate::model::LlamaModel;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
@@ -27,6 +30,14 @@ impl LoadedModel {
         let caps = CpuCaps::detect();
         let model = LlamaModel::load(&checkpoint, &caps, policy)?;
         Ok(LoadedModel { checkpoint, tokenizer, model, caps })
+    }
+
+    /// The KV-cache layout for the formats `req` asks for, with keys centered for the formats
+    /// that gain from it, calibrated on [`CALIBRATION_TEXT`] (see [`LlamaModel::kv_layout_calibrated`]).
+    pub fn kv_layout(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvLayoutError> {
+        let mut tokens: Vec<u32> = self.tokenizer.special().bos.filter(|_| self.tokenizer.special().add_bos).into_iter().collect();
+        tokens.extend(self.tokenizer.encode(CALIBRATION_TEXT).map_err(KvLayoutError::Calibration)?);
+        self.model.kv_layout_calibrated(req, block_size, seed, &tokens)
     }
 
     /// Token ids that end generation (the checkpoint's EOS set).

@@ -245,3 +245,68 @@ fn batching_does_not_change_results() {
     assert!(mixed[0] == alone[1][1], "decode step next to a long prefill differs from alone");
     assert!(mixed[1] == alone[3][0], "long prefill next to a decode step differs from alone");
 }
+
+/// Key centering leaves attention unchanged: with keys stored exactly (f32) but shifted by
+/// large random per-layer centers, the logits equal the uncentered ones up to f32 rounding
+/// of the shifted keys and scores (bound 1e-4 of the logit spread). The float path is used:
+/// with int8 activations a perturbation of 1e-6 already flips roundings (measured: 2.6% of
+/// the spread), which would hide what this test is about.
+#[test]
+fn key_centering_is_invisible_to_attention() {
+    use rand::{Rng, SeedableRng};
+    let lm = model_with(LinearPolicy::ALWAYS_GEMM);
+    let m = &lm.model;
+    let tokens = lm.tokenizer.encode("The quick brown fox jumps over the lazy dog, and then it rests.").unwrap();
+    let plain = forward_all(m, &tokens);
+    let mut layout = m.kv_layout(tessera_engine::kv::KvDtype::default(), tessera_engine::kv::DEFAULT_BLOCK_SIZE, 0).unwrap();
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let centers: Vec<Vec<f32>> = (0..m.config().num_layers).map(|_| (0..m.kv_width()).map(|_| r.gen_range(-4.0..4.0)).collect()).collect();
+    std::sync::Arc::get_mut(&mut layout).unwrap().set_key_centers(centers).unwrap();
+    assert!(layout.describe().contains("keys centered"));
+    let mut kv = LocalKv::new(layout, tokens.len());
+    let centered = m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0);
+    let vocab = m.config().vocab_size;
+    for (t, (a, b)) in centered.chunks(vocab).zip(plain.chunks(vocab)).enumerate() {
+        let e = rel_err(a, b);
+        assert!(e < 1e-4, "token {t}: centered keys moved the logits by {e} of the spread");
+    }
+}
+
+/// The calibration mean equals the mean of the keys an f32 cache holds after the same
+/// forward pass, read back page by page (an independent path), and centering on it removes
+/// a large share of the key energy (what the compressed formats gain from).
+#[test]
+fn key_means_are_the_cached_keys_mean() {
+    let lm = model();
+    let m = &lm.model;
+    let tokens = lm.tokenizer.encode(tessera_engine::kv::centering::CALIBRATION_TEXT).unwrap();
+    let means = tessera_engine::kv::centering::key_means(m, &tokens).unwrap();
+    let mut kv = m.local_kv(tokens.len());
+    m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: None }]).unwrap();
+    let (hd, heads) = (m.config().head_dim, m.config().num_kv_heads);
+    for (layer, mean) in means.iter().enumerate() {
+        let view = kv.view(layer, tokens.len());
+        let (mut sum, mut energy, mut row) = (vec![0f64; hd * heads], vec![0f64; 2], vec![0f32; hd]);
+        let mut keys = Vec::new();
+        for tile in &view.tiles {
+            let pb = view.k.page_bytes(tile.slots);
+            for slot in 0..tile.len {
+                for g in 0..heads {
+                    let page = tessera_kernels::kv::KvPage { bytes: &tile.keys[g * pb..(g + 1) * pb], tokens: tile.slots };
+                    view.k.decode(g, page, slot..slot + 1, &mut row);
+                    keys.extend_from_slice(&row);
+                    row.iter().enumerate().for_each(|(c, &x)| sum[g * hd + c] += x as f64);
+                }
+            }
+        }
+        let n = tokens.len() as f64;
+        for (c, (&got, s)) in mean.iter().zip(&sum).enumerate() {
+            assert!((got as f64 - s / n).abs() <= 1e-5 * (1.0 + (s / n).abs()), "layer {layer} channel {c}: {got} vs {}", s / n);
+        }
+        for k in keys.chunks(hd * heads) {
+            energy[0] += k.iter().map(|&x| (x as f64).powi(2)).sum::<f64>();
+            energy[1] += k.iter().zip(mean).map(|(&x, &m)| (x as f64 - m as f64).powi(2)).sum::<f64>();
+        }
+        assert!(energy[1] < 0.8 * energy[0], "layer {layer}: centering kept {:.2} of the key energy", energy[1] / energy[0]);
+    }
+}

@@ -137,6 +137,14 @@ impl SequenceKv for PagedSeqKv<'_> {
         assert!(pos >= self.shared_len, "write at {pos} into a shared block (shared up to {})", self.shared_len);
         assert!(k.len() == v.len() && k.len().is_multiple_of(kw));
         let tokens = k.len() / kw;
+        let centered: Vec<f32>;
+        let k = match layout.key_center(layer) {
+            Some(c) => {
+                centered = k.chunks_exact(kw).flat_map(|row| row.iter().zip(c).map(|(x, m)| x - m)).collect();
+                &centered[..]
+            }
+            None => k,
+        };
         let (kc, vc) = layout.codecs(layer);
         let (kr, vr) = layout.regions(layer);
         // Pages to write: (first token, tokens, role, head); each a distinct page.

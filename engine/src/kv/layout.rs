@@ -78,6 +78,17 @@ impl fmt::Display for KvRequest {
     }
 }
 
+/// Why a model's KV-cache layout could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KvLayoutError {
+    /// A format the model's geometry or the role refuses.
+    #[error(transparent)]
+    Format(#[from] KvFormatError),
+    /// The key-centering calibration pass failed.
+    #[error("key-centering calibration: {0}")]
+    Calibration(String),
+}
+
 /// Alignment of each (layer, role) region inside a block: keeps f32 pages readable in place.
 const REGION_ALIGN: usize = 8;
 
@@ -92,6 +103,9 @@ pub struct KvLayout {
     offsets: Vec<(usize, usize)>,
     /// Per layer: the static (key, value) scales of 8-bit sides that use the checkpoint's.
     static_scales: Vec<(Option<f32>, Option<f32>)>,
+    /// Per layer, when set: a vector (`n_kv_heads * head_dim`) subtracted from every key
+    /// before it is encoded (see [`KvLayout::set_key_centers`]).
+    key_centers: Option<Vec<Vec<f32>>>,
     block_bytes: usize,
 }
 
@@ -125,7 +139,7 @@ impl KvLayout {
             offsets.push((ko, vo));
             static_scales.push((ks, vs));
         }
-        Ok(Arc::new(KvLayout { dtype, geom, block_size, codecs, offsets, static_scales, block_bytes: at.next_multiple_of(64) }))
+        Ok(Arc::new(KvLayout { dtype, geom, block_size, codecs, offsets, static_scales, key_centers: None, block_bytes: at.next_multiple_of(64) }))
     }
 
     /// The layout of a model of `config` for the formats `req` asks for (auto sides take the
@@ -177,6 +191,32 @@ impl KvLayout {
         self.static_scales[layer]
     }
 
+    /// Whether keys are stored in a format that loses enough of them that centering helps
+    /// (qjl1, tq3_0, hqmq): their error grows with the key's norm, and SmolLM2's post-RoPE keys
+    /// carry a per-channel mean worth 45-70% of their energy.
+    pub fn wants_key_centers(&self) -> bool {
+        matches!(self.dtype.k, KvFormat::Qjl1 | KvFormat::Tq3_0 | KvFormat::Hqmq(_))
+    }
+
+    /// Stores every key of layer `l` as `k - centers[l]` (post-RoPE, `n_kv_heads * head_dim`
+    /// values per layer). Attention is unchanged in exact arithmetic: a query's scores all
+    /// move by the same `q · center`, which softmax cancels (no score soft-capping in the
+    /// supported models), and values are untouched. What changes is what the codec sees: a
+    /// smaller key, so a smaller coding error.
+    pub fn set_key_centers(&mut self, centers: Vec<Vec<f32>>) -> Result<(), String> {
+        let kw = self.geom.n_kv_heads * self.geom.head_dim;
+        if centers.len() != self.layers() || centers.iter().any(|c| c.len() != kw || c.iter().any(|v| !v.is_finite())) {
+            return Err(format!("key centers must be {} finite vectors of {kw} values", self.layers()));
+        }
+        self.key_centers = Some(centers);
+        Ok(())
+    }
+
+    /// Layer `layer`'s key center, when keys are centered.
+    pub fn key_center(&self, layer: usize) -> Option<&[f32]> {
+        self.key_centers.as_ref().map(|c| c[layer].as_slice())
+    }
+
     /// Byte ranges of layer `layer`'s key and value regions inside a block.
     pub fn regions(&self, layer: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
         let (k, v) = &self.codecs[layer];
@@ -187,7 +227,8 @@ impl KvLayout {
 
     /// One line for logs and `inspect`: formats and bytes per token.
     pub fn describe(&self) -> String {
-        format!("{} ({:.1} bytes/token, {:.2}x smaller than bf16)", self.dtype, self.bytes_per_token(), self.compression_vs_bf16())
+        let centered = if self.key_centers.is_some() { ", keys centered" } else { "" };
+        format!("{} ({:.1} bytes/token, {:.2}x smaller than bf16{centered})", self.dtype, self.bytes_per_token(), self.compression_vs_bf16())
     }
 
     /// How many times smaller than a bf16 cache of the same model this one is.

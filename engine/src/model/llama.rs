@@ -10,7 +10,7 @@ use super::linear::{Linear, PlanEntry};
 use super::mlp::Mlp;
 use super::moe::MoeLayer;
 use crate::checkpoint::{Checkpoint, LoadError, ModelConfig, TensorEntry};
-use crate::kv::{KvCacheScheme, KvDtype, KvError, KvLayout, KvRequest, LocalKv, SequenceKv, DEFAULT_BLOCK_SIZE};
+use crate::kv::{KvCacheScheme, KvDtype, KvError, KvLayout, KvLayoutError, KvRequest, LocalKv, SequenceKv, DEFAULT_BLOCK_SIZE};
 use std::sync::Arc;
 use tessera_kernels::attention::{attention_batch, AttnJob, AttnShape};
 use tessera_kernels::cpu::CpuCaps;
@@ -194,6 +194,17 @@ impl LlamaModel {
     /// HQMQ seeded by `seed`).
     pub fn kv_layout(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvFormatError> {
         KvLayout::for_model(&self.config, self.kv_cache.as_ref(), req.into(), block_size, seed)
+    }
+
+    /// [`Self::kv_layout`], with keys centered on their mean over the `calibration` tokens
+    /// (one forward pass) when the key format is one that centering helps (qjl1, tq3_0, hqmq).
+    pub fn kv_layout_calibrated(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64, calibration: &[u32]) -> Result<Arc<KvLayout>, KvLayoutError> {
+        let mut layout = self.kv_layout(req, block_size, seed)?;
+        if layout.wants_key_centers() {
+            let centers = crate::kv::centering::key_means(self, calibration).map_err(|e| KvLayoutError::Calibration(e.to_string()))?;
+            Arc::get_mut(&mut layout).expect("a fresh layout has one owner").set_key_centers(centers).map_err(KvLayoutError::Calibration)?;
+        }
+        Ok(layout)
     }
 
     /// A cache of `capacity` tokens for one sequence, in the engine's compute type (f32).

@@ -103,7 +103,7 @@ impl Engine {
             ));
         }
         let mc = model.model.config();
-        let layout = model.model.kv_layout(c.kv_dtype, c.block_size, 0).map_err(|e| e.to_string())?;
+        let layout = model.kv_layout(c.kv_dtype, c.block_size, 0).map_err(|e| e.to_string())?;
         let num_blocks = c.kv_cache_bytes / layout.block_bytes();
         if num_blocks == 0 {
             return Err(format!("kv_cache_bytes {} holds no block of {} bytes", c.kv_cache_bytes, layout.block_bytes()));

@@ -56,7 +56,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Device::Cpu => {
             let lm = args.model.load(LinearPolicy::DEFAULT)?;
             let prompt = encode(&lm.tokenizer, &args.prompt)?;
-            let layout = lm.model.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
+            let layout = lm.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
             let opts = options(&args, lm.eos_ids(), layout);
             generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(params, &prompt), &opts, on_text)?
         }

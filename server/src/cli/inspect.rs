@@ -53,7 +53,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
     }
     println!("embedding lookup: token_embd.weight ({}), dequantized row by row", lm.model.embedding_type());
     println!("quantization: {}", ck.quantization.as_deref().unwrap_or("none (weights as stored)"));
-    let kv = lm.model.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
+    let kv = lm.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
     println!("kv cache: {}, {:.0} tokens per GiB", kv.describe(), (1u64 << 30) as f64 / kv.bytes_per_token());
     if let Some(s) = &ck.kv_cache {
         println!("checkpoint kv_cache_scheme: {} with static per-layer k_scale/v_scale (used by auto and by sides given as {})", s.format, s.format);

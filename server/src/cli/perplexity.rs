@@ -79,7 +79,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         chunks: Some(n),
         seqs_per_batch: (args.batch / args.ctx).max(1),
         bos: if special.add_bos { special.bos } else { None },
-        kv: Some(lm.model.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, args.kv_cache_seed)?),
+        kv: Some(lm.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, args.kv_cache_seed)?),
     };
     let kernel = lm.model.plan().first().map(|p| p.kernel.clone()).unwrap_or_default();
     eprintln!(
