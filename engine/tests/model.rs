@@ -185,12 +185,19 @@ fn concurrent_forward_passes_do_not_interfere() {
     }
 }
 
-/// Batching does not change results: with the default policy (int8 dots for short sequences,
-/// the GEMM for long ones, chosen per sequence), every sequence's logits are bit-identical
-/// alone, batched together, and batched with another sequence's long prefill.
+/// Batching does not change results: with the default policy (the integer GEMM at every
+/// length) and with one that switches paths per sequence (integer GEMM below 32 tokens, the
+/// f32 GEMM from 32), every sequence's logits are bit-identical alone, batched together,
+/// and batched with another sequence's long prefill.
 #[test]
 fn batching_does_not_change_results() {
-    let m = &model().model;
+    let switching = model_with(LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: 32 });
+    for lm in [model(), &switching] {
+        batching_invariance(&lm.model);
+    }
+}
+
+fn batching_invariance(m: &LlamaModel) {
     let (_, cs) = cases();
     let prompts: Vec<&[u32]> = cs.iter().map(|c| c.tokens.as_slice()).collect();
     let new_kv = || m.local_kv(1024);

@@ -176,7 +176,7 @@ fn compressed_kv_caches_batch_invariantly() {
             assert_eq!(a.ids, t.ids, "{dtype}");
         }
         let lm = model();
-        let layout = lm.model.kv_layout(dtype, 16, 0).unwrap();
+        let layout = lm.kv_layout(dtype, 16, 0).unwrap();
         let opts = GenerateOptions { max_tokens: 12, stop_ids: vec![], prefill_chunk: 512, kv: Some(layout) };
         let prompt = tokens(PROMPTS[1]);
         let want = generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(SamplingParams::greedy(), &prompt), &opts, |_| {}).unwrap();

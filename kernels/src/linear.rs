@@ -1,13 +1,14 @@
 //! Linear layers `y = x · Wᵀ` over weights kept in their GGML storage type.
 //!
 //! Two paths, chosen per sequence segment by its token count (see [`LinearPolicy`]):
-//! - **short segments (decode)**: activations are quantized per token to 8-bit blocks and
-//!   multiplied with Q4_0/Q4_1/Q8_0 weights regrouped eight rows at a time
-//!   ([`Interleaved`]) by an integer GEMM (llama.cpp's numerics, one scale epilogue per eight
-//!   rows); types without an integer kernel dequantize each weight row and use an f32 dot.
-//! - **long segments (prefill)**: weight rows are dequantized into packed, cache-resident f32
-//!   slivers and multiplied with a GEMM micro-kernel (`cpu::sgemm` on AVX2, the `gemm`
-//!   crate's elsewhere); activations stay f32.
+//! - **the small path**: for Q4_0/Q4_1/Q8_0, activations are quantized per token to 8-bit
+//!   blocks (llama.cpp's activation quantization) and multiplied with the weights regrouped
+//!   eight rows at a time ([`Interleaved`]) by an integer GEMM, one scale epilogue per eight
+//!   rows and one fma per block; by default on AVX2 these types take this path at every
+//!   batch size. Other types dequantize each weight row and use an f32 dot.
+//! - **the GEMM path (long segments)**: weight rows are dequantized into packed,
+//!   cache-resident f32 slivers and multiplied with a GEMM micro-kernel (`cpu::sgemm` on AVX2,
+//!   the `gemm` crate's elsewhere); activations stay f32.
 //!
 //! A [`LinearKernel`] is selected once per layer at load and prints as a kernel id, so the
 //! per-layer plan is data.
@@ -111,7 +112,9 @@ pub struct LinearPolicy {
     /// Types whose small path dequantizes rows (floats, k-quants, Q5): batches of at least
     /// this many tokens use the panel GEMM.
     pub gemm_min_tokens: usize,
-    /// Q4_0 / Q4_1 / Q8_0, whose small path is the integer GEMM: the same switch.
+    /// Q4_0 / Q4_1 / Q8_0, whose small path is the integer GEMM: batches of at least this many
+    /// tokens leave it for the panel GEMM. Applies where the integer GEMM is vectorized
+    /// (AVX2); with the scalar kernel these types switch at `gemm_min_tokens`.
     pub integer_gemm_min_tokens: usize,
 }
 
@@ -121,16 +124,16 @@ impl LinearPolicy {
     /// Q4_1 1536x576, AVX2, 2 threads): the integer GEMM takes 0.12 ms at 8 tokens, 0.78 ms at
     /// 64 and 6.7 ms at 512 against the f32 panel GEMM's 1.3, 1.9 and 8.6 ms.
     pub const DEFAULT: LinearPolicy = LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: usize::MAX };
-    /// Always the small path (for integer types: int8 activations, llama.cpp's numerics).
+    /// Always the small path (for integer types: int8 activations as llama.cpp quantizes them).
     pub const ALWAYS_DOT: LinearPolicy = LinearPolicy { gemm_min_tokens: usize::MAX, integer_gemm_min_tokens: usize::MAX };
     /// Always the f32-activation GEMM path.
     pub const ALWAYS_GEMM: LinearPolicy = LinearPolicy { gemm_min_tokens: 1, integer_gemm_min_tokens: 1 };
 
-    /// The switch that applies to a small path.
-    fn min_tokens(self, small: SmallPath) -> usize {
-        match small {
-            SmallPath::Integer => self.integer_gemm_min_tokens,
-            SmallPath::DequantDot => self.gemm_min_tokens,
+    /// The switch that applies to a small path at an ISA level.
+    fn min_tokens(self, small: SmallPath, isa: Isa) -> usize {
+        match (small, isa) {
+            (SmallPath::Integer, Isa::Avx2) => self.integer_gemm_min_tokens,
+            _ => self.gemm_min_tokens,
         }
     }
 }
@@ -191,7 +194,7 @@ impl LinearKernel {
     /// What the kernel does with activations: `q8 blocks` (integer GEMM), `f32`, or both
     /// with the switch point.
     pub fn activations(&self) -> String {
-        match (self.small, self.policy.min_tokens(self.small)) {
+        match (self.small, self.policy.min_tokens(self.small, self.isa)) {
             (SmallPath::DequantDot, _) | (SmallPath::Integer, 1) => "f32".into(),
             (SmallPath::Integer, usize::MAX) => "q8 blocks".into(),
             (SmallPath::Integer, t) => format!("q8 blocks (m<{t}) | f32"),
@@ -219,7 +222,7 @@ impl fmt::Display for LinearKernel {
             Isa::Avx2 => "cpu.dequant-sgemm.6x16.avx2",
             Isa::Scalar => "cpu.panel-gemm.f32",
         };
-        match self.policy.min_tokens(self.small) {
+        match self.policy.min_tokens(self.small, self.isa) {
             usize::MAX => f.write_str(&small),
             1 => f.write_str(large),
             t => write!(f, "{small} (m<{t}) | {large} (m>={t})"),
@@ -238,9 +241,10 @@ fn rows_per_task(rows: usize, align: usize) -> usize {
 /// (fused Q/K/V or gate/up): `(kernel, weights, first output column)` each.
 ///
 /// `segments` are the token counts of the sequences whose rows make up `x`, in order. Each
-/// segment takes the path its own length selects (int8 dots for short ones, the GEMM for
-/// long ones), and both paths compute every output row independently of the others, so a
-/// sequence's results are bit-identical whatever it is batched with.
+/// segment takes the path its own length selects (the small path below the kernel's switch
+/// point, the f32 GEMM from it; under [`LinearPolicy::DEFAULT`] the integer types never
+/// switch on AVX2), and both paths compute every output row independently of the others, so
+/// a sequence's results are bit-identical whatever it is batched with.
 pub fn forward_group(
     parts: &[(&LinearKernel, Weight<'_>, usize)],
     x: &[f32],
@@ -252,6 +256,9 @@ pub fn forward_group(
     let k = first.cols();
     let m: usize = segments.iter().sum();
     assert_eq!(x.len(), m * k, "activation shape");
+    if m == 0 {
+        return;
+    }
     for (kern, w, col) in parts {
         assert_eq!(w.ty(), kern.ty, "kernel selected for {} used on {}", kern.ty, w.ty());
         assert_eq!(w.cols(), k, "grouped matrices must share their input width");
@@ -259,11 +266,11 @@ pub fn forward_group(
     }
     // Matrices of different types may switch paths at different lengths (an integer Q4_1
     // next to a dequantized Q6_K): each switch point runs as its own group.
-    let mut switches: Vec<usize> = parts.iter().map(|(kern, _, _)| kern.policy.min_tokens(kern.small)).collect();
+    let mut switches: Vec<usize> = parts.iter().map(|(kern, _, _)| kern.policy.min_tokens(kern.small, kern.isa)).collect();
     switches.sort_unstable();
     switches.dedup();
     for switch in switches {
-        let class: Vec<_> = parts.iter().copied().filter(|(kern, _, _)| kern.policy.min_tokens(kern.small) == switch).collect();
+        let class: Vec<_> = parts.iter().copied().filter(|(kern, _, _)| kern.policy.min_tokens(kern.small, kern.isa) == switch).collect();
         forward_class(&class, switch, x, segments, y, ldy);
     }
 }

@@ -301,3 +301,38 @@ fn rope_pairs_first_and_second_half() {
     assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[4] - 1f32.sin()).abs() < 1e-6, "{x:?}");
     assert!(x[1].abs() < 1e-7 && x[5].abs() < 1e-7);
 }
+
+/// Matrices grouped in one call whose kernels switch paths at different lengths (Q4_1 stays
+/// on the integer GEMM, Q6_K leaves its dequantizing dot at 32 tokens) give, per segment,
+/// exactly what each matrix gives alone on that segment.
+#[test]
+fn grouped_matrices_with_different_switch_points() {
+    let mut r = rng(11);
+    let (k, segments) = (256, [3usize, 40, 1]);
+    let m: usize = segments.iter().sum();
+    let x = randn(&mut r, m * k);
+    let q41 = random_weights(&mut r, GgmlType::Q4_1, 24, k);
+    let q6k = random_weights(&mut r, GgmlType::Q6K, 16, k);
+    let packed = Interleaved::pack(&WeightView::new(GgmlType::Q4_1, 24, k, &q41).unwrap()).unwrap();
+    let view6 = WeightView::new(GgmlType::Q6K, 16, k, &q6k).unwrap();
+    for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
+        let (ka, kb) = (LinearKernel::with_isa(GgmlType::Q4_1, isa, LinearPolicy::DEFAULT), LinearKernel::with_isa(GgmlType::Q6K, isa, LinearPolicy::DEFAULT));
+        let (wa, wb) = (Weight::Interleaved(&packed), Weight::Rows(view6));
+        let ldy = 24 + 16;
+        let mut y = vec![f32::NAN; m * ldy];
+        tessera_kernels::linear::forward_group(&[(&ka, wa, 0), (&kb, wb, 24)], &x, &segments, &mut y, ldy);
+        let mut t0 = 0;
+        for &len in &segments {
+            let xs = &x[t0 * k..(t0 + len) * k];
+            let (mut ya, mut yb) = (vec![0f32; len * 24], vec![0f32; len * 16]);
+            ka.forward(wa, xs, len, &mut ya, 24);
+            kb.forward(wb, xs, len, &mut yb, 16);
+            for i in 0..len {
+                let row = &y[(t0 + i) * ldy..(t0 + i + 1) * ldy];
+                let want: Vec<f32> = ya[i * 24..(i + 1) * 24].iter().chain(&yb[i * 16..(i + 1) * 16]).copied().collect();
+                assert!(row.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?} segment of {len}, token {i}");
+            }
+            t0 += len;
+        }
+    }
+}

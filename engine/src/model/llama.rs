@@ -191,7 +191,8 @@ impl LlamaModel {
 
     /// The KV-cache storage for the formats `req` asks for (auto: the checkpoint's
     /// `kv_cache_scheme`, else f32) in blocks of `block_size` tokens (random state of QJL and
-    /// HQMQ seeded by `seed`).
+    /// HQMQ seeded by `seed`), keys not centered: serving and the CLI use
+    /// [`crate::LoadedModel::kv_layout`], which centers them where that helps.
     pub fn kv_layout(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvFormatError> {
         KvLayout::for_model(&self.config, self.kv_cache.as_ref(), req.into(), block_size, seed)
     }
@@ -201,6 +202,7 @@ impl LlamaModel {
     pub fn kv_layout_calibrated(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64, calibration: &[u32]) -> Result<Arc<KvLayout>, KvLayoutError> {
         let mut layout = self.kv_layout(req, block_size, seed)?;
         if layout.wants_key_centers() {
+            let calibration = &calibration[..calibration.len().min(self.config.max_position_embeddings)];
             let centers = crate::kv::centering::key_means(self, calibration).map_err(|e| KvLayoutError::Calibration(e.to_string()))?;
             Arc::get_mut(&mut layout).expect("a fresh layout has one owner").set_key_centers(centers).map_err(KvLayoutError::Calibration)?;
         }

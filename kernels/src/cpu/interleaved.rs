@@ -34,7 +34,7 @@ const TILE: usize = 4;
 const TOKEN_BLOCK: usize = 32;
 
 /// A Q4_0, Q4_1 or Q8_0 matrix in the interleaved layout.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Interleaved {
     ty: GgmlType,
     rows: usize,
@@ -88,6 +88,12 @@ impl Record {
     /// Offset in a record of row `j`'s code byte `c`.
     fn code(self, j: usize, c: usize) -> usize {
         self.codes_at + (c / 4) * 4 * GROUP + 4 * j + c % 4
+    }
+}
+
+impl std::fmt::Debug for Interleaved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Interleaved({} {}x{}, {} bytes)", self.ty, self.rows, self.cols, self.data.len())
     }
 }
 

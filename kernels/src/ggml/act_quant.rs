@@ -31,7 +31,8 @@ pub fn quantize_q8(x: &[f32], out: &mut [Q8Block]) {
     quantize_q8_with(isa, x, out);
 }
 
-/// [`quantize_q8`] at an explicit ISA level; every level gives the same bytes.
+/// [`quantize_q8`] at an explicit ISA level; every level gives the same bytes for finite
+/// inputs (a NaN becomes 0 in the scalar path and -128 in the AVX2 one).
 ///
 /// # Panics
 /// If `isa` is unavailable or the lengths disagree.
@@ -41,7 +42,8 @@ pub fn quantize_q8_with(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
         let xs: &[f32; Q8_BLOCK] = xs.try_into().expect("32 values");
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        // A scale so small that its inverse overflows quantizes the block to zeros.
+        let id = if d != 0.0 && (1.0 / d).is_finite() { 1.0 / d } else { 0.0 };
         let sum = match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
