@@ -137,16 +137,9 @@ impl SequenceKv for PagedSeqKv<'_> {
         assert!(pos >= self.shared_len, "write at {pos} into a shared block (shared up to {})", self.shared_len);
         assert!(k.len() == v.len() && k.len().is_multiple_of(kw));
         let tokens = k.len() / kw;
-        let centered: Vec<f32>;
-        let k = match layout.key_center(layer) {
-            Some(c) => {
-                centered = k.chunks_exact(kw).flat_map(|row| row.iter().zip(c).map(|(x, m)| x - m)).collect();
-                &centered[..]
-            }
-            None => k,
-        };
         let (kc, vc) = layout.codecs(layer);
         let (kr, vr) = layout.regions(layer);
+        let center = layout.key_center(layer);
         // Pages to write: (first token, tokens, role, head); each a distinct page.
         let mut jobs = Vec::new();
         let mut done = 0;
@@ -162,7 +155,12 @@ impl SequenceKv for PagedSeqKv<'_> {
         }
         let run = |&(t0, n, role, g): &(usize, usize, usize, usize)| {
             let (codec, region, src) = if role == 0 { (kc, kr.start, k) } else { (vc, vr.start, v) };
-            let rows: Vec<f32> = (t0..t0 + n).flat_map(|t| &src[t * kw + g * hd..t * kw + (g + 1) * hd]).copied().collect();
+            let mut rows: Vec<f32> = (t0..t0 + n).flat_map(|t| &src[t * kw + g * hd..t * kw + (g + 1) * hd]).copied().collect();
+            // Centered keys: the page's rows minus the head's center, in the copy made anyway.
+            if let (0, Some(c)) = (role, center) {
+                let c = &c[g * hd..(g + 1) * hd];
+                rows.chunks_exact_mut(hd).for_each(|r| r.iter_mut().zip(c).for_each(|(x, m)| *x -= m));
+            }
             let p = pos + t0;
             // SAFETY: positions >= shared_len are in blocks this sequence owns alone, and each
             // job writes a different (block, role, head) page.
