@@ -348,7 +348,12 @@ fn abort_frees_blocks_and_queue_overflow_is_refused() {
     assert!(matches!(s.blocking_next(), Some(Event::Delta { .. })));
     let queued = e.submit(greedy("b", tokens(PROMPTS[0]), 4)).unwrap();
     assert_eq!(e.submit(greedy("c", tokens(PROMPTS[0]), 4)).err(), Some(SubmitError::QueueFull { waiting: 1 }));
-    assert!(metric(&e, "tessera_kv_cache_blocks_used") > 0.0);
+    // The gauge is set at the end of the step that sent the first token: wait for it.
+    let t = Instant::now();
+    while metric(&e, "tessera_kv_cache_blocks_used") == 0.0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "no KV blocks in use while a request runs");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     drop(s);
     let done = collect(queued);
     assert_eq!(done.finish.unwrap().2.completion_tokens, 4);
