@@ -408,6 +408,7 @@ fn run(input: &Path, out: &Path, recipe: Recipe, exclude: &[&str], experts_only:
         recipe,
         exclude: exclude.iter().map(|s| s.to_string()).collect(),
         experts_only,
+        calibrated: None,
     };
     quantize_dir(&opts).map_err(|e| e.to_string())
 }

@@ -53,6 +53,27 @@ pub enum ForwardError {
     },
 }
 
+/// Where a dense block's linear layers read their input (what calibration observes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LinearSite {
+    /// The normed hidden state read by Q, K and V.
+    Qkv,
+    /// The attention output read by O.
+    Output,
+    /// The normed hidden state read by gate and up.
+    GateUp,
+    /// `silu(gate) * up`, read by down.
+    Down,
+}
+
+/// Sees the rows every dense block's linear layers read during a forward pass, e.g. to
+/// gather the activation statistics a quantizer calibrates on. MoE feed-forwards are not
+/// observed.
+pub trait ActivationObserver: Send {
+    /// `rows` (row-major, `width` wide) are the input of `site` in block `layer`.
+    fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize);
+}
+
 /// A block's feed-forward.
 enum Ffn {
     Dense(Box<Mlp>),
@@ -240,15 +261,24 @@ impl LlamaModel {
     /// are work-stolen by the other workers instead of each blocking the caller on a latch
     /// (hundreds of regions per decode step).
     pub fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.forward_with(batch, None)
+    }
+
+    /// [`Self::forward`], showing `observer` the input of every dense linear layer.
+    pub fn forward_observed(&self, batch: &mut [SeqInput<'_>], observer: &mut dyn ActivationObserver) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.forward_with(batch, Some(observer))
+    }
+
+    fn forward_with(&self, batch: &mut [SeqInput<'_>], observer: Option<&mut dyn ActivationObserver>) -> Result<Vec<Vec<f32>>, ForwardError> {
         if rayon::current_thread_index().is_some() {
-            return self.forward_in_pool(batch);
+            return self.forward_in_pool(batch, observer);
         }
         let mut out = None;
-        rayon::scope(|_| out = Some(self.forward_in_pool(batch)));
+        rayon::scope(|_| out = Some(self.forward_in_pool(batch, observer)));
         out.expect("scope ran the forward pass")
     }
 
-    fn forward_in_pool(&self, batch: &mut [SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ForwardError> {
+    fn forward_in_pool(&self, batch: &mut [SeqInput<'_>], mut observer: Option<&mut dyn ActivationObserver>) -> Result<Vec<Vec<f32>>, ForwardError> {
         let c = &self.config;
         let (h, hd, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
         let (qw, kw) = (self.shape.q_width(), self.shape.kv_width());
@@ -305,6 +335,9 @@ impl LlamaModel {
         let mut vbuf = Vec::new();
         for (li, b) in self.blocks.iter().enumerate() {
             rms_norm(&x, &b.attn_norm, c.rms_norm_eps, &mut normed);
+            if let Some(o) = observer.as_deref_mut() {
+                o.observe(li, LinearSite::Qkv, &normed, h);
+            }
             Linear::forward_fused(&[&b.wq, &b.wk, &b.wv], &normed, &segments, &mut qkv, qkv_w);
             for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
                 if let Some(bias) = &b.qkv_bias {
@@ -342,12 +375,21 @@ impl LlamaModel {
             }
             attention_batch(self.shape, &mut jobs);
             drop(jobs);
+            if let Some(o) = observer.as_deref_mut() {
+                o.observe(li, LinearSite::Output, &attn, qw);
+            }
             b.wo.forward(&attn, &segments, &mut tmp, h);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
 
             rms_norm(&x, &b.ffn_norm, c.rms_norm_eps, &mut normed);
             match &b.ffn {
-                Ffn::Dense(mlp) => mlp.forward(&normed, &segments, &mut tmp),
+                Ffn::Dense(mlp) => match observer.as_deref_mut() {
+                    Some(o) => {
+                        o.observe(li, LinearSite::GateUp, &normed, h);
+                        mlp.forward_with(&normed, &segments, &mut tmp, |act| o.observe(li, LinearSite::Down, act, c.intermediate_size));
+                    }
+                    None => mlp.forward(&normed, &segments, &mut tmp),
+                },
                 Ffn::Moe(moe) => moe.forward(&normed, &segments, &mut tmp),
             }
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);

@@ -28,11 +28,18 @@ impl Mlp {
     /// `out` (rows of `hidden`) = the MLP of the rows of `x`, which belong to sequences of
     /// `segments` rows (each picks its kernel path by its own length).
     pub fn forward(&self, x: &[f32], segments: &[usize], out: &mut [f32]) {
+        self.forward_with(x, segments, out, |_| ());
+    }
+
+    /// [`Self::forward`], handing the down projection's input (`silu(gate) * up`, rows of
+    /// the inner width) to `inner` first.
+    pub fn forward_with(&self, x: &[f32], segments: &[usize], out: &mut [f32], mut inner: impl FnMut(&[f32])) {
         let (m, ffn, hidden) = (segments.iter().sum::<usize>(), self.gate.rows(), self.down.rows());
         let mut gu = vec![0f32; m * 2 * ffn];
         let mut act = vec![0f32; m * ffn];
         Linear::forward_fused(&[&self.gate, &self.up], x, segments, &mut gu, 2 * ffn);
         silu_mul(&gu, ffn, &mut act);
+        inner(&act);
         self.down.forward(&act, segments, out, hidden);
     }
 

@@ -8,4 +8,4 @@ pub mod moe;
 pub mod routing;
 
 pub use linear::{Linear, PlanEntry};
-pub use llama::{ForwardError, LlamaModel, SeqInput};
+pub use llama::{ActivationObserver, ForwardError, LinearSite, LlamaModel, SeqInput};

@@ -12,7 +12,7 @@
 //! Symmetric schemes write no zero points. Dequantization: `w = (q − zp) · scale` (`zp = 0`
 //! when symmetric).
 
-use super::math::{quantize_asym_groups, quantize_fp8_rows, quantize_int_groups, INT4, INT8};
+use super::math::{int_codes, CodeKind, Grid};
 use super::{find, OutTensor};
 use crate::float_dtype::FloatDtype;
 use safetensors::Dtype;
@@ -52,44 +52,29 @@ fn pack_int4_rows(z: &[i8], rows: usize, groups: usize) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-/// int4 `pack-quantized` tensors for `prefix` with scales per `group` columns, and zero
-/// points when `asymmetric`.
-pub fn int4_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize, group: usize, asymmetric: bool, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
-    let groups = cols.div_ceil(group);
-    let (q, scales, zeros) = if asymmetric {
-        let (q, s, z) = quantize_asym_groups(w, cols, group, INT4, scale_dtype);
-        (q, s, Some(z))
-    } else {
-        let (q, s) = quantize_int_groups(w, cols, group, INT4, scale_dtype);
-        (q, s, None)
-    };
+/// int4 `pack-quantized` tensors for `prefix` from `codes` on `grid` (zero points when the
+/// grid has them).
+pub fn int4_tensors(prefix: &str, grid: &Grid, codes: &[u8], rows: usize, cols: usize, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
+    let groups = grid.per_row();
     let shape = [rows as i64, cols as i64].iter().flat_map(|d| d.to_le_bytes()).collect::<Vec<u8>>();
     let mut out = vec![
-        OutTensor::owned(format!("{prefix}.weight_packed"), Dtype::I32, vec![rows, cols / 8], pack_int4(&q)),
-        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, groups], scale_dtype.encode(&scales)),
+        OutTensor::owned(format!("{prefix}.weight_packed"), Dtype::I32, vec![rows, cols / 8], pack_int4(&int_codes(codes))),
+        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, groups], scale_dtype.encode(&grid.scales)),
         OutTensor::owned(format!("{prefix}.weight_shape"), Dtype::I64, vec![2], shape),
     ];
-    if let Some(z) = zeros {
-        out.push(OutTensor::owned(format!("{prefix}.weight_zero_point"), Dtype::I32, vec![rows.div_ceil(8), groups], pack_int4_rows(&z, rows, groups)));
+    if let Some(z) = &grid.zeros {
+        out.push(OutTensor::owned(format!("{prefix}.weight_zero_point"), Dtype::I32, vec![rows.div_ceil(8), groups], pack_int4_rows(z, rows, groups)));
     }
     out
 }
 
-/// int8 `int-quantized` tensors (per-row scales).
-pub fn int8_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
-    let (q, scales) = quantize_int_groups(w, cols, cols, INT8, scale_dtype);
+/// int8 `int-quantized` or FP8 `float-quantized` tensors (one code byte per value, per-row
+/// scales) from `codes` on `grid`.
+pub fn byte_tensors(prefix: &str, grid: &Grid, codes: Vec<u8>, rows: usize, cols: usize, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
+    let dtype = if grid.kind == CodeKind::Fp8 { Dtype::F8_E4M3 } else { Dtype::I8 };
     vec![
-        OutTensor::owned(format!("{prefix}.weight"), Dtype::I8, vec![rows, cols], q.iter().map(|&v| v as u8).collect()),
-        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, 1], scale_dtype.encode(&scales)),
-    ]
-}
-
-/// FP8 `float-quantized` tensors (per-row scales).
-pub fn fp8_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize, scale_dtype: FloatDtype) -> Vec<OutTensor<'static>> {
-    let (q, scales) = quantize_fp8_rows(w, cols, scale_dtype);
-    vec![
-        OutTensor::owned(format!("{prefix}.weight"), Dtype::F8_E4M3, vec![rows, cols], q),
-        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, 1], scale_dtype.encode(&scales)),
+        OutTensor::owned(format!("{prefix}.weight"), dtype, vec![rows, cols], codes),
+        OutTensor::owned(format!("{prefix}.weight_scale"), scale_dtype.safetensors(), vec![rows, 1], scale_dtype.encode(&grid.scales)),
     ]
 }
 

@@ -16,13 +16,20 @@
 //! Every quantized tensor is decoded back from the bytes written and measured against the input
 //! ([`report`]).
 
+pub mod calibrate;
 pub mod compressed_tensors;
+pub mod gptq;
 pub mod math;
 pub mod quark;
 pub mod report;
+pub mod smooth;
 
 use crate::float_dtype::FloatDtype;
 use crate::quant::pattern::fnmatch;
+use calibrate::{calibrate, Calibration, CalibrationOptions};
+use gptq::Hessian;
+use math::{Grid, INT4, INT8};
+use smooth::{module_site, Rescale, Smoothing};
 use memmap2::Mmap;
 use report::{Report, TensorStats};
 use safetensors::tensor::TensorView;
@@ -180,8 +187,9 @@ impl Recipe {
         }
     }
 
-    /// Quantizes one `[rows, cols]` weight of module `prefix`; `Err` says why it cannot be.
-    fn quantize(&self, prefix: &str, w: &[f32], rows: usize, cols: usize, dtype: FloatDtype) -> Result<Vec<OutTensor<'static>>, String> {
+    /// Quantizes one `[rows, cols]` weight of module `prefix` (with GPTQ when the `hessian` of
+    /// its inputs is given, else rounding to nearest); `Err` says why it cannot be.
+    fn quantize(&self, prefix: &str, w: &[f32], rows: usize, cols: usize, dtype: FloatDtype, hessian: Option<&gptq::Hessian>) -> Result<Vec<OutTensor<'static>>, String> {
         use compressed_tensors::Scheme as Ct;
         let int4 = matches!(self, Recipe::CompressedTensors(Ct::Int4 { .. }) | Recipe::Quark(quark::Scheme::W4A8));
         if int4 && !cols.is_multiple_of(8) {
@@ -201,12 +209,22 @@ impl Recipe {
                 )
             });
         }
+        let grid = match self {
+            Recipe::CompressedTensors(Ct::Int4 { asymmetric: true, .. }) => Grid::asymmetric(w, cols, block, INT4, dtype),
+            Recipe::CompressedTensors(Ct::Int4 { .. }) => Grid::symmetric(w, cols, block, INT4, dtype),
+            Recipe::CompressedTensors(Ct::Int8) => Grid::symmetric(w, cols, cols, INT8, dtype),
+            Recipe::CompressedTensors(Ct::Fp8) => Grid::fp8_rows(w, cols, dtype),
+            Recipe::Quark(quark::Scheme::W4A8) => Grid::progressive(w, cols),
+            Recipe::Quark(quark::Scheme::Fp8) => Grid::fp8_rows(w, cols, FloatDtype::F32),
+        };
+        let codes = match hessian {
+            Some(h) => gptq::gptq(w, &grid, h)?,
+            None => grid.round(w),
+        };
         Ok(match self {
-            Recipe::CompressedTensors(Ct::Int4 { asymmetric, .. }) => compressed_tensors::int4_tensors(prefix, w, rows, cols, block, *asymmetric, dtype),
-            Recipe::CompressedTensors(Ct::Int8) => compressed_tensors::int8_tensors(prefix, w, rows, cols, dtype),
-            Recipe::CompressedTensors(Ct::Fp8) => compressed_tensors::fp8_tensors(prefix, w, rows, cols, dtype),
-            Recipe::Quark(quark::Scheme::W4A8) => quark::w4a8_tensors(prefix, w, rows, cols),
-            Recipe::Quark(quark::Scheme::Fp8) => quark::fp8_tensors(prefix, w, rows, cols),
+            Recipe::CompressedTensors(Ct::Int4 { .. }) => compressed_tensors::int4_tensors(prefix, &grid, &codes, rows, cols, dtype),
+            Recipe::CompressedTensors(_) => compressed_tensors::byte_tensors(prefix, &grid, codes, rows, cols, dtype),
+            Recipe::Quark(_) => quark::tensors(prefix, &grid, codes, rows, cols),
         })
     }
 
@@ -265,6 +283,82 @@ pub struct QuantizeOptions {
     pub exclude: Vec<String>,
     /// Leave every linear outside routed experts (`.experts.E.`) unquantized.
     pub experts_only: bool,
+    /// Calibrated quantization (SmoothQuant, GPTQ), or rounding to nearest when `None`.
+    pub calibrated: Option<Calibrated>,
+}
+
+/// Calibrated quantization: what runs on the calibration statistics.
+#[derive(Clone, Debug)]
+pub struct Calibrated {
+    /// The calibration text and how it is cut.
+    pub data: CalibrationOptions,
+    /// SmoothQuant with this migration strength α (0..1) before quantizing.
+    pub smoothquant: Option<f32>,
+    /// GPTQ instead of rounding to nearest.
+    pub gptq: bool,
+}
+
+/// Calibration results that shape the quantization of every shard.
+struct Prepared {
+    cal: Calibration,
+    smoothing: Option<Smoothing>,
+    gptq: bool,
+}
+
+impl Prepared {
+    /// Calibrates on `input` and derives the smoothing factors (reading every shard's weights).
+    fn new(input: &Path, shards: &[String], c: &Calibrated) -> Result<Self, QuantizeError> {
+        if let Some(a) = c.smoothquant.filter(|a| !(0.0..=1.0).contains(a)) {
+            return Err(QuantizeError::Usage(format!("--smoothquant {a}: the migration strength must be in [0, 1]")));
+        }
+        let cal = calibrate(input, &c.data, c.gptq)?;
+        let smoothing = match c.smoothquant {
+            Some(alpha) => {
+                let maxima = column_absmax(input, shards)?;
+                Some(Smoothing::new(&cal, alpha, cal.heads, |name| maxima.get(name).cloned()).map_err(QuantizeError::Usage)?)
+            }
+            None => None,
+        };
+        Ok(Prepared { cal, smoothing, gptq: c.gptq })
+    }
+
+    /// The rewrite of tensor `name`, if smoothing changes it.
+    fn rescale(&self, name: &str) -> Option<&Rescale> {
+        self.smoothing.as_ref().and_then(|s| s.rescale(name))
+    }
+
+    /// The second moment of `module`'s (smoothed) inputs, when GPTQ runs and it was calibrated.
+    fn hessian(&self, module: &str) -> Option<Hessian> {
+        let (layer, site) = module_site(module).filter(|_| self.gptq)?;
+        let h = self.cal.site(layer, site)?.hessian.as_ref()?;
+        Some(match self.smoothing.as_ref().and_then(|s| s.factor(layer, site)) {
+            Some(f) => h.divided(f),
+            None => h.clone(),
+        })
+    }
+}
+
+/// Per-column `max |w|` of every block linear weight (the ones [`module_site`] knows) in the shards.
+fn column_absmax(input: &Path, shards: &[String]) -> Result<BTreeMap<String, Vec<f32>>, QuantizeError> {
+    let mut out = BTreeMap::new();
+    for shard in shards {
+        let path = input.join(shard);
+        let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+        // SAFETY: read-only map of an input file that is not modified while we read it.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io(&path, e))?;
+        let st = SafeTensors::deserialize(&map).map_err(|e| io(&path, format!("invalid safetensors: {e}")))?;
+        for (name, view) in st.tensors() {
+            if view.shape().len() == 2 && name.strip_suffix(".weight").is_some_and(|m| module_site(m).is_some()) {
+                let (_, w) = float_weights(&name, &view)?;
+                let mut m = vec![0f32; view.shape()[1]];
+                for row in w.chunks_exact(m.len()) {
+                    m.iter_mut().zip(row).for_each(|(a, x)| *a = a.max(x.abs()));
+                }
+                out.insert(name, m);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What a run did.
@@ -282,6 +376,11 @@ pub struct QuantizeSummary {
     pub copied_files: Vec<String>,
     /// Reconstruction statistics of every quantized tensor.
     pub report: Report,
+    /// Tensors rewritten by SmoothQuant.
+    pub smoothed: usize,
+    /// Modules quantized by rounding to nearest although GPTQ was asked for (no calibration
+    /// inputs reached them).
+    pub uncalibrated: Vec<String>,
 }
 
 /// Whether a module is a router (never quantized).
@@ -367,14 +466,26 @@ fn float_weights(name: &str, view: &TensorView<'_>) -> Result<(FloatDtype, Vec<f
     Ok((dtype, w))
 }
 
-/// Quantizes one input shard into `out_path`; returns the names written and per-tensor stats.
+/// What [`quantize_shard`] did.
+#[derive(Default)]
+struct ShardResult {
+    names: Vec<String>,
+    copied: usize,
+    stats: Vec<TensorStats>,
+    bytes: u64,
+    smoothed: Vec<String>,
+    uncalibrated: Vec<String>,
+}
+
+/// Quantizes one input shard into `out_path`.
 fn quantize_shard(
     in_path: &Path,
     out_path: &Path,
     recipe: &Recipe,
     sel: &mut Selection<'_>,
     ignored: &mut BTreeSet<String>,
-) -> Result<(Vec<String>, usize, Vec<TensorStats>, u64), QuantizeError> {
+    prep: Option<&Prepared>,
+) -> Result<ShardResult, QuantizeError> {
     let file = std::fs::File::open(in_path).map_err(|e| io(in_path, e))?;
     // SAFETY: read-only map of an input file that is not modified while we read it.
     let map = unsafe { Mmap::map(&file) }.map_err(|e| io(in_path, e))?;
@@ -382,27 +493,46 @@ fn quantize_shard(
     let mut names: Vec<String> = st.names().into_iter().cloned().collect();
     names.sort();
     let mut out: Vec<OutTensor<'_>> = Vec::with_capacity(names.len());
-    let mut stats = Vec::new();
-    let mut copied = 0;
+    let mut res = ShardResult::default();
     for name in &names {
         let view = st.tensor(name).map_err(|e| io(in_path, format!("{name}: {e}")))?;
+        let rescale = prep.and_then(|p| p.rescale(name));
+        let cols = if view.shape().len() == 2 { view.shape()[1] } else { 1 };
         let linear = name.strip_suffix(".weight").filter(|m| view.shape().len() == 2 && is_linear(m));
         let module = match linear {
             Some(m) if sel.quantized(m) => m,
             other => {
                 ignored.extend(other.map(str::to_owned));
-                out.push(OutTensor { name: name.clone(), dtype: view.dtype(), shape: view.shape().to_vec(), data: Cow::Borrowed(view.data()) });
-                copied += 1;
+                let data = match rescale {
+                    Some(r) => {
+                        let (dtype, mut w) = float_weights(name, &view)?;
+                        r.apply(&mut w, cols);
+                        res.smoothed.push(name.clone());
+                        Cow::Owned(dtype.encode(&w))
+                    }
+                    None => Cow::Borrowed(view.data()),
+                };
+                out.push(OutTensor { name: name.clone(), dtype: view.dtype(), shape: view.shape().to_vec(), data });
+                res.copied += 1;
                 continue;
             }
         };
-        let (rows, cols) = (view.shape()[0], view.shape()[1]);
-        let (dtype, w) = float_weights(name, &view)?;
-        let tensors = recipe.quantize(module, &w, rows, cols, dtype).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
+        let rows = view.shape()[0];
+        let (dtype, mut w) = float_weights(name, &view)?;
+        if let Some(r) = rescale {
+            r.apply(&mut w, cols);
+            res.smoothed.push(name.clone());
+        }
+        let hessian = prep.and_then(|p| p.hessian(module));
+        if prep.is_some_and(|p| p.gptq) && hessian.is_none() {
+            tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
+            res.uncalibrated.push(module.to_string());
+        }
+        let tensors = recipe.quantize(module, &w, rows, cols, dtype, hessian.as_ref()).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
         let w_hat = recipe
             .decode(module, &tensors, rows, cols)
             .map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg: format!("decoding what was written: {msg}") })?;
-        stats.push(TensorStats::measure(name, &w, &w_hat, cols, recipe.block_cols(cols)));
+        res.stats.push(TensorStats::measure(name, &w, &w_hat, cols, recipe.block_cols(cols)));
         out.extend(tensors);
     }
     let views = out
@@ -416,8 +546,9 @@ fn quantize_shard(
         Format::Quark => None,
     };
     safetensors::serialize_to_file(views, &metadata, out_path).map_err(|e| io(out_path, e))?;
-    let bytes = out.iter().map(|t| t.data.len() as u64).sum();
-    Ok((out.into_iter().map(|t| t.name).collect(), copied, stats, bytes))
+    res.bytes = out.iter().map(|t| t.data.len() as u64).sum();
+    res.names = out.into_iter().map(|t| t.name).collect();
+    Ok(res)
 }
 
 /// Quantizes `opts.input` into `opts.output`, one shard at a time.
@@ -436,17 +567,25 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         return Err(QuantizeError::Usage(format!("--output {} is the input directory", output.display())));
     }
 
+    let prep = opts.calibrated.as_ref().map(|c| Prepared::new(input, &shards, c)).transpose()?;
     let mut sel = Selection { patterns: &opts.exclude, experts_only: opts.experts_only, hits: vec![0; opts.exclude.len()] };
     let mut ignored = BTreeSet::from(["lm_head".to_string()]);
     let mut weight_map = BTreeMap::new();
     let (mut stats, mut copied, mut total) = (Vec::new(), 0, 0u64);
+    let (mut smoothed, mut uncalibrated) = (BTreeSet::new(), Vec::new());
     for shard in &shards {
-        let (names, c, s, bytes) = quantize_shard(&input.join(shard), &output.join(shard), &opts.recipe, &mut sel, &mut ignored)?;
-        tracing::info!(shard, tensors = names.len(), quantized = s.len(), "shard written");
-        weight_map.extend(names.into_iter().map(|n| (n, shard.clone())));
-        stats.extend(s);
-        copied += c;
-        total += bytes;
+        let r = quantize_shard(&input.join(shard), &output.join(shard), &opts.recipe, &mut sel, &mut ignored, prep.as_ref())?;
+        tracing::info!(shard, tensors = r.names.len(), quantized = r.stats.len(), "shard written");
+        weight_map.extend(r.names.into_iter().map(|n| (n, shard.clone())));
+        stats.extend(r.stats);
+        copied += r.copied;
+        total += r.bytes;
+        smoothed.extend(r.smoothed);
+        uncalibrated.extend(r.uncalibrated);
+    }
+    // Smoothing is exact only when both sides of every site were rewritten.
+    if let Some(missing) = prep.as_ref().and_then(|p| p.smoothing.as_ref()).and_then(|s| s.weights().find(|n| !smoothed.contains(*n))) {
+        return Err(QuantizeError::Tensor { name: missing.to_string(), msg: "SmoothQuant must rewrite this tensor, but no shard holds it".into() });
     }
     // Quark and sharded transformers checkpoints carry an index; write it even for one shard.
     write_json(&output.join("model.safetensors.index.json"), &json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
@@ -476,6 +615,8 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         unmatched_patterns,
         copied_files,
         report: Report::new(scheme_name, opts.recipe.format().name(), stats),
+        smoothed: smoothed.len(),
+        uncalibrated,
     })
 }
 

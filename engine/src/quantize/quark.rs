@@ -7,7 +7,7 @@
 //!   zero-point tensors. `W ≈ q · weight_scale_2[row] · weight_scale`.
 //! - W8A8 FP8 per channel: `P.weight` F8_E4M3 `[out, in]`, `P.weight_scale` F32 `[out]`.
 
-use super::math::{quantize_fp8_rows, quantize_progressive};
+use super::math::{int_codes, CodeKind, Grid};
 use super::{find, OutTensor};
 use crate::float_dtype::FloatDtype;
 use safetensors::Dtype;
@@ -40,23 +40,21 @@ fn unpack_int4_reorder(bytes: &[u8]) -> Vec<i8> {
         .collect()
 }
 
-/// W4A8 tensors for `prefix`.
-pub fn w4a8_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize) -> Vec<OutTensor<'static>> {
-    let p = quantize_progressive(w, cols);
-    vec![
-        OutTensor::owned(format!("{prefix}.weight"), Dtype::I32, vec![rows, cols / 8], pack_int4_reorder(&p.q)),
-        OutTensor::owned(format!("{prefix}.weight_scale"), Dtype::F32, vec![], p.fp8_scale.to_le_bytes().to_vec()),
-        OutTensor::owned(format!("{prefix}.weight_scale_2"), Dtype::F32, vec![rows], FloatDtype::F32.encode(&p.int4_scales)),
-    ]
-}
-
-/// W8A8 FP8 per-channel tensors for `prefix`.
-pub fn fp8_tensors(prefix: &str, w: &[f32], rows: usize, cols: usize) -> Vec<OutTensor<'static>> {
-    let (q, scales) = quantize_fp8_rows(w, cols, FloatDtype::F32);
-    vec![
-        OutTensor::owned(format!("{prefix}.weight"), Dtype::F8_E4M3, vec![rows, cols], q),
-        OutTensor::owned(format!("{prefix}.weight_scale"), Dtype::F32, vec![rows], FloatDtype::F32.encode(&scales)),
-    ]
+/// W4A8 tensors for `prefix` from `codes` on a progressive `grid`, or W8A8 FP8 per-channel
+/// tensors from `codes` on an FP8 `grid`.
+pub fn tensors(prefix: &str, grid: &Grid, codes: Vec<u8>, rows: usize, cols: usize) -> Vec<OutTensor<'static>> {
+    let scales = FloatDtype::F32.encode(&grid.scales);
+    match grid.kind {
+        CodeKind::Progressive { fp8_scale } => vec![
+            OutTensor::owned(format!("{prefix}.weight"), Dtype::I32, vec![rows, cols / 8], pack_int4_reorder(&int_codes(&codes))),
+            OutTensor::owned(format!("{prefix}.weight_scale"), Dtype::F32, vec![], fp8_scale.to_le_bytes().to_vec()),
+            OutTensor::owned(format!("{prefix}.weight_scale_2"), Dtype::F32, vec![rows], scales),
+        ],
+        _ => vec![
+            OutTensor::owned(format!("{prefix}.weight"), Dtype::F8_E4M3, vec![rows, cols], codes),
+            OutTensor::owned(format!("{prefix}.weight_scale"), Dtype::F32, vec![rows], scales),
+        ],
+    }
 }
 
 fn f32s(t: &OutTensor<'_>) -> Result<Vec<f32>, String> {

@@ -1,10 +1,11 @@
 //! `tessera quantize`: file-to-file quantization of a Hugging Face directory into a
 //! compressed-tensors or Quark checkpoint, with the histogram-gate report.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
-use tessera_engine::quantize::{quantize_dir, Format, QuantizeOptions, Recipe, Scheme};
+use tessera_engine::quantize::calibrate::CalibrationOptions;
+use tessera_engine::quantize::{quantize_dir, Calibrated, Format, QuantizeOptions, Recipe, Scheme};
 
 /// Quantization scheme.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -56,6 +57,23 @@ pub struct QuantizeArgs {
     /// Quantize only MoE experts (`.mlp.experts.`): every other linear stays as it is.
     #[arg(long)]
     experts_only: bool,
+    /// SmoothQuant before quantizing, with this migration strength α in [0, 1] (0.5 in the
+    /// paper; larger moves more of the activations' range into the weights). Needs --calibration.
+    #[arg(long, value_name = "ALPHA")]
+    smoothquant: Option<f32>,
+    /// GPTQ: round each layer's weights minimizing its output error on the calibration inputs
+    /// (activation order, static groups). Needs --calibration.
+    #[arg(long)]
+    gptq: bool,
+    /// Plain-text calibration file for --smoothquant / --gptq (use text unlike what you evaluate on).
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<PathBuf>,
+    /// Calibration tokens used at most, from the start of the file.
+    #[arg(long, default_value_t = 16384)]
+    calibration_tokens: usize,
+    /// Tokens per calibration sequence (capped at the model's context).
+    #[arg(long, default_value_t = 1024)]
+    calibration_seq_len: usize,
     /// Write the per-tensor reconstruction report (JSON) here.
     #[arg(long)]
     report: Option<PathBuf>,
@@ -74,14 +92,31 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         FormatArg::Quark => Format::Quark,
     });
     let recipe = Recipe::resolve(scheme, format, args.group_size, args.asymmetric)?;
+    let calibrated = match (args.calibration, args.smoothquant.is_some() || args.gptq) {
+        (Some(text), true) => Some(Calibrated {
+            data: CalibrationOptions { text, max_tokens: args.calibration_tokens, seq_len: args.calibration_seq_len },
+            smoothquant: args.smoothquant,
+            gptq: args.gptq,
+        }),
+        (None, false) => None,
+        (None, true) => bail!("--smoothquant and --gptq calibrate on text: give it with --calibration FILE"),
+        (Some(_), false) => bail!("--calibration is only used by --smoothquant and --gptq; add one of them"),
+    };
     let opts = QuantizeOptions {
         input: args.input.clone(),
         output: args.output.clone(),
         recipe,
         exclude: args.exclude,
         experts_only: args.experts_only,
+        calibrated,
     };
     let s = quantize_dir(&opts).with_context(|| format!("quantizing {}", args.input.display()))?;
+    if !s.uncalibrated.is_empty() {
+        eprintln!("warning: GPTQ had no calibration inputs for {} module(s), rounded to nearest: {}", s.uncalibrated.len(), s.uncalibrated.join(", "));
+    }
+    if s.smoothed > 0 {
+        println!("SmoothQuant rewrote {} tensors", s.smoothed);
+    }
     for p in &s.unmatched_patterns {
         eprintln!("warning: --exclude {p:?} matched no linear module");
     }

@@ -1,6 +1,7 @@
 //! A checkpoint made by Tessera's own tools (the default model converted with `tessera convert
-//! gguf-to-hf`, then quantized to W4A8 with `tessera quantize`) served end to end: the plan in
-//! `/v1/models`, the plan metric, the startup log, and completions.
+//! gguf-to-hf`, then quantized to W4A8 with `tessera quantize`, calibrated: SmoothQuant and
+//! GPTQ) served end to end: the plan in `/v1/models`, the plan metric, the startup log, and
+//! completions.
 
 use crate::harness::{model_path, Server};
 use serde_json::{json, Value};
@@ -19,7 +20,15 @@ async fn quantized_checkpoint_serves_with_its_plan() {
     let (bf16, w4a8) = (dir.join("bf16"), dir.join("w4a8"));
     let s = |p: &Path| p.to_str().unwrap().to_owned();
     tessera(&["convert", "gguf-to-hf", "--input", model_path().to_str().unwrap(), "--output", &s(&bf16)]);
-    tessera(&["quantize", "--input", &s(&bf16), "--output", &s(&w4a8), "--scheme", "w4a8"]);
+    // Calibration text from the middle of the corpus.
+    let corpus = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/pride_and_prejudice.txt")).unwrap();
+    let calibration = dir.join("calibration.txt");
+    std::fs::write(&calibration, &corpus[300_000..330_000]).unwrap();
+    let quantize = ["quantize", "--input", &s(&bf16), "--output", &s(&w4a8), "--scheme", "w4a8", "--smoothquant", "0.5", "--gptq"];
+    let refused = Command::new(env!("CARGO_BIN_EXE_tessera")).args(quantize).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("give it with --calibration FILE"), "{}", String::from_utf8_lossy(&refused.stderr));
+    tessera(&[&quantize[..], &["--calibration", &s(&calibration), "--calibration-tokens", "1024"]].concat());
     let server = Server::start(&["--model", &s(&w4a8)]);
     std::fs::remove_dir_all(&dir).unwrap(); // mapped files stay readable
 

@@ -1,0 +1,97 @@
+//! Calibration for `tessera quantize`: the input model runs over calibration text once, and
+//! for every dense block the inputs of its linear layers ([`LinearSite`]) are summarized: the
+//! per-channel absolute maximum (what SmoothQuant balances) and, when asked, the second
+//! moment `Σ x xᵀ` (what GPTQ minimizes the output error under).
+
+use super::gptq::Hessian;
+use super::QuantizeError;
+use crate::model::{ActivationObserver, LinearSite, SeqInput};
+use crate::LoadedModel;
+use std::collections::BTreeMap;
+use std::path::Path;
+use tessera_kernels::linear::LinearPolicy;
+
+/// What to calibrate on.
+#[derive(Clone, Debug)]
+pub struct CalibrationOptions {
+    /// Plain-text file of calibration text.
+    pub text: std::path::PathBuf,
+    /// Tokens to use at most (from the start of the text).
+    pub max_tokens: usize,
+    /// Tokens per calibration sequence.
+    pub seq_len: usize,
+}
+
+/// The input summary of one linear site.
+#[derive(Clone, Debug)]
+pub struct SiteStats {
+    /// Per-channel `max |x|`.
+    pub absmax: Vec<f32>,
+    /// `Σ x xᵀ` (when second moments were asked for).
+    pub hessian: Option<Hessian>,
+}
+
+/// Input summaries of every dense block's linear sites, by (block, site).
+#[derive(Clone, Debug, Default)]
+pub struct Calibration {
+    /// The summaries.
+    pub sites: BTreeMap<(usize, LinearSite), SiteStats>,
+    /// Calibration tokens run.
+    pub tokens: usize,
+    /// The model's (query heads, KV heads).
+    pub heads: (usize, usize),
+    hessians: bool,
+}
+
+impl ActivationObserver for Calibration {
+    fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize) {
+        let hessians = self.hessians;
+        let s = self
+            .sites
+            .entry((layer, site))
+            .or_insert_with(|| SiteStats { absmax: vec![0.0; width], hessian: hessians.then(|| Hessian::new(width)) });
+        for row in rows.chunks_exact(width) {
+            s.absmax.iter_mut().zip(row).for_each(|(m, x)| *m = m.max(x.abs()));
+        }
+        if let Some(h) = &mut s.hessian {
+            h.add(rows);
+        }
+    }
+}
+
+impl Calibration {
+    /// The summary of `site` in block `layer`.
+    pub fn site(&self, layer: usize, site: LinearSite) -> Option<&SiteStats> {
+        self.sites.get(&(layer, site))
+    }
+}
+
+/// Runs the model of the Hugging Face directory `input` over the calibration text and
+/// summarizes every dense linear input (second moments too when `hessians`).
+pub fn calibrate(input: &Path, opts: &CalibrationOptions, hessians: bool) -> Result<Calibration, QuantizeError> {
+    let usage = |m: String| QuantizeError::Usage(m);
+    let text = std::fs::read_to_string(&opts.text).map_err(|e| super::io(&opts.text, e))?;
+    let loaded = LoadedModel::load(input, LinearPolicy::DEFAULT).map_err(|e| usage(format!("loading {} to calibrate: {e}", input.display())))?;
+    let c = loaded.model.config();
+    if c.moe.is_some() {
+        return Err(usage("calibrated quantization (--smoothquant, --gptq) supports dense models; this one has MoE layers".into()));
+    }
+    let seq_len = opts.seq_len.min(c.max_position_embeddings);
+    let mut tokens = loaded.tokenizer.encode(&text).map_err(|e| usage(format!("tokenizing {}: {e}", opts.text.display())))?;
+    tokens.truncate(opts.max_tokens);
+    if tokens.len() < seq_len.min(opts.max_tokens) {
+        return Err(usage(format!("{} holds {} tokens; calibration wants at least {}", opts.text.display(), tokens.len(), seq_len.min(opts.max_tokens))));
+    }
+    let mut cal = Calibration { hessians, heads: (c.num_heads, c.num_kv_heads), ..Calibration::default() };
+    let model = &loaded.model;
+    // A few sequences per forward pass: the linear layers see more rows per call.
+    for group in tokens.chunks(seq_len * 4) {
+        let seqs: Vec<&[u32]> = group.chunks(seq_len).collect();
+        let mut caches: Vec<_> = seqs.iter().map(|s| model.local_kv(s.len())).collect();
+        let mut batch: Vec<SeqInput<'_>> = seqs.iter().zip(caches.iter_mut()).map(|(t, kv)| SeqInput { tokens: t, kv, logits_from: None }).collect();
+        model.forward_observed(&mut batch, &mut cal).map_err(|e| usage(format!("calibration forward pass: {e}")))?;
+        cal.tokens += group.len();
+        tracing::info!(tokens = cal.tokens, of = tokens.len(), "calibrating");
+    }
+    Ok(cal)
+}

@@ -1,0 +1,144 @@
+//! Calibrated `quantize_dir` on the default model: SmoothQuant leaves the model's function
+//! unchanged (float output, exact up to f32 rounding), and SmoothQuant / GPTQ bring the
+//! quantized model's next-token distributions closer to the float model's than rounding to
+//! nearest does, on text the calibration did not see. Calibration reads the project corpus
+//! from its middle; the evaluation uses its first tokens.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use tessera_engine::checkpoint::Checkpoint;
+use tessera_engine::convert::{to_hf_dir, ConvertOptions};
+use tessera_engine::float_dtype::FloatDtype;
+use tessera_engine::model::SeqInput;
+use tessera_engine::quantize::calibrate::CalibrationOptions;
+use tessera_engine::quantize::{quantize_dir, Calibrated, QuantizeOptions, QuantizeSummary, Recipe, Scheme};
+use tessera_engine::LoadedModel;
+use tessera_kernels::linear::LinearPolicy;
+
+fn base() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("calibrated-quantize")
+}
+
+/// The default model converted to `dtype`, once per dtype per test binary.
+fn converted(dtype: FloatDtype) -> PathBuf {
+    static DIRS: OnceLock<std::sync::Mutex<()>> = OnceLock::new();
+    let _g = DIRS.get_or_init(Default::default).lock().unwrap();
+    let dir = base().join(format!("{dtype:?}"));
+    if !dir.join("config.json").exists() {
+        let ck = Checkpoint::open(&common::default_model_path()).unwrap();
+        to_hf_dir(&ck, &dir, &ConvertOptions { dtype, max_shard_bytes: None }).unwrap();
+    }
+    dir
+}
+
+fn corpus() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/pride_and_prejudice.txt")).unwrap()
+}
+
+/// A calibration file: 40,000 characters from the middle of the corpus (not the evaluated start).
+fn calibration_file() -> PathBuf {
+    let path = base().join("calibration.txt");
+    if !path.exists() {
+        let text = corpus();
+        let start = text.char_indices().nth(300_000).unwrap().0;
+        let end = text.char_indices().nth(340_000).unwrap().0;
+        std::fs::create_dir_all(base()).unwrap();
+        std::fs::write(&path, &text[start..end]).unwrap();
+    }
+    path
+}
+
+fn quantize(input: &Path, name: &str, recipe: Recipe, exclude: &[&str], smoothquant: Option<f32>, gptq: bool) -> (PathBuf, QuantizeSummary) {
+    let out = base().join(name);
+    let _ = std::fs::remove_dir_all(&out);
+    let calibrated = (smoothquant.is_some() || gptq).then(|| Calibrated {
+        data: CalibrationOptions { text: calibration_file(), max_tokens: 2048, seq_len: 512 },
+        smoothquant,
+        gptq,
+    });
+    let opts = QuantizeOptions {
+        input: input.into(),
+        output: out.clone(),
+        recipe,
+        exclude: exclude.iter().map(|s| s.to_string()).collect(),
+        experts_only: false,
+        calibrated,
+    };
+    let s = quantize_dir(&opts).unwrap();
+    (out, s)
+}
+
+/// Log-softmax rows of the model in `dir` over `tokens`.
+fn log_probs(dir: &Path, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let m = LoadedModel::load(dir, LinearPolicy::DEFAULT).unwrap();
+    let mut kv = m.model.local_kv(tokens.len());
+    let logits = m.model.forward(&mut [SeqInput { tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().remove(0);
+    logits
+        .chunks(m.model.config().vocab_size)
+        .map(|row| {
+            let max = row.iter().cloned().fold(f32::MIN, f32::max);
+            let lse = f64::from(max) + row.iter().map(|&x| f64::from(x - max).exp()).sum::<f64>().ln();
+            row.iter().map(|&x| f64::from(x) - lse).collect()
+        })
+        .collect()
+}
+
+/// Mean KL(p || q) per token.
+fn kl(p: &[Vec<f64>], q: &[Vec<f64>]) -> f64 {
+    p.iter().zip(q).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x.exp() * (x - y)).sum::<f64>()).sum::<f64>() / p.len() as f64
+}
+
+/// The evaluation tokens: the first 256 of the corpus.
+fn eval_tokens(dir: &Path) -> Vec<u32> {
+    let m = LoadedModel::load(dir, LinearPolicy::DEFAULT).unwrap();
+    let mut t = m.tokenizer.encode(&corpus()[..4000]).unwrap();
+    t.truncate(256);
+    t
+}
+
+#[test]
+fn smoothing_alone_keeps_the_model_function() {
+    let f32_dir = converted(FloatDtype::F32);
+    // Every linear excluded: the output holds the smoothed float weights.
+    let recipe = Recipe::resolve(Scheme::W8A8Int8, None, None, false).unwrap();
+    let (out, s) = quantize(&f32_dir, "smoothed-f32", recipe, &["*"], Some(0.5), false);
+    // Per block: both norms, q/k/v/o, gate/up/down rewritten (v and up on both sides).
+    assert_eq!(s.smoothed, 30 * 9);
+    assert!(s.report.tensors.is_empty());
+    let tokens = eval_tokens(&f32_dir);
+    let (a, b) = (log_probs(&f32_dir, &tokens[..96]), log_probs(&out, &tokens[..96]));
+    let worst = a.iter().zip(&b).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+    // f32 rounding of rescaled weights through 30 blocks; a wrong fold moves log-probs by > 0.1.
+    assert!(worst < 2e-3, "smoothing changed log-probs by {worst}");
+    // And it did rewrite something: the first norm differs from the input's.
+    let norm = |d: &Path| Checkpoint::open(d).unwrap().tensor("blk.0.attn_norm.weight").unwrap().data.bytes().to_vec();
+    assert_ne!(norm(&f32_dir), norm(&out));
+}
+
+#[test]
+fn calibration_brings_quantized_models_closer_to_float() {
+    let bf16 = converted(FloatDtype::BF16);
+    let tokens = eval_tokens(&bf16);
+    let reference = log_probs(&bf16, &tokens);
+    let error = |name: &str, recipe: Recipe, smoothquant: Option<f32>, gptq: bool| {
+        let (dir, s) = quantize(&bf16, name, recipe, &[], smoothquant, gptq);
+        assert!(s.uncalibrated.is_empty(), "{:?}", s.uncalibrated);
+        let e = kl(&reference, &log_probs(&dir, &tokens));
+        std::fs::remove_dir_all(&dir).unwrap();
+        eprintln!("{name}: KL {e:.5}");
+        e
+    };
+    let int8 = Recipe::resolve(Scheme::W8A8Int8, None, None, false).unwrap();
+    let rtn = error("w8a8-rtn", int8, None, false);
+    let sq = error("w8a8-sq", int8, Some(0.5), false);
+    let sq_gptq = error("w8a8-sq-gptq", int8, Some(0.5), true);
+    let int4 = Recipe::resolve(Scheme::W4A16, None, Some(64), false).unwrap();
+    let int4_rtn = error("w4a16-rtn", int4, None, false);
+    let int4_gptq = error("w4a16-gptq", int4, None, true);
+    // Margins well inside what was measured (see the README's quantization quality table).
+    assert!(sq < 0.8 * rtn, "SmoothQuant {sq} vs rounding {rtn}");
+    assert!(sq_gptq < sq, "SmoothQuant+GPTQ {sq_gptq} vs SmoothQuant {sq}");
+    assert!(int4_gptq < 0.7 * int4_rtn, "GPTQ {int4_gptq} vs rounding {int4_rtn}");
+}
