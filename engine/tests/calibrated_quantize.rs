@@ -50,9 +50,18 @@ fn calibration_file() -> PathBuf {
     path
 }
 
-fn quantize(input: &Path, name: &str, recipe: Recipe, exclude: &[&str], smoothquant: Option<f32>, gptq: bool) -> (PathBuf, QuantizeSummary) {
+/// How a test quantizes.
+#[derive(Clone, Copy, Default)]
+struct How {
+    smoothquant: Option<f32>,
+    gptq: bool,
+    mse_observer: bool,
+}
+
+fn quantize(input: &Path, name: &str, recipe: Recipe, exclude: &[&str], how: How) -> (PathBuf, QuantizeSummary) {
     let out = base().join(name);
     let _ = std::fs::remove_dir_all(&out);
+    let How { smoothquant, gptq, mse_observer } = how;
     let calibrated = (smoothquant.is_some() || gptq).then(|| Calibrated {
         data: CalibrationOptions { text: calibration_file(), max_tokens: 2048, seq_len: 512 },
         smoothquant,
@@ -65,6 +74,7 @@ fn quantize(input: &Path, name: &str, recipe: Recipe, exclude: &[&str], smoothqu
         exclude: exclude.iter().map(|s| s.to_string()).collect(),
         experts_only: false,
         calibrated,
+        mse_observer,
     };
     let s = quantize_dir(&opts).unwrap();
     (out, s)
@@ -103,7 +113,7 @@ fn smoothing_alone_keeps_the_model_function() {
     let f32_dir = converted(FloatDtype::F32);
     // Every linear excluded: the output holds the smoothed float weights.
     let recipe = Recipe::resolve(Scheme::W8A8Int8, None, None, false).unwrap();
-    let (out, s) = quantize(&f32_dir, "smoothed-f32", recipe, &["*"], Some(0.5), false);
+    let (out, s) = quantize(&f32_dir, "smoothed-f32", recipe, &["*"], How { smoothquant: Some(0.5), ..How::default() });
     // Per block: both norms, q/k/v/o, gate/up/down rewritten (v and up on both sides).
     assert_eq!(s.smoothed, 30 * 9);
     assert!(s.report.tensors.is_empty());
@@ -122,8 +132,8 @@ fn calibration_brings_quantized_models_closer_to_float() {
     let bf16 = converted(FloatDtype::BF16);
     let tokens = eval_tokens(&bf16);
     let reference = log_probs(&bf16, &tokens);
-    let error = |name: &str, recipe: Recipe, smoothquant: Option<f32>, gptq: bool| {
-        let (dir, s) = quantize(&bf16, name, recipe, &[], smoothquant, gptq);
+    let error = |name: &str, recipe: Recipe, how: How| {
+        let (dir, s) = quantize(&bf16, name, recipe, &[], how);
         assert!(s.uncalibrated.is_empty(), "{:?}", s.uncalibrated);
         let e = kl(&reference, &log_probs(&dir, &tokens));
         std::fs::remove_dir_all(&dir).unwrap();
@@ -131,14 +141,21 @@ fn calibration_brings_quantized_models_closer_to_float() {
         e
     };
     let int8 = Recipe::resolve(Scheme::W8A8Int8, None, None, false).unwrap();
-    let rtn = error("w8a8-rtn", int8, None, false);
-    let sq = error("w8a8-sq", int8, Some(0.5), false);
-    let sq_gptq = error("w8a8-sq-gptq", int8, Some(0.5), true);
+    let sq = How { smoothquant: Some(0.5), ..How::default() };
+    let gptq = How { gptq: true, ..How::default() };
+    let mse = How { mse_observer: true, ..How::default() };
+    let w8_rtn = error("w8a8-rtn", int8, How::default());
+    let w8_sq = error("w8a8-sq", int8, sq);
+    let w8_sq_gptq = error("w8a8-sq-gptq", int8, How { gptq: true, ..sq });
     let int4 = Recipe::resolve(Scheme::W4A16, None, Some(64), false).unwrap();
-    let int4_rtn = error("w4a16-rtn", int4, None, false);
-    let int4_gptq = error("w4a16-gptq", int4, None, true);
+    let w4_rtn = error("w4a16-rtn", int4, How::default());
+    let w4_mse = error("w4a16-mse", int4, mse);
+    let w4_gptq = error("w4a16-gptq", int4, gptq);
+    let w4_gptq_mse = error("w4a16-gptq-mse", int4, How { gptq: true, ..mse });
     // Margins well inside what was measured (see the README's quantization quality table).
-    assert!(sq < 0.8 * rtn, "SmoothQuant {sq} vs rounding {rtn}");
-    assert!(sq_gptq < sq, "SmoothQuant+GPTQ {sq_gptq} vs SmoothQuant {sq}");
-    assert!(int4_gptq < 0.7 * int4_rtn, "GPTQ {int4_gptq} vs rounding {int4_rtn}");
+    assert!(w8_sq < 0.8 * w8_rtn, "SmoothQuant {w8_sq} vs rounding {w8_rtn}");
+    assert!(w8_sq_gptq < w8_sq, "SmoothQuant+GPTQ {w8_sq_gptq} vs SmoothQuant {w8_sq}");
+    assert!(w4_mse < w4_rtn, "MSE observer {w4_mse} vs min/max {w4_rtn}");
+    assert!(w4_gptq < 0.7 * w4_rtn, "GPTQ {w4_gptq} vs rounding {w4_rtn}");
+    assert!(w4_gptq_mse < w4_gptq, "GPTQ with the MSE observer {w4_gptq_mse} vs GPTQ {w4_gptq}");
 }

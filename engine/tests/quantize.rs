@@ -409,6 +409,7 @@ fn run(input: &Path, out: &Path, recipe: Recipe, exclude: &[&str], experts_only:
         exclude: exclude.iter().map(|s| s.to_string()).collect(),
         experts_only,
         calibrated: None,
+        mse_observer: false,
     };
     quantize_dir(&opts).map_err(|e| e.to_string())
 }

@@ -40,7 +40,7 @@ pub struct Calibration {
     pub tokens: usize,
     /// The model's (query heads, KV heads).
     pub heads: (usize, usize),
-    hessians: bool,
+    pub(crate) hessians: bool,
 }
 
 impl ActivationObserver for Calibration {

@@ -75,6 +75,12 @@ impl Hessian {
         self.tokens += t;
     }
 
+    /// The inputs' mean square per channel (`H_ii / tokens`).
+    pub fn diagonal(&self) -> Vec<f32> {
+        let t = self.tokens.max(1) as f32;
+        (0..self.width).map(|i| self.sum[i * self.width + i] / t).collect()
+    }
+
     /// The second moment of the inputs divided channel-wise by `s` (`x / s`):
     /// `H_ij / (s_i s_j)`.
     pub fn divided(&self, s: &[f32]) -> Hessian {

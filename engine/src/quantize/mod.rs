@@ -187,9 +187,10 @@ impl Recipe {
         }
     }
 
-    /// Quantizes one `[rows, cols]` weight of module `prefix` (with GPTQ when the `hessian` of
-    /// its inputs is given, else rounding to nearest); `Err` says why it cannot be.
-    fn quantize(&self, prefix: &str, w: &[f32], rows: usize, cols: usize, dtype: FloatDtype, hessian: Option<&gptq::Hessian>) -> Result<Vec<OutTensor<'static>>, String> {
+    /// Quantizes one `[rows, cols]` weight of module `prefix` (scales searched when `mse`,
+    /// weighting columns by the inputs' energy when the `hessian` of its inputs is given;
+    /// values by GPTQ with that `hessian`, else rounded to nearest); `Err` says why it cannot be.
+    fn quantize(&self, prefix: &str, w: &[f32], rows: usize, cols: usize, dtype: FloatDtype, mse: bool, hessian: Option<&Hessian>) -> Result<Vec<OutTensor<'static>>, String> {
         use compressed_tensors::Scheme as Ct;
         let int4 = matches!(self, Recipe::CompressedTensors(Ct::Int4 { .. }) | Recipe::Quark(quark::Scheme::W4A8));
         if int4 && !cols.is_multiple_of(8) {
@@ -209,7 +210,7 @@ impl Recipe {
                 )
             });
         }
-        let grid = match self {
+        let mut grid = match self {
             Recipe::CompressedTensors(Ct::Int4 { asymmetric: true, .. }) => Grid::asymmetric(w, cols, block, INT4, dtype),
             Recipe::CompressedTensors(Ct::Int4 { .. }) => Grid::symmetric(w, cols, block, INT4, dtype),
             Recipe::CompressedTensors(Ct::Int8) => Grid::symmetric(w, cols, cols, INT8, dtype),
@@ -217,6 +218,9 @@ impl Recipe {
             Recipe::Quark(quark::Scheme::W4A8) => Grid::progressive(w, cols),
             Recipe::Quark(quark::Scheme::Fp8) => Grid::fp8_rows(w, cols, FloatDtype::F32),
         };
+        if mse {
+            grid.search_clipping(w, hessian.map(Hessian::diagonal).as_deref());
+        }
         let codes = match hessian {
             Some(h) => gptq::gptq(w, &grid, h)?,
             None => grid.round(w),
@@ -285,6 +289,9 @@ pub struct QuantizeOptions {
     pub experts_only: bool,
     /// Calibrated quantization (SmoothQuant, GPTQ), or rounding to nearest when `None`.
     pub calibrated: Option<Calibrated>,
+    /// Choose every scale by the clipping search of [`Grid::search_clipping`] (an MSE
+    /// observer) instead of the range's min/max.
+    pub mse_observer: bool,
 }
 
 /// Calibrated quantization: what runs on the calibration statistics.
@@ -485,6 +492,7 @@ fn quantize_shard(
     sel: &mut Selection<'_>,
     ignored: &mut BTreeSet<String>,
     prep: Option<&Prepared>,
+    mse: bool,
 ) -> Result<ShardResult, QuantizeError> {
     let file = std::fs::File::open(in_path).map_err(|e| io(in_path, e))?;
     // SAFETY: read-only map of an input file that is not modified while we read it.
@@ -528,7 +536,7 @@ fn quantize_shard(
             tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
             res.uncalibrated.push(module.to_string());
         }
-        let tensors = recipe.quantize(module, &w, rows, cols, dtype, hessian.as_ref()).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
+        let tensors = recipe.quantize(module, &w, rows, cols, dtype, mse, hessian.as_ref()).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
         let w_hat = recipe
             .decode(module, &tensors, rows, cols)
             .map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg: format!("decoding what was written: {msg}") })?;
@@ -574,7 +582,7 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     let (mut stats, mut copied, mut total) = (Vec::new(), 0, 0u64);
     let (mut smoothed, mut uncalibrated) = (BTreeSet::new(), Vec::new());
     for shard in &shards {
-        let r = quantize_shard(&input.join(shard), &output.join(shard), &opts.recipe, &mut sel, &mut ignored, prep.as_ref())?;
+        let r = quantize_shard(&input.join(shard), &output.join(shard), &opts.recipe, &mut sel, &mut ignored, prep.as_ref(), opts.mse_observer)?;
         tracing::info!(shard, tensors = r.names.len(), quantized = r.stats.len(), "shard written");
         weight_map.extend(r.names.into_iter().map(|n| (n, shard.clone())));
         stats.extend(r.stats);
@@ -591,7 +599,17 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     write_json(&output.join("model.safetensors.index.json"), &json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
 
     let ignored: Vec<String> = ignored.into_iter().collect();
-    cfg.insert("quantization_config".into(), opts.recipe.quantization_config(&ignored));
+    let mut qc = opts.recipe.quantization_config(&ignored);
+    if opts.recipe.format() == Format::CompressedTensors {
+        // How the scales and values were chosen, as llm-compressor records it (GPTQ's
+        // activation order over static groups is compressed-tensors' `actorder: "weight"`).
+        let w = &mut qc["config_groups"]["group_0"]["weights"];
+        w["observer"] = json!(if opts.mse_observer { "mse" } else { "minmax" });
+        if prep.as_ref().is_some_and(|p| p.gptq) {
+            w["actorder"] = json!("weight");
+        }
+    }
+    cfg.insert("quantization_config".into(), qc);
     write_json(&output.join("config.json"), &config)?;
 
     let mut copied_files = Vec::new();

@@ -143,3 +143,51 @@ impl Smoothing {
         self.factors.get(&(layer, site)).map(Vec::as_slice)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quantize::calibrate::SiteStats;
+
+    #[test]
+    fn factors_follow_the_formula_and_share_v_channels() {
+        let stats = |absmax: Vec<f32>| SiteStats { absmax, hessian: None };
+        let mut cal = Calibration { heads: (2, 1), ..Calibration::default() };
+        cal.sites.insert((0, LinearSite::Output), stats(vec![1.0, 4.0, 9.0, 16.0]));
+        cal.sites.insert((0, LinearSite::Qkv), stats(vec![4.0, 0.0, 1.0]));
+        let weights = |name: &str| match name {
+            "model.layers.0.self_attn.o_proj.weight" => Some(vec![1.0, 1.0, 0.25, 4.0]),
+            "model.layers.0.self_attn.q_proj.weight" => Some(vec![1.0, 1.0, 0.0]),
+            "model.layers.0.self_attn.k_proj.weight" => Some(vec![0.25, 2.0, 0.0]),
+            "model.layers.0.self_attn.v_proj.weight" => Some(vec![0.5, 1.0, 0.0]),
+            _ => None,
+        };
+        let s = Smoothing::new(&cal, 0.5, (2, 1), weights).unwrap();
+        // O site, 2 query heads on 1 KV head of dim 2: channel d's maxima over both heads'
+        // columns d and 2 + d: activations max(1, 9) = 9 and max(4, 16) = 16, weights
+        // max(1, 0.25) = 1 and max(1, 4) = 4; s = sqrt(a / w) = 3 and 2.
+        assert_eq!(s.factor(0, LinearSite::Output), Some(&[3.0, 2.0, 3.0, 2.0][..]));
+        let v = s.rescale("model.layers.0.self_attn.v_proj.weight").unwrap();
+        assert_eq!(v.rows.as_deref(), Some(&[3.0, 2.0][..]));
+        assert_eq!(s.rescale("model.layers.0.self_attn.v_proj.bias").unwrap().rows, v.rows);
+        // Q/K/V site: weights max over q, k, v per column (1, 2, 0); a channel with no
+        // activation or no weight keeps 1.
+        assert_eq!(v.cols.as_deref(), Some(&[2.0, 1.0, 1.0][..]));
+        assert_eq!(s.rescale("model.layers.0.input_layernorm.weight").unwrap().rows.as_deref(), Some(&[2.0, 1.0, 1.0][..]));
+        let o = s.rescale("model.layers.0.self_attn.o_proj.weight").unwrap();
+        assert_eq!((o.rows.as_ref(), o.cols.as_deref()), (None, Some(&[3.0, 2.0, 3.0, 2.0][..])));
+        // A missing balance layer is an error naming it.
+        let err = Smoothing::new(&cal, 0.5, (2, 1), |n| weights(n).filter(|_| !n.contains("k_proj"))).unwrap_err();
+        assert!(err.contains("k_proj.weight: not found"), "{err}");
+    }
+
+    #[test]
+    fn rescale_divides_rows_and_multiplies_columns() {
+        let r = Rescale { rows: Some(vec![2.0, 4.0]), cols: Some(vec![1.0, 3.0]) };
+        let mut w = vec![2.0, 2.0, 8.0, 8.0];
+        r.apply(&mut w, 2);
+        assert_eq!(w, [1.0, 3.0, 2.0, 6.0]);
+        assert_eq!(module_site("model.layers.12.mlp.down_proj"), Some((12, LinearSite::Down)));
+        assert_eq!(module_site("model.layers.1.mlp.experts.0.down_proj"), None);
+    }
+}

@@ -65,6 +65,10 @@ pub struct QuantizeArgs {
     /// (activation order, static groups). Needs --calibration.
     #[arg(long)]
     gptq: bool,
+    /// Choose each scale by searching the clipping ratio that minimizes the squared error
+    /// (weighted by the inputs' energy per column with --gptq), not the range's min/max.
+    #[arg(long)]
+    mse_observer: bool,
     /// Plain-text calibration file for --smoothquant / --gptq (use text unlike what you evaluate on).
     #[arg(long, value_name = "FILE")]
     calibration: Option<PathBuf>,
@@ -109,6 +113,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         exclude: args.exclude,
         experts_only: args.experts_only,
         calibrated,
+        mse_observer: args.mse_observer,
     };
     let s = quantize_dir(&opts).with_context(|| format!("quantizing {}", args.input.display()))?;
     if !s.uncalibrated.is_empty() {
