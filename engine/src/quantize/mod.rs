@@ -190,7 +190,8 @@ impl Recipe {
     /// Quantizes one `[rows, cols]` weight of module `prefix` (scales searched when `mse`,
     /// weighting columns by the inputs' energy when the `hessian` of its inputs is given;
     /// values by GPTQ with that `hessian`, else rounded to nearest); `Err` says why it cannot be.
-    fn quantize(&self, prefix: &str, w: &[f32], rows: usize, cols: usize, dtype: FloatDtype, mse: bool, hessian: Option<&Hessian>) -> Result<Vec<OutTensor<'static>>, String> {
+    fn quantize(&self, prefix: &str, w: &[f32], cols: usize, dtype: FloatDtype, mse: bool, hessian: Option<&Hessian>) -> Result<Vec<OutTensor<'static>>, String> {
+        let rows = w.len() / cols;
         use compressed_tensors::Scheme as Ct;
         let int4 = matches!(self, Recipe::CompressedTensors(Ct::Int4 { .. }) | Recipe::Quark(quark::Scheme::W4A8));
         if int4 && !cols.is_multiple_of(8) {
@@ -536,7 +537,7 @@ fn quantize_shard(
             tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
             res.uncalibrated.push(module.to_string());
         }
-        let tensors = recipe.quantize(module, &w, rows, cols, dtype, mse, hessian.as_ref()).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
+        let tensors = recipe.quantize(module, &w, cols, dtype, mse, hessian.as_ref()).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
         let w_hat = recipe
             .decode(module, &tensors, rows, cols)
             .map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg: format!("decoding what was written: {msg}") })?;
