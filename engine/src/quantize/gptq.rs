@@ -153,18 +153,35 @@ fn inverse_factor(h: &Hessian, order: &[usize]) -> Result<Vec<f32>, String> {
     Err(format!("the {n}x{n} Hessian of the calibration inputs is not positive definite even with damping {damp}"))
 }
 
-/// The codes of `w` (`[rows, grid.cols]`, row-major) on `grid` by GPTQ with the inputs'
-/// second moment `h`.
-pub fn gptq(w: &[f32], grid: &Grid, h: &Hessian) -> Result<Vec<u8>, String> {
-    let n = grid.cols;
-    if h.width != n {
-        return Err(format!("calibration inputs are {} wide, the weight has {n} columns", h.width));
+/// What GPTQ needs of one input site, shared by every layer reading it: the visiting order,
+/// the inverse factor `U` and the inputs' mean square per channel.
+#[derive(Clone, Debug)]
+pub struct Factor {
+    order: Vec<usize>,
+    u: Vec<f32>,
+    /// The inputs' mean square per channel (`H_ii / tokens`).
+    pub energy: Vec<f32>,
+}
+
+impl Factor {
+    /// Factors `h` (activation order, damped).
+    pub fn new(h: &Hessian) -> Result<Self, String> {
+        let n = h.width;
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| h.sum[b * n + b].total_cmp(&h.sum[a * n + a]));
+        let u = inverse_factor(h, &order)?;
+        Ok(Factor { order, u, energy: h.diagonal() })
     }
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| h.sum[b * n + b].total_cmp(&h.sum[a * n + a]));
-    let u = inverse_factor(h, &order)?;
-    let mut codes = vec![0u8; w.len()];
-    codes.par_chunks_mut(ROW_TILE * n).zip(w.par_chunks(ROW_TILE * n)).enumerate().for_each(|(tile, (ct, wt))| {
+}
+
+/// The codes of `w` (`[rows, grid.cols]`, row-major) on `grid` by GPTQ with the factor of
+/// its inputs.
+pub fn gptq(w: &[f32], grid: &Grid, f: &Factor) -> Result<Vec<u8>, String> {
+    let (n, order, u) = (grid.cols, &f.order, &f.u);
+    if order.len() != n {
+        return Err(format!("calibration inputs are {} wide, the weight has {n} columns", order.len()));
+    }
+    let mut codes = vec![0u8; w.len()];    codes.par_chunks_mut(ROW_TILE * n).zip(w.par_chunks(ROW_TILE * n)).enumerate().for_each(|(tile, (ct, wt))| {
         let r0 = tile * ROW_TILE;
         // Working rows in visiting order.
         let mut work: Vec<Vec<f32>> = wt.chunks_exact(n).map(|row| order.iter().map(|&c| row[c]).collect()).collect();
@@ -257,9 +274,10 @@ mod tests {
         let (rows, n) = (20, 64);
         let (h, _) = correlated(n, 500, &mut rng);
         let w: Vec<f32> = (0..rows * n).map(|_| rng.gen_range(-0.1f32..0.1)).collect();
+        let f = Factor::new(&h).unwrap();
         for grid in [Grid::symmetric(&w, n, 16, INT4, FloatDtype::BF16), Grid::asymmetric(&w, n, 32, INT4, FloatDtype::F32), Grid::fp8_rows(&w, n, FloatDtype::F32)] {
             let rtn = output_error(&w, &grid, &grid.round(&w), &h);
-            let g = output_error(&w, &grid, &gptq(&w, &grid, &h).unwrap(), &h);
+            let g = output_error(&w, &grid, &gptq(&w, &grid, &f).unwrap(), &h);
             // Correlated inputs leave GPTQ much room: measured 0.2-0.4x of rounding's error.
             assert!(g < 0.6 * rtn, "{:?}: gptq {g} vs rounding {rtn}", grid.kind);
         }
@@ -275,7 +293,7 @@ mod tests {
         h.sum[3 * n + 3] = 0.0; // a column no input reached
         let w: Vec<f32> = (0..8 * n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let grid = Grid::symmetric(&w, n, 8, INT4, FloatDtype::F32);
-        assert_eq!(gptq(&w, &grid, &h).unwrap(), grid.round(&w));
-        assert!(gptq(&w, &grid, &Hessian::new(n + 1)).unwrap_err().contains("33 wide"));
+        assert_eq!(gptq(&w, &grid, &Factor::new(&h).unwrap()).unwrap(), grid.round(&w));
+        assert!(gptq(&w, &grid, &Factor::new(&Hessian::new(n + 1)).unwrap()).unwrap_err().contains("33 wide"));
     }
 }

@@ -27,7 +27,8 @@ pub mod smooth;
 use crate::float_dtype::FloatDtype;
 use crate::quant::pattern::fnmatch;
 use calibrate::{calibrate, Calibration, CalibrationOptions};
-use gptq::Hessian;
+use gptq::Factor;
+use std::sync::{Arc, Mutex};
 use math::{Grid, INT4, INT8};
 use smooth::{module_site, Rescale, Smoothing};
 use memmap2::Mmap;
@@ -188,9 +189,9 @@ impl Recipe {
     }
 
     /// Quantizes one `[rows, cols]` weight of module `prefix` (scales searched when `mse`,
-    /// weighting columns by the inputs' energy when the `hessian` of its inputs is given;
-    /// values by GPTQ with that `hessian`, else rounded to nearest); `Err` says why it cannot be.
-    fn quantize(&self, prefix: &str, w: &[f32], cols: usize, dtype: FloatDtype, mse: bool, hessian: Option<&Hessian>) -> Result<Vec<OutTensor<'static>>, String> {
+    /// weighting columns by the inputs' energy when the GPTQ `factor` of its inputs is given;
+    /// values by GPTQ with that factor, else rounded to nearest); `Err` says why it cannot be.
+    fn quantize(&self, prefix: &str, w: &[f32], cols: usize, dtype: FloatDtype, mse: bool, factor: Option<&Factor>) -> Result<Vec<OutTensor<'static>>, String> {
         let rows = w.len() / cols;
         use compressed_tensors::Scheme as Ct;
         let int4 = matches!(self, Recipe::CompressedTensors(Ct::Int4 { .. }) | Recipe::Quark(quark::Scheme::W4A8));
@@ -220,10 +221,10 @@ impl Recipe {
             Recipe::Quark(quark::Scheme::Fp8) => Grid::fp8_rows(w, cols, FloatDtype::F32),
         };
         if mse {
-            grid.search_clipping(w, hessian.map(Hessian::diagonal).as_deref());
+            grid.search_clipping(w, factor.map(|f| f.energy.as_slice()));
         }
-        let codes = match hessian {
-            Some(h) => gptq::gptq(w, &grid, h)?,
+        let codes = match factor {
+            Some(f) => gptq::gptq(w, &grid, f)?,
             None => grid.round(w),
         };
         Ok(match self {
@@ -311,6 +312,7 @@ struct Prepared {
     cal: Calibration,
     smoothing: Option<Smoothing>,
     gptq: bool,
+    factors: Mutex<BTreeMap<(usize, crate::model::LinearSite), Arc<Factor>>>,
 }
 
 impl Prepared {
@@ -327,7 +329,7 @@ impl Prepared {
             }
             None => None,
         };
-        Ok(Prepared { cal, smoothing, gptq: c.gptq })
+        Ok(Prepared { cal, smoothing, gptq: c.gptq, factors: Mutex::default() })
     }
 
     /// The rewrite of tensor `name`, if smoothing changes it.
@@ -335,14 +337,22 @@ impl Prepared {
         self.smoothing.as_ref().and_then(|s| s.rescale(name))
     }
 
-    /// The second moment of `module`'s (smoothed) inputs, when GPTQ runs and it was calibrated.
-    fn hessian(&self, module: &str) -> Option<Hessian> {
-        let (layer, site) = module_site(module).filter(|_| self.gptq)?;
-        let h = self.cal.site(layer, site)?.hessian.as_ref()?;
-        Some(match self.smoothing.as_ref().and_then(|s| s.factor(layer, site)) {
-            Some(f) => h.divided(f),
-            None => h.clone(),
-        })
+    /// The GPTQ factor of `module`'s (smoothed) inputs, when GPTQ runs and it was calibrated;
+    /// factored once per site (Q, K and V share one) and kept while the block lasts.
+    fn factor(&self, module: &str) -> Result<Option<Arc<Factor>>, String> {
+        let Some((layer, site)) = module_site(module).filter(|_| self.gptq) else { return Ok(None) };
+        let Some(h) = self.cal.site(layer, site).and_then(|s| s.hessian.as_ref()) else { return Ok(None) };
+        let mut cache = self.factors.lock().expect("factor cache");
+        cache.retain(|k, _| k.0 == layer);
+        if let Some(f) = cache.get(&(layer, site)) {
+            return Ok(Some(f.clone()));
+        }
+        let f = Arc::new(match self.smoothing.as_ref().and_then(|s| s.factor(layer, site)) {
+            Some(s) => Factor::new(&h.divided(s))?,
+            None => Factor::new(h)?,
+        });
+        cache.insert((layer, site), f.clone());
+        Ok(Some(f))
     }
 }
 
@@ -532,12 +542,12 @@ fn quantize_shard(
             r.apply(&mut w, cols);
             res.smoothed.push(name.clone());
         }
-        let hessian = prep.and_then(|p| p.hessian(module));
-        if prep.is_some_and(|p| p.gptq) && hessian.is_none() {
+        let factor = prep.map(|p| p.factor(module)).transpose().map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?.flatten();
+        if prep.is_some_and(|p| p.gptq) && factor.is_none() {
             tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
             res.uncalibrated.push(module.to_string());
         }
-        let tensors = recipe.quantize(module, &w, cols, dtype, mse, hessian.as_ref()).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
+        let tensors = recipe.quantize(module, &w, cols, dtype, mse, factor.as_deref()).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
         let w_hat = recipe
             .decode(module, &tensors, rows, cols)
             .map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg: format!("decoding what was written: {msg}") })?;
