@@ -16,7 +16,7 @@ use tessera_kernels::linear::LinearPolicy;
 pub struct CalibrationOptions {
     /// Plain-text file of calibration text.
     pub text: std::path::PathBuf,
-    /// Tokens to use at most (from the start of the text).
+    /// Tokens to use at most (from the start of the text, BOS tokens included).
     pub max_tokens: usize,
     /// Tokens per calibration sequence.
     pub seq_len: usize,
@@ -76,22 +76,36 @@ pub fn calibrate(input: &Path, opts: &CalibrationOptions, hessians: bool) -> Res
     if c.moe.is_some() {
         return Err(usage("calibrated quantization (--smoothquant, --gptq) supports dense models; this one has MoE layers".into()));
     }
-    let seq_len = opts.seq_len.min(c.max_position_embeddings);
+    let seq_len = opts.seq_len.min(c.max_position_embeddings).min(opts.max_tokens);
+    if seq_len < 2 {
+        return Err(usage(format!("calibration sequences of {seq_len} tokens: use at least 2 (--calibration-seq-len, --calibration-tokens)")));
+    }
     let mut tokens = loaded.tokenizer.encode(&text).map_err(|e| usage(format!("tokenizing {}: {e}", opts.text.display())))?;
-    tokens.truncate(opts.max_tokens);
-    if tokens.len() < seq_len.min(opts.max_tokens) {
-        return Err(usage(format!("{} holds {} tokens; calibration wants at least {}", opts.text.display(), tokens.len(), seq_len.min(opts.max_tokens))));
+    // Every sequence starts as the model's inputs do (with BOS when the tokenizer adds one):
+    // the first token's activations are the model's largest (an attention sink), and GPTQ
+    // must see them as inference will.
+    let special = loaded.tokenizer.special();
+    let bos = special.bos.filter(|_| special.add_bos);
+    if bos.is_some() && tokens.first().copied() == bos {
+        tokens.remove(0);
+    }
+    let body = seq_len - usize::from(bos.is_some());
+    let sequences: Vec<Vec<u32>> = tokens.chunks(body).map(|t| bos.into_iter().chain(t.iter().copied()).collect()).collect();
+    let mut total = 0;
+    let sequences: Vec<Vec<u32>> = sequences.into_iter().take_while(|s| { total += s.len(); total <= opts.max_tokens }).collect();
+    if sequences.first().is_none_or(|s| s.len() < seq_len) {
+        return Err(usage(format!("{} holds {} tokens; calibration wants at least {seq_len}", opts.text.display(), tokens.len())));
     }
     let mut cal = Calibration { hessians, heads: (c.num_heads, c.num_kv_heads), ..Calibration::default() };
     let model = &loaded.model;
+    let all: usize = sequences.iter().map(Vec::len).sum();
     // A few sequences per forward pass: the linear layers see more rows per call.
-    for group in tokens.chunks(seq_len * 4) {
-        let seqs: Vec<&[u32]> = group.chunks(seq_len).collect();
-        let mut caches: Vec<_> = seqs.iter().map(|s| model.local_kv(s.len())).collect();
-        let mut batch: Vec<SeqInput<'_>> = seqs.iter().zip(caches.iter_mut()).map(|(t, kv)| SeqInput { tokens: t, kv, logits_from: None }).collect();
+    for group in sequences.chunks(4) {
+        let mut caches: Vec<_> = group.iter().map(|s| model.local_kv(s.len())).collect();
+        let mut batch: Vec<SeqInput<'_>> = group.iter().zip(caches.iter_mut()).map(|(t, kv)| SeqInput { tokens: t, kv, logits_from: None }).collect();
         model.forward_observed(&mut batch, &mut cal).map_err(|e| usage(format!("calibration forward pass: {e}")))?;
-        cal.tokens += group.len();
-        tracing::info!(tokens = cal.tokens, of = tokens.len(), "calibrating");
+        cal.tokens += group.iter().map(Vec::len).sum::<usize>();
+        tracing::info!(tokens = cal.tokens, of = all, "calibrating");
     }
     Ok(cal)
 }

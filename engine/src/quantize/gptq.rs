@@ -140,15 +140,15 @@ fn inverse_factor(h: &Hessian, order: &[usize]) -> Result<Vec<f32>, String> {
     let diag: Vec<f64> = (0..n).map(|i| f64::from(h.sum[i * n + i])).map(|d| if d > 0.0 { d } else { 1.0 }).collect();
     let mean = diag.iter().sum::<f64>() / n as f64;
     let rev: Vec<usize> = order.iter().rev().copied().collect();
-    let mut damp = DAMP;
+    let mut damp = DAMP / 10.0;
     for _ in 0..4 {
+        damp *= 10.0;
         let mut a: Vec<f64> = rev.iter().flat_map(|&i| rev.iter().map(move |&j| (i, j))).map(|(i, j)| if i == j { diag[i] } else { f64::from(h.sum[i * n + j]) }).collect();
         (0..n).for_each(|i| a[i * n + i] += damp * mean);
         if cholesky_lower(&mut a, n).is_ok() {
             let m_inv = lower_inverse(&a, n);
             return Ok((0..n * n).map(|k| if k % n >= k / n { m_inv[(n - 1 - k / n) * n + (n - 1 - k % n)] as f32 } else { 0.0 }).collect());
         }
-        damp *= 10.0;
     }
     Err(format!("the {n}x{n} Hessian of the calibration inputs is not positive definite even with damping {damp}"))
 }

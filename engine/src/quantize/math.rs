@@ -9,7 +9,7 @@
 //!   dtype it is stored in; values are quantized **with the stored scale**, so the file's
 //!   integers and scales agree exactly;
 //! - integers are `clamp(round_half_even(w / scale), qmin, qmax)` with the division in f32
-//!   (asymmetric: `+ zp` before the clamp, see [`quantize_asym_groups`]);
+//!   (asymmetric: `+ zp` before the clamp, see [`Grid::asymmetric`]);
 //! - FP8 values are `e4m3(w / scale)`, rounded to nearest even and saturating at ±448.
 
 use crate::float_dtype::FloatDtype;

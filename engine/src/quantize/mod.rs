@@ -2,9 +2,12 @@
 //! AMD Quark checkpoints (the formats of checkpoint-formats.md §2 and §4).
 //!
 //! One safetensors shard at a time: the input shard is memory-mapped, its linear weights are
-//! quantized and every other tensor is copied byte for byte, the matching output shard is
-//! written, and everything is dropped before the next shard, so memory stays bounded by the
-//! largest shard. config.json gets a `quantization_config` naming the unquantized linear
+//! quantized and every other tensor is copied byte for byte (or, under SmoothQuant, rewritten
+//! by its factors), the matching output shard is written, and everything is dropped before the
+//! next shard, so memory stays bounded by the largest shard. Calibrated quantization
+//! ([`Calibrated`]) first runs the whole model over the calibration text and keeps every
+//! site's `Σ x xᵀ` for GPTQ (4 · Σ width² bytes per block, about 400 MiB for SmolLM2-135M:
+//! fine for small models; large ones would want them layer by layer). config.json gets a `quantization_config` naming the unquantized linear
 //! modules concretely; tokenizer, generation and chat-template files are copied.
 //!
 //! Which tensors are quantized: the 2-D `.weight` of every Linear module (`*_proj`, including
@@ -14,7 +17,7 @@
 //! more; excluded linears are copied unchanged.
 //!
 //! Every quantized tensor is decoded back from the bytes written and measured against the input
-//! ([`report`]).
+//! (after smoothing, when SmoothQuant runs) ([`report`]).
 
 pub mod calibrate;
 pub mod compressed_tensors;
@@ -220,6 +223,9 @@ impl Recipe {
             Recipe::Quark(quark::Scheme::W4A8) => Grid::progressive(w, cols),
             Recipe::Quark(quark::Scheme::Fp8) => Grid::fp8_rows(w, cols, FloatDtype::F32),
         };
+        if let Some(f) = factor.filter(|f| f.energy.len() != cols) {
+            return Err(format!("calibration inputs are {} wide, the weight has {cols} columns", f.energy.len()));
+        }
         if mse {
             grid.search_clipping(w, factor.map(|f| f.energy.as_slice()));
         }
@@ -324,8 +330,13 @@ impl Prepared {
         let cal = calibrate(input, &c.data, c.gptq)?;
         let smoothing = match c.smoothquant {
             Some(alpha) => {
-                let maxima = column_absmax(input, shards)?;
-                Some(Smoothing::new(&cal, alpha, cal.heads, |name| maxima.get(name).cloned()).map_err(QuantizeError::Usage)?)
+                let (maxima, names) = column_absmax(input, shards)?;
+                let s = Smoothing::new(&cal, alpha, cal.heads, |name| maxima.get(name).cloned()).map_err(QuantizeError::Usage)?;
+                // Smoothing is exact only when both sides of every site are rewritten.
+                if let Some(missing) = s.weights().find(|n| !names.contains(*n)) {
+                    return Err(QuantizeError::Tensor { name: missing.to_string(), msg: "SmoothQuant must rewrite this tensor, but no shard holds it".into() });
+                }
+                Some(s)
             }
             None => None,
         };
@@ -356,9 +367,13 @@ impl Prepared {
     }
 }
 
-/// Per-column `max |w|` of every block linear weight (the ones [`module_site`] knows) in the shards.
-fn column_absmax(input: &Path, shards: &[String]) -> Result<BTreeMap<String, Vec<f32>>, QuantizeError> {
-    let mut out = BTreeMap::new();
+/// Per-column `max |w|` of weight tensors, by name.
+type ColumnMaxima = BTreeMap<String, Vec<f32>>;
+
+/// Per-column `max |w|` of every block linear weight (the ones [`module_site`] knows) in the
+/// shards, and the names of all their tensors.
+fn column_absmax(input: &Path, shards: &[String]) -> Result<(ColumnMaxima, BTreeSet<String>), QuantizeError> {
+    let (mut out, mut names) = (BTreeMap::new(), BTreeSet::new());
     for shard in shards {
         let path = input.join(shard);
         let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
@@ -366,6 +381,7 @@ fn column_absmax(input: &Path, shards: &[String]) -> Result<BTreeMap<String, Vec
         let map = unsafe { Mmap::map(&file) }.map_err(|e| io(&path, e))?;
         let st = SafeTensors::deserialize(&map).map_err(|e| io(&path, format!("invalid safetensors: {e}")))?;
         for (name, view) in st.tensors() {
+            names.insert(name.clone());
             if view.shape().len() == 2 && name.strip_suffix(".weight").is_some_and(|m| module_site(m).is_some()) {
                 let (_, w) = float_weights(&name, &view)?;
                 let mut m = vec![0f32; view.shape()[1]];
@@ -376,7 +392,7 @@ fn column_absmax(input: &Path, shards: &[String]) -> Result<BTreeMap<String, Vec
             }
         }
     }
-    Ok(out)
+    Ok((out, names))
 }
 
 /// What a run did.
@@ -491,8 +507,25 @@ struct ShardResult {
     copied: usize,
     stats: Vec<TensorStats>,
     bytes: u64,
-    smoothed: Vec<String>,
+    smoothed: usize,
     uncalibrated: Vec<String>,
+}
+
+/// The f32 values of a float tensor after SmoothQuant's rewrite `r`; errors name the tensor
+/// (a factor count that does not fit its shape, a value its dtype cannot hold).
+fn smoothed(name: &str, view: &TensorView<'_>, r: &Rescale) -> Result<(FloatDtype, Vec<f32>), QuantizeError> {
+    let bad = |msg: String| QuantizeError::Tensor { name: name.into(), msg };
+    let (dtype, mut w) = float_weights(name, view)?;
+    let cols = if view.shape().len() == 2 { view.shape()[1] } else { 1 };
+    let fits = |v: &Option<Vec<f32>>, n: usize| v.as_ref().is_none_or(|v| v.len() == n);
+    if !fits(&r.rows, w.len() / cols) || !fits(&r.cols, cols) {
+        return Err(bad(format!("shape {:?} does not match the smoothing factors of its calibrated input", view.shape())));
+    }
+    r.apply(&mut w, cols);
+    if let Some(i) = w.iter().position(|&x| !dtype.round(x).is_finite()) {
+        return Err(bad(format!("SmoothQuant's factors take value {i} to {}, beyond {dtype:?}; use a smaller --smoothquant", w[i])));
+    }
+    Ok((dtype, w))
 }
 
 /// Quantizes one input shard into `out_path`.
@@ -524,9 +557,8 @@ fn quantize_shard(
                 ignored.extend(other.map(str::to_owned));
                 let data = match rescale {
                     Some(r) => {
-                        let (dtype, mut w) = float_weights(name, &view)?;
-                        r.apply(&mut w, cols);
-                        res.smoothed.push(name.clone());
+                        let (dtype, w) = smoothed(name, &view, r)?;
+                        res.smoothed += 1;
                         Cow::Owned(dtype.encode(&w))
                     }
                     None => Cow::Borrowed(view.data()),
@@ -537,11 +569,13 @@ fn quantize_shard(
             }
         };
         let rows = view.shape()[0];
-        let (dtype, mut w) = float_weights(name, &view)?;
-        if let Some(r) = rescale {
-            r.apply(&mut w, cols);
-            res.smoothed.push(name.clone());
-        }
+        let (dtype, w) = match rescale {
+            Some(r) => {
+                res.smoothed += 1;
+                smoothed(name, &view, r)?
+            }
+            None => float_weights(name, &view)?,
+        };
         let factor = prep.map(|p| p.factor(module)).transpose().map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?.flatten();
         if prep.is_some_and(|p| p.gptq) && factor.is_none() {
             tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
@@ -591,7 +625,7 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     let mut ignored = BTreeSet::from(["lm_head".to_string()]);
     let mut weight_map = BTreeMap::new();
     let (mut stats, mut copied, mut total) = (Vec::new(), 0, 0u64);
-    let (mut smoothed, mut uncalibrated) = (BTreeSet::new(), Vec::new());
+    let (mut smoothed, mut uncalibrated) = (0, Vec::new());
     for shard in &shards {
         let r = quantize_shard(&input.join(shard), &output.join(shard), &opts.recipe, &mut sel, &mut ignored, prep.as_ref(), opts.mse_observer)?;
         tracing::info!(shard, tensors = r.names.len(), quantized = r.stats.len(), "shard written");
@@ -599,12 +633,8 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         stats.extend(r.stats);
         copied += r.copied;
         total += r.bytes;
-        smoothed.extend(r.smoothed);
+        smoothed += r.smoothed;
         uncalibrated.extend(r.uncalibrated);
-    }
-    // Smoothing is exact only when both sides of every site were rewritten.
-    if let Some(missing) = prep.as_ref().and_then(|p| p.smoothing.as_ref()).and_then(|s| s.weights().find(|n| !smoothed.contains(*n))) {
-        return Err(QuantizeError::Tensor { name: missing.to_string(), msg: "SmoothQuant must rewrite this tensor, but no shard holds it".into() });
     }
     // Quark and sharded transformers checkpoints carry an index; write it even for one shard.
     write_json(&output.join("model.safetensors.index.json"), &json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
@@ -612,11 +642,13 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     let ignored: Vec<String> = ignored.into_iter().collect();
     let mut qc = opts.recipe.quantization_config(&ignored);
     if opts.recipe.format() == Format::CompressedTensors {
-        // How the scales and values were chosen, as llm-compressor records it (GPTQ's
-        // activation order over static groups is compressed-tensors' `actorder: "weight"`).
+        // How the scales and values were chosen, as llm-compressor records it. GPTQ's
+        // activation order over static groups is compressed-tensors' `actorder: "weight"`,
+        // which its validation accepts for group strategies only (per channel the order
+        // leaves nothing for the format to record).
         let w = &mut qc["config_groups"]["group_0"]["weights"];
         w["observer"] = json!(if opts.mse_observer { "mse" } else { "minmax" });
-        if prep.as_ref().is_some_and(|p| p.gptq) {
+        if prep.as_ref().is_some_and(|p| p.gptq) && w["strategy"] == "group" {
             w["actorder"] = json!("weight");
         }
     }
@@ -644,7 +676,7 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         unmatched_patterns,
         copied_files,
         report: Report::new(scheme_name, opts.recipe.format().name(), stats),
-        smoothed: smoothed.len(),
+        smoothed,
         uncalibrated,
     })
 }

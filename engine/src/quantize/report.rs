@@ -1,5 +1,6 @@
 //! The histogram gate: reconstruction error of every quantized tensor, measured between the
-//! input weights `W` and `Ŵ` decoded from the bytes actually written.
+//! input weights `W` (after SmoothQuant's rewrite, when it runs) and `Ŵ` decoded from the
+//! bytes actually written.
 //!
 //! Per tensor: RMSE, MAE, max |W − Ŵ|, relative error `‖W − Ŵ‖₂ / ‖W‖₂`, zero collapse (weights
 //! that are nonzero in `W` and exactly 0 in `Ŵ`), and spiky blocks. A **block** is a run of

@@ -12,7 +12,9 @@
 //! | down input (`silu(gate) · up`) | rows of `up_proj` | `down_proj` |
 //!
 //! `s_j = max|x_j|^α / max|W_:,j|^(1−α)` (the weights' maximum over every layer reading channel
-//! `j`), as in the paper and llm-compressor; channels with no activation or weight get 1. With
+//! `j`), as in the paper and llm-compressor, clamped to `[1e-4, 1e4]`; channels with no
+//! activation or weight get 1. The function is unchanged in exact arithmetic with a
+//! full-precision KV cache; a quantized V cache stores `V / s` and rounds it differently. With
 //! grouped-query attention a V channel serves several query heads' O columns, so the O site's
 //! factor is computed per V channel from the maxima over its heads.
 
