@@ -4,6 +4,7 @@
 //! moment `Σ x xᵀ` (what GPTQ minimizes the output error under).
 
 use super::gptq::Hessian;
+use super::math::column_absmax_into;
 use super::QuantizeError;
 use crate::model::{ActivationObserver, LinearSite, SeqInput};
 use crate::LoadedModel;
@@ -50,9 +51,7 @@ impl ActivationObserver for Calibration {
             .sites
             .entry((layer, site))
             .or_insert_with(|| SiteStats { absmax: vec![0.0; width], hessian: hessians.then(|| Hessian::new(width)) });
-        for row in rows.chunks_exact(width) {
-            s.absmax.iter_mut().zip(row).for_each(|(m, x)| *m = m.max(x.abs()));
-        }
+        column_absmax_into(&mut s.absmax, rows);
         if let Some(h) = &mut s.hessian {
             h.add(rows);
         }
@@ -90,9 +89,17 @@ pub fn calibrate(input: &Path, opts: &CalibrationOptions, hessians: bool) -> Res
         tokens.remove(0);
     }
     let body = seq_len - usize::from(bos.is_some());
-    let sequences: Vec<Vec<u32>> = tokens.chunks(body).map(|t| bos.into_iter().chain(t.iter().copied()).collect()).collect();
+    // Whole sequences only, at most `max_tokens` in all (BOS included).
+    let per_seq = |t: &[u32]| t.len() + usize::from(bos.is_some());
     let mut total = 0;
-    let sequences: Vec<Vec<u32>> = sequences.into_iter().take_while(|s| { total += s.len(); total <= opts.max_tokens }).collect();
+    let sequences: Vec<Vec<u32>> = tokens
+        .chunks(body)
+        .take_while(|t| {
+            total += per_seq(t);
+            total <= opts.max_tokens
+        })
+        .map(|t| bos.into_iter().chain(t.iter().copied()).collect())
+        .collect();
     if sequences.first().is_none_or(|s| s.len() < seq_len) {
         return Err(usage(format!("{} holds {} tokens; calibration wants at least {seq_len}", opts.text.display(), tokens.len())));
     }

@@ -241,7 +241,11 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let n = 24;
         let (h, _) = correlated(n, 200, &mut rng);
-        let order: Vec<usize> = (0..n).rev().collect();
+        // A random visiting order (a bug that swaps P and Pᵀ shows only for non-involutions).
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            order.swap(i, rng.gen_range(0..=i));
+        }
         let u = inverse_factor(&h, &order).unwrap();
         let mean = (0..n).map(|i| f64::from(h.sum[i * n + i])).sum::<f64>() / n as f64;
         // (Uᵀ U) (P H Pᵀ + damping) = I.
@@ -278,7 +282,8 @@ mod tests {
         for grid in [Grid::symmetric(&w, n, 16, INT4, FloatDtype::BF16), Grid::asymmetric(&w, n, 32, INT4, FloatDtype::F32), Grid::fp8_rows(&w, n, FloatDtype::F32)] {
             let rtn = output_error(&w, &grid, &grid.round(&w), &h);
             let g = output_error(&w, &grid, &gptq(&w, &grid, &f).unwrap(), &h);
-            // Correlated inputs leave GPTQ much room: measured 0.2-0.4x of rounding's error.
+            // Correlated inputs leave GPTQ much room: measured 0.26x (int4 g16), 0.35x (int4
+            // asymmetric g32) and 0.19x (FP8) of rounding's output error; 0.6 leaves margin.
             assert!(g < 0.6 * rtn, "{:?}: gptq {g} vs rounding {rtn}", grid.kind);
         }
     }

@@ -49,6 +49,13 @@ fn absmax(v: &[f32]) -> f32 {
     v.iter().fold(0f32, |m, x| m.max(x.abs()))
 }
 
+/// Raises `acc[j]` to `max |x_j|` over the rows of `x` (row-major, `acc.len()` wide).
+pub fn column_absmax_into(acc: &mut [f32], x: &[f32]) {
+    for row in x.chunks_exact(acc.len()) {
+        acc.iter_mut().zip(row).for_each(|(m, v)| *m = m.max(v.abs()));
+    }
+}
+
 /// What a matrix's codes stand for.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CodeKind {

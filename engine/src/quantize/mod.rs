@@ -31,9 +31,9 @@ use crate::float_dtype::FloatDtype;
 use crate::quant::pattern::fnmatch;
 use calibrate::{calibrate, Calibration, CalibrationOptions};
 use gptq::Factor;
-use std::sync::{Arc, Mutex};
-use math::{Grid, INT4, INT8};
+use math::{column_absmax_into, Grid, INT4, INT8};
 use smooth::{module_site, Rescale, Smoothing};
+use std::sync::{Arc, Mutex};
 use memmap2::Mmap;
 use report::{Report, TensorStats};
 use safetensors::tensor::TensorView;
@@ -376,18 +376,13 @@ fn column_absmax(input: &Path, shards: &[String]) -> Result<(ColumnMaxima, BTree
     let (mut out, mut names) = (BTreeMap::new(), BTreeSet::new());
     for shard in shards {
         let path = input.join(shard);
-        let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
-        // SAFETY: read-only map of an input file that is not modified while we read it.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| io(&path, e))?;
-        let st = SafeTensors::deserialize(&map).map_err(|e| io(&path, format!("invalid safetensors: {e}")))?;
-        for (name, view) in st.tensors() {
+        let map = map_file(&path)?;
+        for (name, view) in read_shard(&map, &path)?.tensors() {
             names.insert(name.clone());
             if view.shape().len() == 2 && name.strip_suffix(".weight").is_some_and(|m| module_site(m).is_some()) {
                 let (_, w) = float_weights(&name, &view)?;
                 let mut m = vec![0f32; view.shape()[1]];
-                for row in w.chunks_exact(m.len()) {
-                    m.iter_mut().zip(row).for_each(|(a, x)| *a = a.max(x.abs()));
-                }
+                column_absmax_into(&mut m, &w);
                 out.insert(name, m);
             }
         }
@@ -500,6 +495,18 @@ fn float_weights(name: &str, view: &TensorView<'_>) -> Result<(FloatDtype, Vec<f
     Ok((dtype, w))
 }
 
+/// A read-only map of the input file `path`.
+fn map_file(path: &Path) -> Result<Mmap, QuantizeError> {
+    let file = std::fs::File::open(path).map_err(|e| io(path, e))?;
+    // SAFETY: read-only map of an input file that is not modified while we read it.
+    unsafe { Mmap::map(&file) }.map_err(|e| io(path, e))
+}
+
+/// The safetensors header and views of a mapped shard.
+fn read_shard<'m>(map: &'m Mmap, path: &Path) -> Result<SafeTensors<'m>, QuantizeError> {
+    SafeTensors::deserialize(map).map_err(|e| io(path, format!("invalid safetensors: {e}")))
+}
+
 /// What [`quantize_shard`] did.
 #[derive(Default)]
 struct ShardResult {
@@ -513,10 +520,9 @@ struct ShardResult {
 
 /// The f32 values of a float tensor after SmoothQuant's rewrite `r`; errors name the tensor
 /// (a factor count that does not fit its shape, a value its dtype cannot hold).
-fn smoothed(name: &str, view: &TensorView<'_>, r: &Rescale) -> Result<(FloatDtype, Vec<f32>), QuantizeError> {
+fn smoothed(name: &str, view: &TensorView<'_>, cols: usize, r: &Rescale) -> Result<(FloatDtype, Vec<f32>), QuantizeError> {
     let bad = |msg: String| QuantizeError::Tensor { name: name.into(), msg };
     let (dtype, mut w) = float_weights(name, view)?;
-    let cols = if view.shape().len() == 2 { view.shape()[1] } else { 1 };
     let fits = |v: &Option<Vec<f32>>, n: usize| v.as_ref().is_none_or(|v| v.len() == n);
     if !fits(&r.rows, w.len() / cols) || !fits(&r.cols, cols) {
         return Err(bad(format!("shape {:?} does not match the smoothing factors of its calibrated input", view.shape())));
@@ -538,10 +544,8 @@ fn quantize_shard(
     prep: Option<&Prepared>,
     mse: bool,
 ) -> Result<ShardResult, QuantizeError> {
-    let file = std::fs::File::open(in_path).map_err(|e| io(in_path, e))?;
-    // SAFETY: read-only map of an input file that is not modified while we read it.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| io(in_path, e))?;
-    let st = SafeTensors::deserialize(&map).map_err(|e| io(in_path, format!("invalid safetensors: {e}")))?;
+    let map = map_file(in_path)?;
+    let st = read_shard(&map, in_path)?;
     let mut names: Vec<String> = st.names().into_iter().cloned().collect();
     names.sort();
     let mut out: Vec<OutTensor<'_>> = Vec::with_capacity(names.len());
@@ -557,7 +561,7 @@ fn quantize_shard(
                 ignored.extend(other.map(str::to_owned));
                 let data = match rescale {
                     Some(r) => {
-                        let (dtype, w) = smoothed(name, &view, r)?;
+                        let (dtype, w) = smoothed(name, &view, cols, r)?;
                         res.smoothed += 1;
                         Cow::Owned(dtype.encode(&w))
                     }
@@ -572,7 +576,7 @@ fn quantize_shard(
         let (dtype, w) = match rescale {
             Some(r) => {
                 res.smoothed += 1;
-                smoothed(name, &view, r)?
+                smoothed(name, &view, cols, r)?
             }
             None => float_weights(name, &view)?,
         };
