@@ -47,7 +47,7 @@ fn models() -> Vec<(&'static str, PathBuf)> {
     ] {
         let dir = root.join(name);
         if !dir.join("config.json").exists() {
-            quantize_dir(&QuantizeOptions { input: bf16.clone(), output: dir.clone(), recipe, exclude: vec![], experts_only: true, calibrated: None, mse_observer: false }).unwrap();
+            quantize_dir(&QuantizeOptions { input: bf16.clone(), output: dir.clone(), recipe, exclude: vec![], experts_only: true, calibrated: None, mse_observer: false, head: None }).unwrap();
         }
         out.push((name, dir));
     }

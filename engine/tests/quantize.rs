@@ -160,6 +160,8 @@ enum Layout {
     QuarkW4A8,
     /// Quark FP8 per channel.
     QuarkFp8,
+    /// Quark int8 per channel.
+    QuarkInt8,
 }
 
 impl Layout {
@@ -171,6 +173,7 @@ impl Layout {
             Recipe::CompressedTensors(ct::Scheme::Fp8) => Layout::CtFp8,
             Recipe::Quark(quark::Scheme::W4A8) => Layout::QuarkW4A8,
             Recipe::Quark(quark::Scheme::Fp8) => Layout::QuarkFp8,
+            Recipe::Quark(quark::Scheme::Int8) => Layout::QuarkInt8,
         }
     }
 
@@ -205,6 +208,7 @@ impl Layout {
                 ("weight_scale_2", Dtype::F32, vec![rows]),
             ],
             Layout::QuarkFp8 => vec![("weight", Dtype::F8_E4M3, vec![rows, cols]), ("weight_scale", Dtype::F32, vec![rows])],
+            Layout::QuarkInt8 => vec![("weight", Dtype::I8, vec![rows, cols]), ("weight_scale", Dtype::F32, vec![rows])],
         }
     }
 }
@@ -235,7 +239,7 @@ fn decode_and_bound(layout: Layout, prefix: &str, out: &BTreeMap<String, Stored>
     let get = |s: &str| out.get(&format!("{prefix}.{s}")).unwrap_or_else(|| panic!("{prefix}.{s} missing"));
     let mut w_hat = vec![0f32; rows * cols];
     match layout {
-        Layout::CtInt4 { .. } | Layout::CtInt8 => {
+        Layout::CtInt4 { .. } | Layout::CtInt8 | Layout::QuarkInt8 => {
             let (q, div, qmin, qmax): (Vec<i32>, f32, i32, i32) = if let Layout::CtInt4 { .. } = layout {
                 let shape: Vec<i64> = get("weight_shape").2.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
                 assert_eq!(shape, vec![rows as i64, cols as i64]);
@@ -278,13 +282,18 @@ fn decode_and_bound(layout: Layout, prefix: &str, out: &BTreeMap<String, Stored>
                 for (g, wg) in w[r * cols..(r + 1) * cols].chunks(block).enumerate() {
                     let s = scales[r * groups + g];
                     let amax = wg.iter().fold(0f32, |m, x| m.max(x.abs()));
-                    assert_eq!(s, bf16::from_f32((amax / div).max(f32::EPSILON)).to_f32(), "{prefix} row {r} group {g}: scale rule");
+                    // compressed-tensors writes scales in the input's dtype (BF16 here), Quark in F32.
+                    let rule = (amax / div).max(f32::EPSILON);
+                    let rule = if let Layout::QuarkInt8 = layout { rule } else { bf16::from_f32(rule).to_f32() };
+                    assert_eq!(s, rule, "{prefix} row {r} group {g}: scale rule");
                     let exact = amax as f64 / div as f64;
                     let bound = 0.5 * s as f64 + div as f64 * (exact - s as f64).max(0.0) + 1e-6 * s as f64;
                     for (j, &x) in wg.iter().enumerate() {
                         let i = r * cols + g * block + j;
                         assert!((qmin..=qmax).contains(&q[i]), "{prefix}[{i}] = {} out of range", q[i]);
                         w_hat[i] = q[i] as f32 * s;
+                        // With an f32 scale the product q · s itself rounds (half an f32 ulp).
+                        let bound = bound + w_hat[i].abs() as f64 * 2f64.powi(-24);
                         let e = (x as f64 - w_hat[i] as f64).abs();
                         assert!(e <= bound, "{prefix}[{i}]: |{x} - {}| = {e} > {bound}", w_hat[i]);
                     }
@@ -402,6 +411,10 @@ fn config(dir: &Path) -> Value {
 }
 
 fn run(input: &Path, out: &Path, recipe: Recipe, exclude: &[&str], experts_only: bool) -> Result<QuantizeSummary, String> {
+    run_with_head(input, out, recipe, exclude, experts_only, None)
+}
+
+fn run_with_head(input: &Path, out: &Path, recipe: Recipe, exclude: &[&str], experts_only: bool, head: Option<Recipe>) -> Result<QuantizeSummary, String> {
     let opts = QuantizeOptions {
         input: input.into(),
         output: out.into(),
@@ -410,11 +423,92 @@ fn run(input: &Path, out: &Path, recipe: Recipe, exclude: &[&str], experts_only:
         experts_only,
         calibrated: None,
         mse_observer: false,
+        head,
     };
     quantize_dir(&opts).map_err(|e| e.to_string())
 }
 
-/// The six scheme/format pairs (w4a16 with group 32: the random model has 96-column layers).
+/// `--lm-head`: the output head quantized by its own recipe in the model's format (a second
+/// compressed-tensors group targeting it, a Quark `layer_quant_config` entry), every other
+/// tensor as without it; a tied head written untied from the embedding.
+#[test]
+fn output_head_gets_its_own_recipe_and_a_tied_one_is_untied() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = random_dir(dir.path(), |_, _| {});
+    let body_ignored = ["model.layers.1.mlp.gate"];
+    for body in [Recipe::resolve(Scheme::W4A16, None, Some(32), false).unwrap(), Recipe::resolve(Scheme::W4A8, None, None, false).unwrap()] {
+        let head = Recipe::head(Scheme::W8A8Int8, &body).unwrap();
+        assert_eq!(head.format(), body.format());
+        let (plain, with_head) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        run(dir.path(), plain.path(), body, &[], false).unwrap();
+        let s = run_with_head(dir.path(), with_head.path(), body, &[], false, Some(head)).unwrap();
+        assert_eq!(s.ignored, body_ignored);
+        assert_eq!(s.report.tensors.len(), 22, "21 projections and the head");
+        let (a, b) = (read_output(plain.path()), read_output(with_head.path()));
+        let head_names: Vec<&String> = b.keys().filter(|n| n.starts_with("lm_head.")).collect();
+        assert_eq!(head_names, ["lm_head.weight", "lm_head.weight_scale"]);
+        for (name, t) in &b {
+            if !name.starts_with("lm_head.") {
+                assert_eq!(a.get(name), Some(t), "{name}: the body does not depend on the head's recipe");
+            }
+        }
+        decode_and_bound(Layout::of(head), "lm_head", &b, &f32s(&input["lm_head.weight"]), 128, H);
+        let q = &config(with_head.path())["quantization_config"];
+        match body.format() {
+            Format::CompressedTensors => {
+                assert_eq!(q["ignore"], json!(body_ignored));
+                assert_eq!(q["format"], "mixed-precision", "two groups of different formats");
+                let g = &q["config_groups"]["group_1"];
+                assert_eq!((g["targets"].clone(), g["format"].as_str()), (json!(["lm_head"]), Some("int-quantized")));
+                assert_eq!((g["weights"]["num_bits"].as_u64(), g["input_activations"]["strategy"].as_str()), (Some(8), Some("token")));
+            }
+            Format::Quark => {
+                assert_eq!(q["exclude"], json!(body_ignored));
+                let l = &q["layer_quant_config"]["lm_head"];
+                assert_eq!((l["weight"]["dtype"].as_str(), l["weight"]["qscheme"].as_str()), (Some("int8"), Some("per_channel")));
+                assert_eq!((l["input_tensors"]["dtype"].as_str(), l["input_tensors"]["is_dynamic"].as_bool()), (Some("int8"), Some(true)));
+            }
+        }
+    }
+
+    // Tied: the config ties the head to the embedding and no shard stores it.
+    let tied = tempfile::tempdir().unwrap();
+    let mut weight_map = BTreeMap::new();
+    for (i, shard) in layout().iter().enumerate() {
+        let tensors: BTreeMap<String, Stored> = shard.iter().filter(|(n, _)| n != "lm_head.weight").map(|(n, _)| (n.clone(), input[n].clone())).collect();
+        weight_map.extend(tensors.keys().map(|n| (n.clone(), shard_name(i))));
+        write_shard(&tied.path().join(shard_name(i)), &tensors);
+    }
+    write_json(&tied.path().join("model.safetensors.index.json"), &json!({ "metadata": {}, "weight_map": weight_map }));
+    let tied_config = json!({ "model_type": "llama", "hidden_size": H, "tie_word_embeddings": true });
+    write_json(&tied.path().join("config.json"), &tied_config);
+    let int8 = Recipe::resolve(Scheme::W8A8Int8, None, None, false).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    run_with_head(tied.path(), out.path(), int8, &[], false, Some(int8)).unwrap();
+    let b = read_output(out.path());
+    assert_eq!(b["model.embed_tokens.weight"], input["model.embed_tokens.weight"], "the embedding stays as it is");
+    decode_and_bound(Layout::CtInt8, "lm_head", &b, &f32s(&input["model.embed_tokens.weight"]), 128, H);
+    let cfg = config(out.path());
+    assert_eq!(cfg["tie_word_embeddings"], false);
+    assert_eq!(cfg["quantization_config"]["config_groups"]["group_1"]["targets"], json!(["lm_head"]));
+    assert_eq!(cfg["quantization_config"]["format"], "int-quantized", "one format in both groups");
+    // Without --lm-head a tied model stays tied.
+    let plain = tempfile::tempdir().unwrap();
+    run(tied.path(), plain.path(), int8, &[], false).unwrap();
+    assert_eq!(config(plain.path())["tie_word_embeddings"], true);
+    assert!(!read_output(plain.path()).contains_key("lm_head.weight"));
+
+    // A tied config whose shards also store a head is contradictory: refused, naming the tensor.
+    write_json(&dir.path().join("config.json"), &tied_config);
+    let e = run_with_head(dir.path(), out.path(), int8, &[], false, Some(int8)).unwrap_err();
+    assert!(e.contains("lm_head.weight") && e.contains("ties"), "{e}");
+    // A head recipe in another format than the model's is refused.
+    let quark_fp8 = Recipe::resolve(Scheme::W8A8Fp8, Some(Format::Quark), None, false).unwrap();
+    let e = run_with_head(tied.path(), out.path(), int8, &[], false, Some(quark_fp8)).unwrap_err();
+    assert!(e.contains("format"), "{e}");
+}
+
+/// The seven scheme/format pairs (w4a16 with group 32: the random model has 96-column layers).
 fn recipes(group: usize) -> Vec<Recipe> {
     [
         (Scheme::W4A16, None, Some(group)),
@@ -423,6 +517,7 @@ fn recipes(group: usize) -> Vec<Recipe> {
         (Scheme::W8A8Int8, None, None),
         (Scheme::W8A8Fp8, None, None),
         (Scheme::W8A8Fp8, Some(Format::Quark), None),
+        (Scheme::W8A8Int8, Some(Format::Quark), None),
     ]
     .into_iter()
     .map(|(s, f, g)| Recipe::resolve(s, f, g, false).unwrap())
@@ -451,7 +546,7 @@ fn every_scheme_writes_the_documented_checkpoint() {
         assert_eq!(cfg["hidden_size"], H, "the rest of config.json is kept");
         let q = &cfg["quantization_config"];
         match Layout::of(recipe) {
-            Layout::QuarkW4A8 | Layout::QuarkFp8 => {
+            Layout::QuarkW4A8 | Layout::QuarkFp8 | Layout::QuarkInt8 => {
                 assert_eq!(q["quant_method"], "quark");
                 assert_eq!(q["exclude"], json!(DEFAULT_IGNORED));
                 assert_eq!(q["layer_quant_config"], json!({}));
@@ -460,7 +555,8 @@ fn every_scheme_writes_the_documented_checkpoint() {
                 assert_eq!(q["export"]["weight_format"], "real_quantized");
                 let g = &q["global_quant_config"];
                 let input = &g["input_tensors"];
-                assert_eq!((input["dtype"].as_str(), input["qscheme"].as_str(), input["is_dynamic"].as_bool()), (Some("fp8_e4m3"), Some("per_tensor"), Some(true)));
+                let act = if let Layout::QuarkInt8 = Layout::of(recipe) { ("int8", "per_token") } else { ("fp8_e4m3", "per_tensor") };
+                assert_eq!((input["dtype"].as_str(), input["qscheme"].as_str(), input["is_dynamic"].as_bool()), (Some(act.0), Some(act.1), Some(true)));
                 assert!(g["output_tensors"].is_null() && g["bias"].is_null());
                 if let Layout::QuarkW4A8 = Layout::of(recipe) {
                     let w = g["weight"].as_array().unwrap();
@@ -470,7 +566,8 @@ fn every_scheme_writes_the_documented_checkpoint() {
                     assert_eq!((w[1]["symmetric"].as_bool(), w[1]["round_method"].as_str(), w[1]["scale_type"].as_str()), (Some(true), Some("half_even"), Some("float32")));
                 } else {
                     let w = &g["weight"];
-                    assert_eq!((w["dtype"].as_str(), w["qscheme"].as_str(), w["ch_axis"].as_i64()), (Some("fp8_e4m3"), Some("per_channel"), Some(0)));
+                    let dtype = if let Layout::QuarkInt8 = Layout::of(recipe) { "int8" } else { "fp8_e4m3" };
+                    assert_eq!((w["dtype"].as_str(), w["qscheme"].as_str(), w["ch_axis"].as_i64()), (Some(dtype), Some("per_channel"), Some(0)));
                 }
             }
             layout => {
@@ -609,7 +706,6 @@ fn bad_input_is_an_error_naming_what_is_wrong() {
     // Meaningless option combinations.
     let usage = |s, f, g| Recipe::resolve(s, f, g, false).unwrap_err().to_string();
     assert!(usage(Scheme::W4A16, Some(Format::Quark), None).contains("compressed-tensors"));
-    assert!(usage(Scheme::W8A8Int8, Some(Format::Quark), None).contains("compressed-tensors"));
     assert!(usage(Scheme::W8A8Fp8, None, Some(32)).contains("--group-size"));
     assert!(usage(Scheme::W4A8, None, Some(64)).contains("--group-size"));
     assert!(usage(Scheme::W4A16, None, Some(12)).contains("multiple of 8"));

@@ -158,8 +158,8 @@ pub enum Scheme {
     Fp8,
 }
 
-/// `quantization_config` for a scheme with the given ignored (unquantized) module names.
-pub fn quantization_config(scheme: &Scheme, ignore: &[String]) -> Value {
+/// The format name and the `config_groups` entry of `scheme` for `targets`.
+fn config_group(scheme: &Scheme, targets: &[&str]) -> (&'static str, Value) {
     let (format, weights, input) = match scheme {
         Scheme::Int4 { group, int8_act, asymmetric } => (
             "pack-quantized",
@@ -176,19 +176,31 @@ pub fn quantization_config(scheme: &Scheme, ignore: &[String]) -> Value {
             token_activations("float"),
         ),
     };
+    (format, json!({ "targets": targets, "format": format, "weights": weights, "input_activations": input, "output_activations": null }))
+}
+
+/// `quantization_config` for a scheme with the given ignored (unquantized) module names, and
+/// `head`'s scheme as a second group targeting `lm_head` when the output head is quantized
+/// (the top-level `format` is then `mixed-precision` if the two differ, as
+/// compressed-tensors writes it).
+pub fn quantization_config(scheme: &Scheme, head: Option<&Scheme>, ignore: &[String]) -> Value {
+    let (format, body) = config_group(scheme, &["Linear"]);
+    let mut groups = serde_json::Map::from_iter([("group_0".to_string(), body)]);
+    let mut top = format;
+    if let Some(h) = head {
+        let (head_format, group) = config_group(h, &["lm_head"]);
+        if head_format != format {
+            top = "mixed-precision";
+        }
+        groups.insert("group_1".into(), group);
+    }
     json!({
         "quant_method": "compressed-tensors",
         "version": "0.20.0",
-        "format": format,
+        "format": top,
         "quantization_status": "compressed",
         "global_compression_ratio": null,
-        "config_groups": { "group_0": {
-            "targets": ["Linear"],
-            "format": format,
-            "weights": weights,
-            "input_activations": input,
-            "output_activations": null,
-        }},
+        "config_groups": groups,
         "ignore": ignore,
         "kv_cache_scheme": null,
         "sparsity_config": {},

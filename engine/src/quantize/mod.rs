@@ -171,8 +171,20 @@ impl Recipe {
                      and [in/group, out] scales, which Tessera does not implement); use --format compressed-tensors",
                 )
             }
-            (Scheme::W8A8Int8, Format::Quark) => return usage("w8a8-int8 is not written in Quark format; use --format compressed-tensors"),
+            (Scheme::W8A8Int8, Format::Quark) => Recipe::Quark(quark::Scheme::Int8),
         })
+    }
+
+    /// The recipe of a quantized output head: `scheme` in `body`'s format (one
+    /// `quantization_config` holds both), with `body`'s group size and zero points when both
+    /// are int4 in compressed-tensors format.
+    pub fn head(scheme: Scheme, body: &Recipe) -> Result<Self, QuantizeError> {
+        let int4_head = matches!(scheme, Scheme::W4A16 | Scheme::W4A8) && body.format() == Format::CompressedTensors;
+        let (group, asymmetric) = match body {
+            Recipe::CompressedTensors(compressed_tensors::Scheme::Int4 { group, asymmetric, .. }) if int4_head => (*group, *asymmetric),
+            _ => (None, false),
+        };
+        Self::resolve(scheme, Some(body.format()), group, asymmetric)
     }
 
     /// The output format.
@@ -222,6 +234,7 @@ impl Recipe {
             Recipe::CompressedTensors(Ct::Fp8) => Grid::fp8_rows(w, cols, dtype),
             Recipe::Quark(quark::Scheme::W4A8) => Grid::progressive(w, cols),
             Recipe::Quark(quark::Scheme::Fp8) => Grid::fp8_rows(w, cols, FloatDtype::F32),
+            Recipe::Quark(quark::Scheme::Int8) => Grid::symmetric(w, cols, cols, INT8, FloatDtype::F32),
         };
         if let Some(f) = factor.filter(|f| f.energy.len() != cols) {
             return Err(format!("calibration inputs are {} wide, the weight has {cols} columns", f.energy.len()));
@@ -248,11 +261,14 @@ impl Recipe {
         }
     }
 
-    /// `quantization_config` with the unquantized linear modules.
-    pub fn quantization_config(&self, ignored: &[String]) -> Value {
-        match self {
-            Recipe::CompressedTensors(s) => compressed_tensors::quantization_config(s, ignored),
-            Recipe::Quark(s) => quark::quantization_config(s, ignored),
+    /// `quantization_config` with the unquantized linear modules and, when the output head is
+    /// quantized, its recipe (which must be in this recipe's format).
+    pub fn quantization_config(&self, head: Option<&Recipe>, ignored: &[String]) -> Value {
+        match (self, head) {
+            (Recipe::CompressedTensors(s), Some(Recipe::CompressedTensors(h))) => compressed_tensors::quantization_config(s, Some(h), ignored),
+            (Recipe::CompressedTensors(s), _) => compressed_tensors::quantization_config(s, None, ignored),
+            (Recipe::Quark(s), Some(Recipe::Quark(h))) => quark::quantization_config(s, Some(h), ignored),
+            (Recipe::Quark(s), _) => quark::quantization_config(s, None, ignored),
         }
     }
 }
@@ -300,6 +316,11 @@ pub struct QuantizeOptions {
     /// Choose every scale by the clipping search of [`Grid::search_clipping`] (an MSE
     /// observer) instead of the range's min/max.
     pub mse_observer: bool,
+    /// Also quantize the output head (`lm_head`) with this recipe, in `recipe`'s format
+    /// ([`Recipe::head`]); `None` leaves it as it is (llm-compressor's default). A head tied to
+    /// the embedding is untied: `lm_head.weight` is written quantized from the embedding, which
+    /// stays as it is, and config.json gets `tie_word_embeddings: false`.
+    pub head: Option<Recipe>,
 }
 
 /// Calibrated quantization: what runs on the calibration statistics.
@@ -426,23 +447,29 @@ fn is_expert(module: &str) -> bool {
 /// `w1`/`w2`/`w3`).
 fn is_linear(module: &str) -> bool {
     let leaf = module.rsplit('.').next().unwrap_or("");
-    module == "lm_head"
-        || module.ends_with(".lm_head")
+    is_head(module)
         || is_router(module)
         || leaf.ends_with("_proj")
         || (is_expert(module) && matches!(leaf, "w1" | "w2" | "w3"))
+}
+
+/// Whether a module is the output head.
+fn is_head(module: &str) -> bool {
+    module == "lm_head" || module.ends_with(".lm_head")
 }
 
 /// Which linear modules are quantized.
 struct Selection<'a> {
     patterns: &'a [String],
     experts_only: bool,
+    /// Whether the output head is quantized.
+    head: bool,
     hits: Vec<usize>,
 }
 
 impl Selection<'_> {
     fn quantized(&mut self, module: &str) -> bool {
-        let mut excluded = is_router(module) || module == "lm_head" || module.ends_with(".lm_head");
+        let mut excluded = is_router(module) || (is_head(module) && !self.head);
         excluded |= self.experts_only && !is_expert(module);
         for (p, hits) in self.patterns.iter().zip(self.hits.iter_mut()) {
             if fnmatch(p.as_bytes(), module.as_bytes()) {
@@ -511,6 +538,8 @@ fn read_shard<'m>(map: &'m Mmap, path: &Path) -> Result<SafeTensors<'m>, Quantiz
 #[derive(Default)]
 struct ShardResult {
     names: Vec<String>,
+    /// Whether the tied embedding was written as the quantized `lm_head` too.
+    untied: bool,
     copied: usize,
     stats: Vec<TensorStats>,
     bytes: u64,
@@ -535,15 +564,51 @@ fn smoothed(name: &str, view: &TensorView<'_>, cols: usize, r: &Rescale) -> Resu
 }
 
 /// Quantizes one input shard into `out_path`.
-fn quantize_shard(
-    in_path: &Path,
-    out_path: &Path,
-    recipe: &Recipe,
-    sel: &mut Selection<'_>,
-    ignored: &mut BTreeSet<String>,
-    prep: Option<&Prepared>,
+/// What every shard is quantized with.
+struct ShardPlan<'a> {
+    recipe: &'a Recipe,
+    /// The output head's recipe, when it is quantized.
+    head: Option<&'a Recipe>,
+    /// The embedding that is also written, quantized, as the untied `lm_head`.
+    tied_embedding: Option<&'a str>,
+    prep: Option<&'a Prepared>,
     mse: bool,
-) -> Result<ShardResult, QuantizeError> {
+}
+
+impl ShardPlan<'_> {
+    fn recipe_for(&self, module: &str) -> &Recipe {
+        match self.head {
+            Some(h) if is_head(module) => h,
+            _ => self.recipe,
+        }
+    }
+
+    /// Quantizes the float tensor `view` (named `name`) as the weight of linear `module`,
+    /// after SmoothQuant's `rescale` when given, and records its statistics in `res`.
+    fn quantize(&self, name: &str, module: &str, view: &TensorView<'_>, rescale: Option<&Rescale>, res: &mut ShardResult) -> Result<Vec<OutTensor<'static>>, QuantizeError> {
+        let (rows, cols) = (view.shape()[0], view.shape()[1]);
+        let (dtype, w) = match rescale {
+            Some(r) => {
+                res.smoothed += 1;
+                smoothed(name, view, cols, r)?
+            }
+            None => float_weights(name, view)?,
+        };
+        let tensor_err = |msg: String| QuantizeError::Tensor { name: name.to_string(), msg };
+        let factor = self.prep.map(|p| p.factor(module)).transpose().map_err(tensor_err)?.flatten();
+        if self.prep.is_some_and(|p| p.gptq) && factor.is_none() {
+            tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
+            res.uncalibrated.push(module.to_string());
+        }
+        let recipe = self.recipe_for(module);
+        let tensors = recipe.quantize(module, &w, cols, dtype, self.mse, factor.as_deref()).map_err(tensor_err)?;
+        let w_hat = recipe.decode(module, &tensors, rows, cols).map_err(|msg| tensor_err(format!("decoding what was written: {msg}")))?;
+        res.stats.push(TensorStats::measure(name, &w, &w_hat, cols, recipe.block_cols(cols)));
+        Ok(tensors)
+    }
+}
+
+fn quantize_shard(in_path: &Path, out_path: &Path, plan: &ShardPlan<'_>, sel: &mut Selection<'_>, ignored: &mut BTreeSet<String>) -> Result<ShardResult, QuantizeError> {
     let map = map_file(in_path)?;
     let st = read_shard(&map, in_path)?;
     let mut names: Vec<String> = st.names().into_iter().cloned().collect();
@@ -552,11 +617,17 @@ fn quantize_shard(
     let mut res = ShardResult::default();
     for name in &names {
         let view = st.tensor(name).map_err(|e| io(in_path, format!("{name}: {e}")))?;
-        let rescale = prep.and_then(|p| p.rescale(name));
+        let rescale = plan.prep.and_then(|p| p.rescale(name));
         let cols = if view.shape().len() == 2 { view.shape()[1] } else { 1 };
         let linear = name.strip_suffix(".weight").filter(|m| view.shape().len() == 2 && is_linear(m));
-        let module = match linear {
-            Some(m) if sel.quantized(m) => m,
+        if plan.tied_embedding.is_some() && linear.is_some_and(is_head) {
+            return Err(QuantizeError::Tensor {
+                name: name.clone(),
+                msg: "config.json ties the output head to the embedding, yet the checkpoint stores the head too".into(),
+            });
+        }
+        match linear {
+            Some(m) if sel.quantized(m) => out.extend(plan.quantize(name, m, &view, rescale, &mut res)?),
             other => {
                 ignored.extend(other.map(str::to_owned));
                 let data = match rescale {
@@ -569,35 +640,19 @@ fn quantize_shard(
                 };
                 out.push(OutTensor { name: name.clone(), dtype: view.dtype(), shape: view.shape().to_vec(), data });
                 res.copied += 1;
-                continue;
+                if plan.tied_embedding == Some(name.as_str()) {
+                    out.extend(plan.quantize("lm_head.weight", "lm_head", &view, rescale, &mut res)?);
+                    res.untied = true;
+                }
             }
-        };
-        let rows = view.shape()[0];
-        let (dtype, w) = match rescale {
-            Some(r) => {
-                res.smoothed += 1;
-                smoothed(name, &view, cols, r)?
-            }
-            None => float_weights(name, &view)?,
-        };
-        let factor = prep.map(|p| p.factor(module)).transpose().map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?.flatten();
-        if prep.is_some_and(|p| p.gptq) && factor.is_none() {
-            tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
-            res.uncalibrated.push(module.to_string());
         }
-        let tensors = recipe.quantize(module, &w, cols, dtype, mse, factor.as_deref()).map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg })?;
-        let w_hat = recipe
-            .decode(module, &tensors, rows, cols)
-            .map_err(|msg| QuantizeError::Tensor { name: name.clone(), msg: format!("decoding what was written: {msg}") })?;
-        res.stats.push(TensorStats::measure(name, &w, &w_hat, cols, recipe.block_cols(cols)));
-        out.extend(tensors);
     }
     let views = out
         .iter()
         .map(|t| TensorView::new(t.dtype, t.shape.clone(), &t.data).map(|v| (t.name.clone(), v)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| io(out_path, e))?;
-    let metadata = match recipe.format() {
+    let metadata = match plan.recipe.format() {
         // transformers' (and llm-compressor's) header; Quark writes none.
         Format::CompressedTensors => Some(HashMap::from([("format".to_string(), "pt".to_string())])),
         Format::Quark => None,
@@ -607,6 +662,9 @@ fn quantize_shard(
     res.names = out.into_iter().map(|t| t.name).collect();
     Ok(res)
 }
+
+/// The input embedding of Llama-family checkpoints, which a tied output head shares.
+const TIED_EMBEDDING: &str = "model.embed_tokens.weight";
 
 /// Quantizes `opts.input` into `opts.output`, one shard at a time.
 pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeError> {
@@ -624,14 +682,31 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         return Err(QuantizeError::Usage(format!("--output {} is the input directory", output.display())));
     }
 
+    if let Some(h) = opts.head.filter(|h| h.format() != opts.recipe.format()) {
+        return Err(QuantizeError::Usage(format!("the output head's recipe is in {} format, the model's in {}", h.format().name(), opts.recipe.format().name())));
+    }
+    let tied = opts.head.is_some() && cfg.get("tie_word_embeddings").and_then(Value::as_bool) == Some(true);
+
     let prep = opts.calibrated.as_ref().map(|c| Prepared::new(input, &shards, c)).transpose()?;
-    let mut sel = Selection { patterns: &opts.exclude, experts_only: opts.experts_only, hits: vec![0; opts.exclude.len()] };
-    let mut ignored = BTreeSet::from(["lm_head".to_string()]);
+    let mut sel = Selection { patterns: &opts.exclude, experts_only: opts.experts_only, head: opts.head.is_some(), hits: vec![0; opts.exclude.len()] };
+    let mut ignored = BTreeSet::new();
+    if opts.head.is_none() {
+        ignored.insert("lm_head".to_string());
+    }
+    let plan = ShardPlan {
+        recipe: &opts.recipe,
+        head: opts.head.as_ref(),
+        tied_embedding: tied.then_some(TIED_EMBEDDING),
+        prep: prep.as_ref(),
+        mse: opts.mse_observer,
+    };
+    let mut untied = false;
     let mut weight_map = BTreeMap::new();
     let (mut stats, mut copied, mut total) = (Vec::new(), 0, 0u64);
     let (mut smoothed, mut uncalibrated) = (0, Vec::new());
     for shard in &shards {
-        let r = quantize_shard(&input.join(shard), &output.join(shard), &opts.recipe, &mut sel, &mut ignored, prep.as_ref(), opts.mse_observer)?;
+        let r = quantize_shard(&input.join(shard), &output.join(shard), &plan, &mut sel, &mut ignored)?;
+        untied |= r.untied;
         tracing::info!(shard, tensors = r.names.len(), quantized = r.stats.len(), "shard written");
         weight_map.extend(r.names.into_iter().map(|n| (n, shard.clone())));
         stats.extend(r.stats);
@@ -643,20 +718,29 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     // Quark and sharded transformers checkpoints carry an index; write it even for one shard.
     write_json(&output.join("model.safetensors.index.json"), &json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
 
+    if tied && !untied {
+        return Err(io(&cfg_path, format!("ties the output head to the embedding, but no shard holds {TIED_EMBEDDING}")));
+    }
     let ignored: Vec<String> = ignored.into_iter().collect();
-    let mut qc = opts.recipe.quantization_config(&ignored);
+    let mut qc = opts.recipe.quantization_config(opts.head.as_ref(), &ignored);
     if opts.recipe.format() == Format::CompressedTensors {
         // How the scales and values were chosen, as llm-compressor records it. GPTQ's
         // activation order over static groups is compressed-tensors' `actorder: "weight"`,
         // which its validation accepts for group strategies only (per channel the order
         // leaves nothing for the format to record).
-        let w = &mut qc["config_groups"]["group_0"]["weights"];
-        w["observer"] = json!(if opts.mse_observer { "mse" } else { "minmax" });
-        if prep.as_ref().is_some_and(|p| p.gptq) && w["strategy"] == "group" {
-            w["actorder"] = json!("weight");
+        // The output head has no calibration inputs, so GPTQ leaves it rounded to nearest.
+        for group in ["group_0", "group_1"] {
+            let Some(w) = qc["config_groups"].get_mut(group).and_then(|g| g.get_mut("weights")) else { continue };
+            w["observer"] = json!(if opts.mse_observer { "mse" } else { "minmax" });
+            if group == "group_0" && prep.as_ref().is_some_and(|p| p.gptq) && w["strategy"] == "group" {
+                w["actorder"] = json!("weight");
+            }
         }
     }
     cfg.insert("quantization_config".into(), qc);
+    if tied {
+        cfg.insert("tie_word_embeddings".into(), json!(false));
+    }
     write_json(&output.join("config.json"), &config)?;
 
     let mut copied_files = Vec::new();
@@ -693,7 +777,7 @@ fn scheme_of(recipe: &Recipe) -> &'static str {
         Recipe::CompressedTensors(Ct::Int4 { int8_act: true, asymmetric: true, .. }) => "w4a8-asym",
         Recipe::CompressedTensors(Ct::Int4 { int8_act: false, .. }) => Scheme::W4A16.name(),
         Recipe::CompressedTensors(Ct::Int4 { int8_act: true, .. }) | Recipe::Quark(quark::Scheme::W4A8) => Scheme::W4A8.name(),
-        Recipe::CompressedTensors(Ct::Int8) => Scheme::W8A8Int8.name(),
+        Recipe::CompressedTensors(Ct::Int8) | Recipe::Quark(quark::Scheme::Int8) => Scheme::W8A8Int8.name(),
         Recipe::CompressedTensors(Ct::Fp8) | Recipe::Quark(quark::Scheme::Fp8) => Scheme::W8A8Fp8.name(),
     }
 }

@@ -6,6 +6,8 @@
 //!   scale), `P.weight_scale_2` F32 `[out]` (the INT4 stage's row scales, in FP8 units); no
 //!   zero-point tensors. `W ≈ q · weight_scale_2[row] · weight_scale`.
 //! - W8A8 FP8 per channel: `P.weight` F8_E4M3 `[out, in]`, `P.weight_scale` F32 `[out]`.
+//! - W8A8 int8 per channel: `P.weight` I8 `[out, in]`, `P.weight_scale` F32 `[out]`, with
+//!   dynamic per-token int8 activations.
 
 use super::math::{int_codes, CodeKind, Grid};
 use super::{find, OutTensor};
@@ -40,8 +42,8 @@ fn unpack_int4_reorder(bytes: &[u8]) -> Vec<i8> {
         .collect()
 }
 
-/// W4A8 tensors for `prefix` from `codes` on a progressive `grid`, or W8A8 FP8 per-channel
-/// tensors from `codes` on an FP8 `grid`.
+/// W4A8 tensors for `prefix` from `codes` on a progressive `grid`, or W8A8 FP8 / int8
+/// per-channel tensors from `codes` on an FP8 / int8 `grid`.
 pub fn tensors(prefix: &str, grid: &Grid, codes: Vec<u8>, rows: usize, cols: usize) -> Vec<OutTensor<'static>> {
     let scales = FloatDtype::F32.encode(&grid.scales);
     match grid.kind {
@@ -50,8 +52,8 @@ pub fn tensors(prefix: &str, grid: &Grid, codes: Vec<u8>, rows: usize, cols: usi
             OutTensor::owned(format!("{prefix}.weight_scale"), Dtype::F32, vec![], fp8_scale.to_le_bytes().to_vec()),
             OutTensor::owned(format!("{prefix}.weight_scale_2"), Dtype::F32, vec![rows], scales),
         ],
-        _ => vec![
-            OutTensor::owned(format!("{prefix}.weight"), Dtype::F8_E4M3, vec![rows, cols], codes),
+        kind => vec![
+            OutTensor::owned(format!("{prefix}.weight"), if kind == CodeKind::Fp8 { Dtype::F8_E4M3 } else { Dtype::I8 }, vec![rows, cols], codes),
             OutTensor::owned(format!("{prefix}.weight_scale"), Dtype::F32, vec![rows], scales),
         ],
     }
@@ -64,7 +66,7 @@ fn f32s(t: &OutTensor<'_>) -> Result<Vec<f32>, String> {
     }
 }
 
-/// Dequantizes a layer's written tensors (W4A8 or FP8) back to `[rows, cols]` f32.
+/// Dequantizes a layer's written tensors (W4A8, FP8 or int8) back to `[rows, cols]` f32.
 pub fn decode(prefix: &str, tensors: &[OutTensor<'_>], rows: usize, cols: usize) -> Result<Vec<f32>, String> {
     let w = find(tensors, &format!("{prefix}.weight"))?;
     let s = f32s(find(tensors, &format!("{prefix}.weight_scale"))?)?;
@@ -76,6 +78,7 @@ pub fn decode(prefix: &str, tensors: &[OutTensor<'_>], rows: usize, cols: usize)
             (unpack_int4_reorder(&w.data).into_iter().map(f32::from).collect(), s2, s0)
         }
         Dtype::F8_E4M3 => (w.data.iter().map(|&b| e4m3_to_f32(b)).collect(), s, 1.0),
+        Dtype::I8 => (w.data.iter().map(|&b| b as i8 as f32).collect(), s, 1.0),
         other => return Err(format!("{}: unexpected dtype {other:?}", w.name)),
     };
     if values.len() != rows * cols || row_scales.len() != rows {
@@ -102,29 +105,42 @@ pub enum Scheme {
     W4A8,
     /// W8A8 FP8: per-channel FP8 weights, dynamic FP8 per-tensor activations.
     Fp8,
+    /// W8A8 int8: per-channel int8 weights, dynamic int8 per-token activations.
+    Int8,
 }
 
-/// `quantization_config` for a scheme with the given excluded module names.
-pub fn quantization_config(scheme: &Scheme, exclude: &[String]) -> Value {
-    let weight = match scheme {
-        Scheme::W4A8 => json!([
-            spec("fp8_e4m3", "per_tensor", None, false, None, "PerTensorMinMaxObserver"),
-            spec("int4", "per_channel", Some(0), false, Some("half_even"), "PerChannelMinMaxObserver"),
-        ]),
-        Scheme::Fp8 => spec("fp8_e4m3", "per_channel", Some(0), false, None, "PerChannelMinMaxObserver"),
+/// A layer's quantization config (`weight`, `input_tensors`, ...) for a scheme.
+fn layer_config(scheme: &Scheme) -> Value {
+    let (weight, input) = match scheme {
+        Scheme::W4A8 => (
+            json!([
+                spec("fp8_e4m3", "per_tensor", None, false, None, "PerTensorMinMaxObserver"),
+                spec("int4", "per_channel", Some(0), false, Some("half_even"), "PerChannelMinMaxObserver"),
+            ]),
+            spec("fp8_e4m3", "per_tensor", None, true, None, "PerTensorMinMaxObserver"),
+        ),
+        Scheme::Fp8 => (
+            spec("fp8_e4m3", "per_channel", Some(0), false, None, "PerChannelMinMaxObserver"),
+            spec("fp8_e4m3", "per_tensor", None, true, None, "PerTensorMinMaxObserver"),
+        ),
+        Scheme::Int8 => (
+            spec("int8", "per_channel", Some(0), false, Some("half_even"), "PerChannelMinMaxObserver"),
+            spec("int8", "per_token", None, true, Some("half_even"), "PerChannelMinMaxObserver"),
+        ),
     };
+    json!({ "weight": weight, "input_tensors": input, "output_tensors": null, "bias": null, "target_device": null })
+}
+
+/// `quantization_config` for a scheme with the given excluded module names, and `head`'s
+/// scheme as the `layer_quant_config` of `lm_head` when the output head is quantized.
+pub fn quantization_config(scheme: &Scheme, head: Option<&Scheme>, exclude: &[String]) -> Value {
+    let layers: serde_json::Map<String, Value> = head.map(|h| ("lm_head".to_string(), layer_config(h))).into_iter().collect();
     json!({
         "quant_method": "quark",
         "version": "0.13",
         "quant_mode": "eager_mode",
-        "global_quant_config": {
-            "weight": weight,
-            "input_tensors": spec("fp8_e4m3", "per_tensor", None, true, None, "PerTensorMinMaxObserver"),
-            "output_tensors": null,
-            "bias": null,
-            "target_device": null,
-        },
-        "layer_quant_config": {},
+        "global_quant_config": layer_config(scheme),
+        "layer_quant_config": layers,
         "layer_type_quant_config": {},
         "exclude": exclude,
         "kv_cache_quant_config": {},

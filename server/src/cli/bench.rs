@@ -91,12 +91,28 @@ fn peak_rss_mib() -> Option<f64> {
     Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
 }
 
+/// Bytes of the model: the GGUF file, or a directory's safetensors shards.
+fn model_bytes(path: &std::path::Path) -> u64 {
+    let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    if !path.is_dir() {
+        return size(path);
+    }
+    std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .map(|p| size(&p))
+        .sum()
+}
+
 /// Runs the command.
 pub fn run(args: BenchArgs) -> Result<()> {
     let path = args.model.path()?;
     let lm = args.model.load(LinearPolicy::DEFAULT)?;
     let m = &lm.model;
-    let file_mib = std::fs::metadata(&path).map(|md| md.len() as f64 / (1 << 20) as f64).unwrap_or(0.0);
+    let file_mib = model_bytes(&path) as f64 / (1 << 20) as f64;
     println!("model: {} ({file_mib:.1} MiB) | threads: {} | cpu: {}", path.display(), rayon::current_num_threads(), lm.caps);
     println!("| {:<13} | {:>16} |", "test", "t/s");
     println!("| {:-<13} | {:->16} |", "", "");
@@ -116,7 +132,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("| {name:<13} | {mean:>9.2} ± {sd:>4.2} |");
     }
     if let Some(peak) = peak_rss_mib() {
-        println!("peak RSS: {peak:.1} MiB ({:.2}x the model file)", peak / file_mib.max(1e-9));
+        println!("peak RSS: {peak:.1} MiB ({:.2}x the model's files)", peak / file_mib.max(1e-9));
     }
     Ok(())
 }

@@ -20,6 +20,17 @@ enum SchemeArg {
     W8a8Int8,
 }
 
+impl SchemeArg {
+    fn scheme(self) -> Scheme {
+        match self {
+            SchemeArg::W4a16 => Scheme::W4A16,
+            SchemeArg::W4a8 => Scheme::W4A8,
+            SchemeArg::W8a8Fp8 => Scheme::W8A8Fp8,
+            SchemeArg::W8a8Int8 => Scheme::W8A8Int8,
+        }
+    }
+}
+
 /// Output format.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum FormatArg {
@@ -79,6 +90,11 @@ pub struct QuantizeArgs {
     /// Tokens per calibration sequence (capped at the model's context).
     #[arg(long, default_value_t = 1024)]
     calibration_seq_len: usize,
+    /// Also quantize the output head (`lm_head`) with this scheme, in the model's format
+    /// (by default it stays as it is, as llm-compressor leaves it). A head tied to the
+    /// embedding is written untied. w8a8-int8 is what llama.cpp's Q8_0 output head does.
+    #[arg(long, value_enum, value_name = "SCHEME")]
+    lm_head: Option<SchemeArg>,
     /// Write the per-tensor reconstruction report (JSON) here.
     #[arg(long)]
     report: Option<PathBuf>,
@@ -86,17 +102,13 @@ pub struct QuantizeArgs {
 
 /// Runs the command.
 pub fn run(args: QuantizeArgs) -> Result<()> {
-    let scheme = match args.scheme {
-        SchemeArg::W4a16 => Scheme::W4A16,
-        SchemeArg::W4a8 => Scheme::W4A8,
-        SchemeArg::W8a8Fp8 => Scheme::W8A8Fp8,
-        SchemeArg::W8a8Int8 => Scheme::W8A8Int8,
-    };
+    let scheme = args.scheme.scheme();
     let format = args.format.map(|f| match f {
         FormatArg::CompressedTensors => Format::CompressedTensors,
         FormatArg::Quark => Format::Quark,
     });
     let recipe = Recipe::resolve(scheme, format, args.group_size, args.asymmetric)?;
+    let head = args.lm_head.map(|h| Recipe::head(h.scheme(), &recipe)).transpose().context("--lm-head")?;
     let calibrated = match (args.calibration, args.smoothquant.is_some() || args.gptq) {
         (Some(text), true) => Some(Calibrated {
             data: CalibrationOptions { text, max_tokens: args.calibration_tokens, seq_len: args.calibration_seq_len },
@@ -115,6 +127,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         experts_only: args.experts_only,
         calibrated,
         mse_observer: args.mse_observer,
+        head,
     };
     let s = quantize_dir(&opts).with_context(|| format!("quantizing {}", args.input.display()))?;
     if !s.uncalibrated.is_empty() {

@@ -1,6 +1,6 @@
 //! A checkpoint made by Tessera's own tools (the default model converted with `tessera convert
 //! gguf-to-hf`, then quantized to W4A8 with `tessera quantize`, calibrated: SmoothQuant and
-//! GPTQ) served end to end: the plan in `/v1/models`, the plan metric, the startup log, and
+//! GPTQ, with the output head in int8) served end to end: the plan in `/v1/models`, the plan metric, the startup log, and
 //! completions.
 
 use crate::harness::{model_path, Server};
@@ -24,7 +24,7 @@ async fn quantized_checkpoint_serves_with_its_plan() {
     let corpus = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/pride_and_prejudice.txt")).unwrap();
     let calibration = dir.join("calibration.txt");
     std::fs::write(&calibration, &corpus[300_000..330_000]).unwrap();
-    let quantize = ["quantize", "--input", &s(&bf16), "--output", &s(&w4a8), "--scheme", "w4a8", "--smoothquant", "0.5", "--gptq"];
+    let quantize = ["quantize", "--input", &s(&bf16), "--output", &s(&w4a8), "--scheme", "w4a8", "--smoothquant", "0.5", "--gptq", "--lm-head", "w8a8-int8"];
     let refused = Command::new(env!("CARGO_BIN_EXE_tessera")).args(quantize).output().unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("give it with --calibration FILE"), "{}", String::from_utf8_lossy(&refused.stderr));
@@ -45,8 +45,10 @@ async fn quantized_checkpoint_serves_with_its_plan() {
         assert!(row["kernel"].as_str().unwrap().starts_with("cpu.w4a8.int4xint8."), "{row}");
         assert!(row["note"].as_str().unwrap().contains("int8 per token"), "{row}");
     }
-    // The tied output head stays BF16 (excluded like llm-compressor's lm_head).
-    assert_eq!((plan[210]["storage"].as_str(), plan[210]["scheme"].as_str()), (Some("BF16"), Some("float")));
+    // The tied output head, untied and quantized by `--lm-head w8a8-int8`.
+    let head = &plan[210];
+    assert_eq!((head["tensor"].as_str(), head["storage"].as_str(), head["activations"].as_str()), (Some("output.weight"), Some("int8 channel"), Some("int8/token")), "{head}");
+    assert!(head["scheme"].as_str().unwrap().contains("W8A8-int8"), "{head}");
 
     let metrics = server.metrics().await;
     let w4a8_layers: f64 = metrics
