@@ -415,3 +415,41 @@ fn int4_ragged_groups_layout_and_errors() {
     let e = Int4Matrix::new(2, 576, 128, &q, vec![0.01; 10], Some(vec![0; 8])).unwrap_err();
     assert!(e.contains("8 zero points") && e.contains("2x5"), "{e}");
 }
+
+/// `forward_fused` (Q/K/V, gate/up side by side in one output) gives every layer exactly the
+/// bits its own `forward` gives, with the activation quantization shared between int8 layers
+/// and not shared with a layer that permutes its input or keeps it in f32.
+#[test]
+fn fused_layers_equal_each_layer_alone() {
+    let mut r = rng(14);
+    let (cols, m) = (576, 5);
+    for isa in isas() {
+        let mut perm: Vec<u32> = (0..cols as u32).collect();
+        perm.shuffle(&mut r);
+        let layers = [
+            layer(&mut r, Scheme::W4A8 { group: 576, asym: false }, 64, cols, isa),
+            layer(&mut r, Scheme::W8A8, 37, cols, isa),
+            layer(&mut r, Scheme::W4A8 { group: 64, asym: true }, 29, cols, isa).with_input_permutation(perm).unwrap(),
+            layer(&mut r, Scheme::W4A16 { group: 128, asym: true }, 45, cols, isa),
+        ];
+        let x = randn(&mut r, m * cols);
+        let width: usize = layers.iter().map(QuantLinear::rows).sum::<usize>() + 3;
+        let mut y = vec![f32::NAN; m * width];
+        let mut parts = Vec::new();
+        let mut col = 1;
+        for l in &layers {
+            parts.push((l, col));
+            col += l.rows();
+        }
+        tessera_kernels::quant::forward_fused(&parts, &x, m, &mut y, width);
+        for (l, col) in parts {
+            let alone = run(l, &x, m);
+            for i in 0..m {
+                let fused = &y[i * width + col..i * width + col + l.rows()];
+                assert_eq!(bits(fused), bits(&alone[i * l.rows()..(i + 1) * l.rows()]), "{isa:?} layer at column {col}, token {i}");
+            }
+        }
+        // Columns outside every layer are left alone.
+        assert!((0..m).all(|i| y[i * width].is_nan() && y[i * width + width - 1].is_nan() && y[i * width + width - 2].is_nan()));
+    }
+}

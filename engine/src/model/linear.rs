@@ -10,7 +10,7 @@ use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::cpu::interleaved::Interleaved;
 use tessera_kernels::linear::{forward_group, LinearKernel, LinearPolicy, Weight, WeightView};
-use tessera_kernels::quant::QuantLinear;
+use tessera_kernels::quant::{forward_fused as quant_forward_fused, QuantLinear};
 
 /// One row of the per-layer plan: what a weight is stored as and which kernel runs it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -109,10 +109,10 @@ impl Linear {
 
     /// Several layers reading the same input, writing side by side (`[a | b | c]` per row of
     /// `y`, row stride `ldy`). GGML layers share one activation quantization and one parallel
-    /// region; checkpoint-quantized layers run one after another (each one parallel region).
+    /// region, and so do checkpoint-quantized layers.
     pub fn forward_fused(layers: &[&Linear], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
         let m: usize = segments.iter().sum();
-        let mut ggml = Vec::new();
+        let (mut ggml, mut quant) = (Vec::new(), Vec::new());
         let mut col = 0;
         for l in layers {
             match &l.w {
@@ -120,9 +120,12 @@ impl Linear {
                     ggml.push((kernel, Weight::Rows(WeightView { ty: *ty, rows: l.rows, cols: l.cols, data: data.bytes() }), col))
                 }
                 Weights::Interleaved { w, kernel } => ggml.push((kernel, Weight::Interleaved(w), col)),
-                Weights::Quant { op, .. } => op.forward(x, m, &mut y[col..], ldy),
+                Weights::Quant { op, .. } => quant.push((op, col)),
             }
             col += l.rows;
+        }
+        if !quant.is_empty() {
+            quant_forward_fused(&quant, x, m, y, ldy);
         }
         if !ggml.is_empty() {
             forward_group(&ggml, x, segments, y, ldy);

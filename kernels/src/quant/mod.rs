@@ -210,34 +210,7 @@ impl QuantLinear {
 
     /// `y[i * ldy + j] = Σ_k x[i, k] W[j, k]` for `m` tokens (`x` is `m × cols`).
     pub fn forward(&self, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
-        let (n, k) = (self.rows(), self.cols());
-        assert_eq!(x.len(), m * k, "activation shape");
-        assert!(ldy >= n && (m == 0 || y.len() >= (m - 1) * ldy + n), "output shape");
-        if m == 0 {
-            return;
-        }
-        let gathered;
-        let x = match &self.perm {
-            None => x,
-            Some(p) => {
-                gathered = x.chunks_exact(k).flat_map(|row| p.iter().map(|&c| row[c as usize])).collect::<Vec<f32>>();
-                &gathered
-            }
-        };
-        let prep = self.prepare(x, m);
-        let chunk = rows_per_task(n);
-        let out = SyncPtr::new(y.as_mut_ptr());
-        (0..n.div_ceil(chunk)).into_par_iter().for_each(|t| {
-            let (r0, r1) = (t * chunk, ((t + 1) * chunk).min(n));
-            let mut tile = vec![0f32; (r1 - r0) * m];
-            self.row_range(&prep, r0, r1, m, &mut tile);
-            for (r, vals) in (r0..r1).zip(tile.chunks_exact(m)) {
-                for (i, &v) in vals.iter().enumerate() {
-                    // SAFETY: (i, r) is inside y (asserted above); each r belongs to one task.
-                    unsafe { *out.get().add(i * ldy + r) = v };
-                }
-            }
-        });
+        forward_fused(&[(self, 0)], x, m, y, ldy);
     }
 
     fn prepare<'a>(&self, x: &'a [f32], m: usize) -> Prepared<'a> {
@@ -289,6 +262,53 @@ impl fmt::Display for QuantLinear {
         }
         Ok(())
     }
+}
+
+/// Several layers reading the same input `x` (`m × cols`), writing side by side into `y`
+/// (fused Q/K/V or gate/up): `(layer, first output column)` each, layer `p` giving
+/// `y[i * ldy + col_p + j]`. Int8 activations are quantized once for every layer that takes
+/// them in the input's column order, and all layers' rows share one parallel region. Each
+/// output is computed exactly as [`QuantLinear::forward`] alone computes it.
+pub fn forward_fused(parts: &[(&QuantLinear, usize)], x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+    let Some(&(first, _)) = parts.first() else { return };
+    let k = first.cols();
+    assert_eq!(x.len(), m * k, "activation shape");
+    for &(l, col) in parts {
+        assert_eq!(l.cols(), k, "fused layers must share their input width");
+        assert!(col + l.rows() <= ldy && (m == 0 || y.len() >= (m - 1) * ldy + col + l.rows()), "output shape");
+    }
+    if m == 0 {
+        return;
+    }
+    let gathered: Vec<Option<Vec<f32>>> = parts
+        .iter()
+        .map(|(l, _)| l.perm.as_ref().map(|p| x.chunks_exact(k).flat_map(|row| p.iter().map(|&c| row[c as usize])).collect()))
+        .collect();
+    let shares = |l: &QuantLinear| l.act == ActQuant::Int8PerToken && l.perm.is_none();
+    let shared = parts.iter().find(|(l, _)| shares(l)).map(|(l, _)| l.prepare(x, m));
+    let own: Vec<Option<Prepared<'_>>> =
+        parts.iter().zip(&gathered).map(|((l, _), g)| (!shares(l)).then(|| l.prepare(g.as_deref().unwrap_or(x), m))).collect();
+    let preps: Vec<&Prepared<'_>> = own.iter().map(|p| p.as_ref().or(shared.as_ref()).expect("prepared")).collect();
+    let total: usize = parts.iter().map(|(l, _)| l.rows()).sum();
+    let chunk = rows_per_task(total);
+    let tasks: Vec<(usize, usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(p, (l, _))| (0..l.rows()).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(l.rows()))))
+        .collect();
+    let out = SyncPtr::new(y.as_mut_ptr());
+    tasks.into_par_iter().for_each(|(p, r0, r1)| {
+        let (l, col) = parts[p];
+        let mut tile = vec![0f32; (r1 - r0) * m];
+        l.row_range(preps[p], r0, r1, m, &mut tile);
+        for (r, vals) in (r0..r1).zip(tile.chunks_exact(m)) {
+            for (i, &v) in vals.iter().enumerate() {
+                // SAFETY: (i, col + r) is inside y (asserted above); each (layer, row) belongs
+                // to one task.
+                unsafe { *out.get().add(i * ldy + col + r) = v };
+            }
+        }
+    });
 }
 
 /// Weight rows per parallel task (a multiple of 8, about four tasks per thread).
