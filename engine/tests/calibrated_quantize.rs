@@ -203,3 +203,39 @@ fn quantized_output_head_is_untied_and_stays_close() {
         std::fs::remove_dir_all(d).unwrap();
     }
 }
+
+/// `--compute int8-act` (`LinearPolicy::ALWAYS_DOT`) runs W4A16 layers with int8 per-token
+/// activations through the W4A8 kernel: the same int4 weights written as W4A16 and as W4A8
+/// (compressed-tensors, group 64, both symmetric) then give bit-identical logits, and the plan
+/// says what changed.
+#[test]
+fn w4a16_with_int8_activations_equals_the_same_weights_as_w4a8() {
+    let bf16 = converted(FloatDtype::BF16);
+    let tokens = &eval_tokens(&bf16)[..64];
+    let w4a16 = Recipe::resolve(Scheme::W4A16, None, Some(64), false).unwrap();
+    let w4a8 = Recipe::resolve(Scheme::W4A8, Some(tessera_engine::quantize::Format::CompressedTensors), Some(64), false).unwrap();
+    let (a, _) = quantize(&bf16, "w4a16-g64-int8act", w4a16, &[], How::default());
+    let (b, _) = quantize(&bf16, "w4a8-g64-int8act", w4a8, &[], How::default());
+    let logits = |dir: &Path, policy: LinearPolicy| {
+        let m = LoadedModel::load(dir, policy).unwrap();
+        let plan = m.model.plan();
+        let mut kv = m.model.local_kv(tokens.len());
+        let l = m.model.forward(&mut [SeqInput { tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().remove(0);
+        (l, plan)
+    };
+    let (float_act, plan_f) = logits(&a, LinearPolicy::DEFAULT);
+    let (int8_act, plan_i) = logits(&a, LinearPolicy::ALWAYS_DOT);
+    // The same policy on both sides: it also picks the path of the float output head.
+    let (w4a8_logits, _) = logits(&b, LinearPolicy::ALWAYS_DOT);
+    assert!(plan_f[..210].iter().all(|e| e.activations == "f32" && e.note.is_none()), "{:?}", plan_f[0]);
+    for e in &plan_i[..210] {
+        assert_eq!(e.activations, "int8/token", "{e:?}");
+        assert!(e.kernel.starts_with("cpu.w4a8.int4xint8") && e.note.as_deref().unwrap_or("").contains("--compute int8-act"), "{e:?}");
+    }
+    let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    assert_eq!(differ(&int8_act, &w4a8_logits), 0, "W4A16 with int8 activations is W4A8 on the same weights");
+    assert!(differ(&float_act, &int8_act) > 0, "the policy changed the arithmetic");
+    for d in [a, b] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

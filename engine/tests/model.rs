@@ -191,7 +191,7 @@ fn concurrent_forward_passes_do_not_interfere() {
 /// and batched with another sequence's long prefill.
 #[test]
 fn batching_does_not_change_results() {
-    let switching = model_with(LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: 32 });
+    let switching = model_with(LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: 32, ..LinearPolicy::DEFAULT });
     for lm in [model(), &switching] {
         batching_invariance(&lm.model);
     }

@@ -116,6 +116,11 @@ pub struct LinearPolicy {
     /// tokens leave it for the panel GEMM. Applies where the integer GEMM is vectorized
     /// (AVX2); with the scalar kernel these types switch at `gemm_min_tokens`.
     pub integer_gemm_min_tokens: usize,
+    /// Checkpoint layers with weight-only int4 (W4A16) quantize their activations to int8 per
+    /// token at run time and take the W4A8 integer kernel, as llama.cpp's integer dots (and
+    /// IPEX's low-precision mode for weight-only checkpoints) do: faster, not the checkpoint's
+    /// 16-bit activations.
+    pub int4_int8_act: bool,
 }
 
 impl LinearPolicy {
@@ -123,11 +128,12 @@ impl LinearPolicy {
     /// dequantizing dot below 32 tokens otherwise. Measured side by side (`benches/linear.rs`,
     /// Q4_1 1536x576, AVX2, 2 threads): the integer GEMM takes 0.12 ms at 8 tokens, 0.78 ms at
     /// 64 and 6.7 ms at 512 against the f32 panel GEMM's 1.3, 1.9 and 8.6 ms.
-    pub const DEFAULT: LinearPolicy = LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: usize::MAX };
-    /// Always the small path (for integer types: int8 activations as llama.cpp quantizes them).
-    pub const ALWAYS_DOT: LinearPolicy = LinearPolicy { gemm_min_tokens: usize::MAX, integer_gemm_min_tokens: usize::MAX };
+    pub const DEFAULT: LinearPolicy = LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: usize::MAX, int4_int8_act: false };
+    /// Always the small path (for integer types: int8 activations as llama.cpp quantizes them),
+    /// and W4A16 checkpoint layers with int8 activations too.
+    pub const ALWAYS_DOT: LinearPolicy = LinearPolicy { gemm_min_tokens: usize::MAX, integer_gemm_min_tokens: usize::MAX, int4_int8_act: true };
     /// Always the f32-activation GEMM path.
-    pub const ALWAYS_GEMM: LinearPolicy = LinearPolicy { gemm_min_tokens: 1, integer_gemm_min_tokens: 1 };
+    pub const ALWAYS_GEMM: LinearPolicy = LinearPolicy { gemm_min_tokens: 1, integer_gemm_min_tokens: 1, int4_int8_act: false };
 
     /// The switch that applies to a small path at an ISA level.
     fn min_tokens(self, small: SmallPath, isa: Isa) -> usize {

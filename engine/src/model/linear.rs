@@ -10,7 +10,7 @@ use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::cpu::interleaved::Interleaved;
 use tessera_kernels::linear::{forward_group, LinearKernel, LinearPolicy, Weight, WeightView};
-use tessera_kernels::quant::{forward_fused as quant_forward_fused, QuantLinear};
+use tessera_kernels::quant::{forward_fused as quant_forward_fused, ActQuant, QuantLinear, QuantMatrix};
 
 /// One row of the per-layer plan: what a weight is stored as and which kernel runs it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -57,21 +57,27 @@ impl Linear {
     /// the checkpoint's scheme decoded one, else its tensor.
     pub fn load(ck: &Checkpoint, name: &str, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         match ck.quantized.get(name) {
-            Some(q) => Self::quantized(name, q, rows, cols, caps),
+            Some(q) => Self::quantized(name, q, rows, cols, caps, policy),
             None => Self::ggml(name, ck, rows, cols, caps, policy),
         }
     }
 
-    fn quantized(name: &str, q: &QuantizedWeight, rows: usize, cols: usize, caps: &CpuCaps) -> Result<Self, LoadError> {
+    fn quantized(name: &str, q: &QuantizedWeight, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let err = |msg: String| LoadError::Tensor { name: q.module.clone(), msg };
         if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
             return Err(err(format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols())));
         }
-        let mut op = QuantLinear::new(q.matrix.clone(), q.act, caps).map_err(err)?;
+        let int8_act = policy.int4_int8_act && q.act == ActQuant::F32 && matches!(*q.matrix, QuantMatrix::Int4(_));
+        let (act, note) = if int8_act {
+            (ActQuant::Int8PerToken, Some("16-bit activations in the checkpoint; quantized to int8 per token (--compute int8-act)".to_string()))
+        } else {
+            (q.act, q.note.clone())
+        };
+        let mut op = QuantLinear::new(q.matrix.clone(), act, caps).map_err(err)?;
         if let Some(p) = &q.perm {
             op = op.with_input_permutation(p.clone()).map_err(err)?;
         }
-        Ok(Linear { name: name.into(), rows, cols, w: Weights::Quant { op, scheme: q.scheme.clone(), note: q.note.clone() } })
+        Ok(Linear { name: name.into(), rows, cols, w: Weights::Quant { op, scheme: q.scheme.clone(), note } })
     }
 
     fn ggml(name: &str, ck: &Checkpoint, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {

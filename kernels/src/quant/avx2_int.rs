@@ -339,6 +339,15 @@ unsafe fn int4_block<const R: usize, const T: usize>(
             continue;
         }
         lane_sums(l, i);
+        if T == 1 && rows == 8 {
+            // One token, eight rows: the epilogue runs over the rows' lanes at once.
+            let vals = int4_epilogue_rows(w, r, i, at, xst[0]);
+            for (rr, v) in vals.into_iter().enumerate() {
+                out[(r + rr - r0) * m + t0] = v;
+            }
+            r += rows;
+            continue;
+        }
         for (rr, isum) in i.chunks_exact(per_row).enumerate() {
             let o = (r + rr - r0) * m + t0;
             int4_epilogue(w.row_scales(r + rr), w.row_zeros(r + rr), isum, at, xst, &mut out[o..o + T]);
@@ -456,6 +465,31 @@ fn int4_epilogue(s: &[f32], z: Option<&[i8]>, isum: &[i32], asum: &[i32], xs: &[
     }
 }
 
+/// [`int4_epilogue`] for one token and the 8 rows `r..r + 8` at once, vectorized over the
+/// rows: per group in order, `acc += s[g] · f32(isum - (8 + z[g]) Σ a)`, then `xs · acc`.
+/// `isum[rr * ng + g]` is row `r + rr`'s integer sum over group `g`, `asum[g]` the token's
+/// activation sum over it.
+#[target_feature(enable = "avx2,fma")]
+fn int4_epilogue_rows(w: &Int4Matrix, r: usize, isum: &[i32], asum: &[i32], xs: f32) -> [f32; 8] {
+    let ng = w.groups();
+    assert!(isum.len() == 8 * ng && asum.len() == ng && r + 8 <= w.rows());
+    let mut acc = _mm256_setzero_ps();
+    for (g, &a) in asum.iter().enumerate() {
+        let c: [i32; 8] = std::array::from_fn(|rr| isum[rr * ng + g]);
+        let off: [i32; 8] = std::array::from_fn(|rr| 8 + w.row_zeros(r + rr).map_or(0, |z| z[g]) as i32);
+        let sc: [f32; 8] = std::array::from_fn(|rr| w.row_scales(r + rr)[g]);
+        // SAFETY: each array holds 8 values of 4 bytes.
+        unsafe {
+            let c = _mm256_sub_epi32(_mm256_loadu_si256(c.as_ptr().cast()), _mm256_mullo_epi32(_mm256_loadu_si256(off.as_ptr().cast()), _mm256_set1_epi32(a)));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(sc.as_ptr()), _mm256_cvtepi32_ps(c)));
+        }
+    }
+    let mut vals = [0f32; 8];
+    // SAFETY: `vals` holds 8 floats.
+    unsafe { _mm256_storeu_ps(vals.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(xs), acc)) };
+    vals
+}
+
 /// [`int4_epilogue`] for 8 tokens at once, vectorized over the tokens: per group the 8
 /// tokens' lane vectors (`lanes[t * ng + g]`) reduce to one vector of sums, then
 /// `acc += s[g] · f32(sum - (8 + z[g]) Σ a)` lane-wise in group order, `dst = xs · acc`.
@@ -535,7 +569,35 @@ unsafe fn int8_block<const T: usize>(
     let mut lanes = [_mm256_setzero_si256(); TOKENS];
     let mut xsv = [0f32; TOKENS];
     xsv[..T].copy_from_slice(&xs[t0..t0 + T]);
-    for r in r0..r1 {
+    let mut r = r0;
+    if T == 1 {
+        // One token: eight rows' sums reduce together and their epilogue runs at once.
+        while r + 8 <= r1 {
+            let rows: [__m256i; 8] = std::array::from_fn(|rr| {
+                let row = w.row(r + rr).as_ptr();
+                let mut acc = _mm256_setzero_si256();
+                for run in 0..k / RUN {
+                    // SAFETY: columns run*32..run*32+32 lie inside the row and the token.
+                    let (wv, x) = unsafe { (_mm256_loadu_si256(row.add(run * RUN).cast()), _mm256_loadu_si256(xp.add(run * RUN).cast())) };
+                    let p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv));
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+                }
+                acc
+            });
+            let scales: [f32; 8] = std::array::from_fn(|rr| w.scale(r + rr));
+            let mut vals = [0f32; 8];
+            // SAFETY: both arrays hold 8 floats.
+            unsafe {
+                let res = _mm256_mul_ps(_mm256_set1_ps(xs[t0]), _mm256_mul_ps(_mm256_loadu_ps(scales.as_ptr()), _mm256_cvtepi32_ps(reduce8(&rows))));
+                _mm256_storeu_ps(vals.as_mut_ptr(), res);
+            }
+            for (rr, v) in vals.into_iter().enumerate() {
+                out[(r + rr - r0) * m + t0] = v;
+            }
+            r += 8;
+        }
+    }
+    for r in r..r1 {
         let row = w.row(r).as_ptr();
         let mut acc = [_mm256_setzero_si256(); T];
         for run in 0..k / RUN {

@@ -7,6 +7,7 @@
 //! process's peak resident memory.
 
 use super::model_path::ModelArg;
+use super::perplexity::ComputePath;
 use anyhow::Result;
 use clap::Args;
 use rand::{Rng, SeedableRng};
@@ -36,6 +37,9 @@ pub struct BenchArgs {
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
+    /// Force one arithmetic path on every linear layer (default: what `serve` runs).
+    #[arg(long, value_enum)]
+    compute: Option<ComputePath>,
 }
 
 /// A cache already holding `depth` random tokens.
@@ -110,7 +114,7 @@ fn model_bytes(path: &std::path::Path) -> u64 {
 /// Runs the command.
 pub fn run(args: BenchArgs) -> Result<()> {
     let path = args.model.path()?;
-    let lm = args.model.load(LinearPolicy::DEFAULT)?;
+    let lm = args.model.load(args.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy))?;
     let m = &lm.model;
     let file_mib = model_bytes(&path) as f64 / (1 << 20) as f64;
     println!("model: {} ({file_mib:.1} MiB) | threads: {} | cpu: {}", path.display(), rayon::current_num_threads(), lm.caps);

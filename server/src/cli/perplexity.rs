@@ -16,7 +16,8 @@ use tessera_kernels::linear::LinearPolicy;
 pub enum ComputePath {
     /// Weights dequantized to f32 panels, f32 activations (compare with llama.cpp's F16 figure).
     Float,
-    /// Activations quantized per token to 8-bit blocks, integer dots (llama.cpp's Q4_1 kernels).
+    /// Activations quantized per token to 8-bit blocks, integer dots (llama.cpp's Q4_1
+    /// kernels); W4A16 checkpoint layers take int8 per-token activations and the W4A8 kernel.
     Int8Act,
 }
 
