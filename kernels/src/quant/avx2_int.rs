@@ -91,7 +91,28 @@ fn lane_sums(v: &[__m256i], sums: &mut [i32]) {
 /// `out.len() >= (r1 - r0) * m`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn int4_f32(w: &Int4Matrix, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
-    let mut state = vec![_mm256_setzero_ps(); (r1 - r0) * STATE];
+    // Rows go in slices whose state (512 bytes a row) stays small: a large state buffer would
+    // be mapped and unmapped by the allocator on every call.
+    let mut state = vec![_mm256_setzero_ps(); (r1 - r0).min(STATE_ROWS) * STATE];
+    let mut s0 = r0;
+    while s0 < r1 {
+        let s1 = (s0 + STATE_ROWS).min(r1);
+        // SAFETY: forwarded contract; rows s0..s1 lie inside r0..r1, and their outputs start
+        // at row s0 - r0 of `out`.
+        unsafe { int4_f32_rows(w, s0, s1, x, m, &mut state[..(s1 - s0) * STATE], &mut out[(s0 - r0) * m..]) };
+        s0 = s1;
+    }
+}
+
+/// Rows per [`int4_f32`] slice (32 KiB of state).
+const STATE_ROWS: usize = 64;
+
+/// [`int4_f32`] for rows `r0..r1` with `state` holding [`STATE`] vectors per row.
+///
+/// # Safety
+/// As [`int4_f32`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn int4_f32_rows(w: &Int4Matrix, r0: usize, r1: usize, x: &[f32], m: usize, state: &mut [__m256], out: &mut [f32]) {
     let mut t0 = 0;
     while t0 < m {
         let t = (m - t0).min(TOKENS);
@@ -99,14 +120,14 @@ pub(super) unsafe fn int4_f32(w: &Int4Matrix, r0: usize, r1: usize, x: &[f32], m
         // SAFETY: forwarded contract; tokens t0..t0 + t exist.
         unsafe {
             match t {
-                1 => f32_block::<4, 1>(w, r0, r1, x, m, t0, &mut state, out),
-                2 => f32_block::<4, 2>(w, r0, r1, x, m, t0, &mut state, out),
-                3 => f32_block::<2, 3>(w, r0, r1, x, m, t0, &mut state, out),
-                4 => f32_block::<2, 4>(w, r0, r1, x, m, t0, &mut state, out),
-                5 => f32_block::<1, 5>(w, r0, r1, x, m, t0, &mut state, out),
-                6 => f32_block::<1, 6>(w, r0, r1, x, m, t0, &mut state, out),
-                7 => f32_block::<1, 7>(w, r0, r1, x, m, t0, &mut state, out),
-                _ => f32_block::<1, 8>(w, r0, r1, x, m, t0, &mut state, out),
+                1 => f32_block::<4, 1>(w, r0, r1, x, m, t0, state, out),
+                2 => f32_block::<4, 2>(w, r0, r1, x, m, t0, state, out),
+                3 => f32_block::<2, 3>(w, r0, r1, x, m, t0, state, out),
+                4 => f32_block::<2, 4>(w, r0, r1, x, m, t0, state, out),
+                5 => f32_block::<1, 5>(w, r0, r1, x, m, t0, state, out),
+                6 => f32_block::<1, 6>(w, r0, r1, x, m, t0, state, out),
+                7 => f32_block::<1, 7>(w, r0, r1, x, m, t0, state, out),
+                _ => f32_block::<1, 8>(w, r0, r1, x, m, t0, state, out),
             }
         }
         t0 += t;
