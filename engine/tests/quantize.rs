@@ -505,7 +505,16 @@ fn output_head_gets_its_own_recipe_and_a_tied_one_is_untied() {
     // A head recipe in another format than the model's is refused.
     let quark_fp8 = Recipe::resolve(Scheme::W8A8Fp8, Some(Format::Quark), None, false).unwrap();
     let e = run_with_head(tied.path(), out.path(), int8, &[], false, Some(quark_fp8)).unwrap_err();
-    assert!(e.contains("format"), "{e}");
+    assert!(e.contains("output head's recipe is in quark format"), "{e}");
+    // --lm-head contradicted by --experts-only or an --exclude matching the head.
+    let e = run_with_head(tied.path(), out.path(), int8, &[], true, Some(int8)).unwrap_err();
+    assert!(e.contains("--experts-only"), "{e}");
+    let e = run_with_head(tied.path(), out.path(), int8, &["lm_*"], false, Some(int8)).unwrap_err();
+    assert!(e.contains("\"lm_*\" matches lm_head"), "{e}");
+    // Neither tied nor stored: there is no head to quantize.
+    write_json(&tied.path().join("config.json"), &json!({ "model_type": "llama", "hidden_size": H }));
+    let e = run_with_head(tied.path(), out.path(), int8, &[], false, Some(int8)).unwrap_err();
+    assert!(e.contains("no shard holds lm_head.weight"), "{e}");
 }
 
 /// The seven scheme/format pairs (w4a16 with group 32: the random model has 96-column layers).
@@ -555,8 +564,10 @@ fn every_scheme_writes_the_documented_checkpoint() {
                 assert_eq!(q["export"]["weight_format"], "real_quantized");
                 let g = &q["global_quant_config"];
                 let input = &g["input_tensors"];
-                let act = if let Layout::QuarkInt8 = Layout::of(recipe) { ("int8", "per_token") } else { ("fp8_e4m3", "per_tensor") };
-                assert_eq!((input["dtype"].as_str(), input["qscheme"].as_str(), input["is_dynamic"].as_bool()), (Some(act.0), Some(act.1), Some(true)));
+                // Quark writes a per-token spec as per_channel on axis 1.
+                let act = if let Layout::QuarkInt8 = Layout::of(recipe) { ("int8", "per_channel", Some(1)) } else { ("fp8_e4m3", "per_tensor", None) };
+                assert_eq!((input["dtype"].as_str(), input["qscheme"].as_str(), input["ch_axis"].as_i64()), (Some(act.0), Some(act.1), act.2));
+                assert_eq!(input["is_dynamic"].as_bool(), Some(true));
                 assert!(g["output_tensors"].is_null() && g["bias"].is_null());
                 if let Layout::QuarkW4A8 = Layout::of(recipe) {
                     let w = g["weight"].as_array().unwrap();

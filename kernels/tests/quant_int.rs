@@ -168,13 +168,13 @@ fn all_schemes() -> Vec<(Scheme, usize, usize)> {
 #[test]
 fn kernels_match_f64_reference_and_scalar() {
     let mut r = rng(11);
-    for (scheme, rows, cols) in all_schemes() {
-        let m = 13;
+    // m = 1 takes the one-token paths (eight rows at once), m = 13 the token blocks of 8 and 5.
+    for ((scheme, rows, cols), m) in all_schemes().into_iter().flat_map(|c| [(c, 1), (c, 13)]) {
         let scalar = layer(&mut r, scheme, rows, cols, Isa::Scalar);
         let x = randn(&mut r, m * cols);
         let (want, mag) = reference(&scalar, &x, m);
         let ys = run(&scalar, &x, m);
-        let what = format!("{scheme:?} {rows}x{cols}");
+        let what = format!("{scheme:?} {rows}x{cols} m={m}");
         assert_within(&ys, &want, &mag, bound(&scalar), &format!("{what} scalar vs f64"));
         if !Isa::Avx2.available() {
             continue;
@@ -422,8 +422,8 @@ fn int4_ragged_groups_layout_and_errors() {
 #[test]
 fn fused_layers_equal_each_layer_alone() {
     let mut r = rng(14);
-    let (cols, m) = (576, 5);
-    for isa in isas() {
+    let cols = 576;
+    for (isa, m) in isas().into_iter().flat_map(|isa| [(isa, 0), (isa, 1), (isa, 5)]) {
         let mut perm: Vec<u32> = (0..cols as u32).collect();
         perm.shuffle(&mut r);
         let layers = [
@@ -452,4 +452,16 @@ fn fused_layers_equal_each_layer_alone() {
         // Columns outside every layer are left alone.
         assert!((0..m).all(|i| y[i * width].is_nan() && y[i * width + width - 1].is_nan() && y[i * width + width - 2].is_nan()));
     }
+}
+
+/// Fused layers whose output columns overlap would race: refused.
+#[test]
+#[should_panic(expected = "overlap")]
+fn fused_layers_with_overlapping_outputs_are_refused() {
+    let mut r = rng(15);
+    let a = layer(&mut r, Scheme::W8A8, 16, 64, Isa::Scalar);
+    let b = layer(&mut r, Scheme::W8A8, 16, 64, Isa::Scalar);
+    let x = randn(&mut r, 64);
+    let mut y = vec![0f32; 40];
+    tessera_kernels::quant::forward_fused(&[(&a, 0), (&b, 8)], &x, 1, &mut y, 40);
 }

@@ -12,8 +12,8 @@
 //!
 //! Which tensors are quantized: the 2-D `.weight` of every Linear module (`*_proj`, including
 //! MoE experts `mlp.experts.E.*_proj` and Mixtral's `block_sparse_moe.experts.E.w1|w2|w3`) unless excluded. Never quantized: embeddings, norms,
-//! routers (`mlp.gate`, `shared_expert_gate`) and `lm_head` (llm-compressor's default
-//! `ignore=["lm_head"]`). `--exclude` globs (Python's fnmatch: `*` crosses dots, the whole name must match) and `experts_only` exclude
+//! routers (`mlp.gate`, `shared_expert_gate`), and `lm_head` unless [`QuantizeOptions::head`]
+//! gives it a recipe (llm-compressor's default `ignore=["lm_head"]`). `--exclude` globs (Python's fnmatch: `*` crosses dots, the whole name must match) and `experts_only` exclude
 //! more; excluded linears are copied unchanged.
 //!
 //! Every quantized tensor is decoded back from the bytes written and measured against the input
@@ -176,8 +176,9 @@ impl Recipe {
     }
 
     /// The recipe of a quantized output head: `scheme` in `body`'s format (one
-    /// `quantization_config` holds both), with `body`'s group size and zero points when both
-    /// are int4 in compressed-tensors format.
+    /// `quantization_config` holds both). An int4 head in compressed-tensors format takes a
+    /// grouped int4 body's group size and zero points; otherwise it gets [`Recipe::resolve`]'s
+    /// defaults (W4A16: group 128).
     pub fn head(scheme: Scheme, body: &Recipe) -> Result<Self, QuantizeError> {
         let int4_head = matches!(scheme, Scheme::W4A16 | Scheme::W4A8) && body.format() == Format::CompressedTensors;
         let (group, asymmetric) = match body {
@@ -538,8 +539,8 @@ fn read_shard<'m>(map: &'m Mmap, path: &Path) -> Result<SafeTensors<'m>, Quantiz
 #[derive(Default)]
 struct ShardResult {
     names: Vec<String>,
-    /// Whether the tied embedding was written as the quantized `lm_head` too.
-    untied: bool,
+    /// Whether a quantized output head was written (from `lm_head.weight` or the tied embedding).
+    head: bool,
     copied: usize,
     stats: Vec<TensorStats>,
     bytes: u64,
@@ -563,7 +564,6 @@ fn smoothed(name: &str, view: &TensorView<'_>, cols: usize, r: &Rescale) -> Resu
     Ok((dtype, w))
 }
 
-/// Quantizes one input shard into `out_path`.
 /// What every shard is quantized with.
 struct ShardPlan<'a> {
     recipe: &'a Recipe,
@@ -596,7 +596,8 @@ impl ShardPlan<'_> {
         };
         let tensor_err = |msg: String| QuantizeError::Tensor { name: name.to_string(), msg };
         let factor = self.prep.map(|p| p.factor(module)).transpose().map_err(tensor_err)?.flatten();
-        if self.prep.is_some_and(|p| p.gptq) && factor.is_none() {
+        // No calibration inputs are gathered for the output head: it is rounded to nearest.
+        if self.prep.is_some_and(|p| p.gptq) && factor.is_none() && !is_head(module) {
             tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
             res.uncalibrated.push(module.to_string());
         }
@@ -608,6 +609,7 @@ impl ShardPlan<'_> {
     }
 }
 
+/// Quantizes one input shard into `out_path`.
 fn quantize_shard(in_path: &Path, out_path: &Path, plan: &ShardPlan<'_>, sel: &mut Selection<'_>, ignored: &mut BTreeSet<String>) -> Result<ShardResult, QuantizeError> {
     let map = map_file(in_path)?;
     let st = read_shard(&map, in_path)?;
@@ -627,7 +629,10 @@ fn quantize_shard(in_path: &Path, out_path: &Path, plan: &ShardPlan<'_>, sel: &m
             });
         }
         match linear {
-            Some(m) if sel.quantized(m) => out.extend(plan.quantize(name, m, &view, rescale, &mut res)?),
+            Some(m) if sel.quantized(m) => {
+                out.extend(plan.quantize(name, m, &view, rescale, &mut res)?);
+                res.head |= is_head(m);
+            }
             other => {
                 ignored.extend(other.map(str::to_owned));
                 let data = match rescale {
@@ -641,8 +646,8 @@ fn quantize_shard(in_path: &Path, out_path: &Path, plan: &ShardPlan<'_>, sel: &m
                 out.push(OutTensor { name: name.clone(), dtype: view.dtype(), shape: view.shape().to_vec(), data });
                 res.copied += 1;
                 if plan.tied_embedding == Some(name.as_str()) {
-                    out.extend(plan.quantize("lm_head.weight", "lm_head", &view, rescale, &mut res)?);
-                    res.untied = true;
+                    out.extend(plan.quantize("lm_head.weight", "lm_head", &view, None, &mut res)?);
+                    res.head = true;
                 }
             }
         }
@@ -682,8 +687,16 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         return Err(QuantizeError::Usage(format!("--output {} is the input directory", output.display())));
     }
 
-    if let Some(h) = opts.head.filter(|h| h.format() != opts.recipe.format()) {
-        return Err(QuantizeError::Usage(format!("the output head's recipe is in {} format, the model's in {}", h.format().name(), opts.recipe.format().name())));
+    if let Some(h) = opts.head {
+        if h.format() != opts.recipe.format() {
+            return Err(QuantizeError::Usage(format!("the output head's recipe is in {} format, the model's in {}", h.format().name(), opts.recipe.format().name())));
+        }
+        if opts.experts_only {
+            return Err(QuantizeError::Usage("--lm-head quantizes the output head, --experts-only leaves every non-expert layer as it is: give one".into()));
+        }
+        if let Some(p) = opts.exclude.iter().find(|p| fnmatch(p.as_bytes(), b"lm_head")) {
+            return Err(QuantizeError::Usage(format!("--exclude {p:?} matches lm_head, which --lm-head quantizes")));
+        }
     }
     let tied = opts.head.is_some() && cfg.get("tie_word_embeddings").and_then(Value::as_bool) == Some(true);
 
@@ -700,13 +713,13 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         prep: prep.as_ref(),
         mse: opts.mse_observer,
     };
-    let mut untied = false;
+    let mut head_written = false;
     let mut weight_map = BTreeMap::new();
     let (mut stats, mut copied, mut total) = (Vec::new(), 0, 0u64);
     let (mut smoothed, mut uncalibrated) = (0, Vec::new());
     for shard in &shards {
         let r = quantize_shard(&input.join(shard), &output.join(shard), &plan, &mut sel, &mut ignored)?;
-        untied |= r.untied;
+        head_written |= r.head;
         tracing::info!(shard, tensors = r.names.len(), quantized = r.stats.len(), "shard written");
         weight_map.extend(r.names.into_iter().map(|n| (n, shard.clone())));
         stats.extend(r.stats);
@@ -718,8 +731,9 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     // Quark and sharded transformers checkpoints carry an index; write it even for one shard.
     write_json(&output.join("model.safetensors.index.json"), &json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
 
-    if tied && !untied {
-        return Err(io(&cfg_path, format!("ties the output head to the embedding, but no shard holds {TIED_EMBEDDING}")));
+    if opts.head.is_some() && !head_written {
+        let why = if tied { format!("ties the output head to the embedding, but no shard holds {TIED_EMBEDDING}") } else { "has no tie_word_embeddings: true, and no shard holds lm_head.weight".into() };
+        return Err(io(&cfg_path, format!("{why} (--lm-head needs an output head)")));
     }
     let ignored: Vec<String> = ignored.into_iter().collect();
     let mut qc = opts.recipe.quantization_config(opts.head.as_ref(), &ignored);

@@ -7,7 +7,8 @@
 //!   zero-point tensors. `W ≈ q · weight_scale_2[row] · weight_scale`.
 //! - W8A8 FP8 per channel: `P.weight` F8_E4M3 `[out, in]`, `P.weight_scale` F32 `[out]`.
 //! - W8A8 int8 per channel: `P.weight` I8 `[out, in]`, `P.weight_scale` F32 `[out]`, with
-//!   dynamic per-token int8 activations.
+//!   dynamic per-token int8 activations (`per_channel` on `ch_axis` 1, as Quark writes
+//!   per-token specs).
 
 use super::math::{int_codes, CodeKind, Grid};
 use super::{find, OutTensor};
@@ -52,7 +53,7 @@ pub fn tensors(prefix: &str, grid: &Grid, codes: Vec<u8>, rows: usize, cols: usi
             OutTensor::owned(format!("{prefix}.weight_scale"), Dtype::F32, vec![], fp8_scale.to_le_bytes().to_vec()),
             OutTensor::owned(format!("{prefix}.weight_scale_2"), Dtype::F32, vec![rows], scales),
         ],
-        kind => vec![
+        kind @ (CodeKind::Fp8 | CodeKind::Int(_)) => vec![
             OutTensor::owned(format!("{prefix}.weight"), if kind == CodeKind::Fp8 { Dtype::F8_E4M3 } else { Dtype::I8 }, vec![rows, cols], codes),
             OutTensor::owned(format!("{prefix}.weight_scale"), Dtype::F32, vec![rows], scales),
         ],
@@ -125,7 +126,8 @@ fn layer_config(scheme: &Scheme) -> Value {
         ),
         Scheme::Int8 => (
             spec("int8", "per_channel", Some(0), false, Some("half_even"), "PerChannelMinMaxObserver"),
-            spec("int8", "per_token", None, true, Some("half_even"), "PerChannelMinMaxObserver"),
+            // Quark has no per-token qscheme: it writes per-token as per_channel on axis 1, dynamic.
+            spec("int8", "per_channel", Some(1), true, Some("half_even"), "PerChannelMinMaxObserver"),
         ),
     };
     json!({ "weight": weight, "input_tensors": input, "output_tensors": null, "bias": null, "target_device": null })

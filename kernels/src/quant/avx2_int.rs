@@ -360,7 +360,7 @@ unsafe fn int4_block<const R: usize, const T: usize>(
             continue;
         }
         lane_sums(l, i);
-        if T == 1 && rows == 8 {
+        if T == 1 && R == 8 && rows == R {
             // One token, eight rows: the epilogue runs over the rows' lanes at once.
             let vals = int4_epilogue_rows(w, r, i, at, xst[0]);
             for (rr, v) in vals.into_iter().enumerate() {

@@ -272,11 +272,18 @@ impl fmt::Display for QuantLinear {
 pub fn forward_fused(parts: &[(&QuantLinear, usize)], x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
     let Some(&(first, _)) = parts.first() else { return };
     let k = first.cols();
-    assert_eq!(x.len(), m * k, "activation shape");
+    assert_eq!(Some(x.len()), m.checked_mul(k), "activation shape");
+    let mut spans = Vec::with_capacity(parts.len());
     for &(l, col) in parts {
         assert_eq!(l.cols(), k, "fused layers must share their input width");
-        assert!(col + l.rows() <= ldy && (m == 0 || y.len() >= (m - 1) * ldy + col + l.rows()), "output shape");
+        let end = col.checked_add(l.rows()).filter(|&e| e <= ldy).expect("output columns past the row stride");
+        let last = m.checked_sub(1).map(|i| i.checked_mul(ldy).and_then(|o| o.checked_add(end)).expect("output size overflows"));
+        assert!(last.is_none_or(|need| y.len() >= need), "output shape");
+        spans.push((col, end));
     }
+    // Every task writes its own (layer, row) columns: the layers' column ranges must not overlap.
+    spans.sort_unstable();
+    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "fused layers' output columns overlap");
     if m == 0 {
         return;
     }
