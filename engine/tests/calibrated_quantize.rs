@@ -86,6 +86,11 @@ fn quantize(input: &Path, name: &str, recipe: Recipe, exclude: &[&str], how: How
     (out, s)
 }
 
+/// The config.json of the checkpoint in `dir`.
+fn config(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
+}
+
 /// Log-softmax rows of the model in `dir` over `tokens`.
 fn log_probs(dir: &Path, tokens: &[u32]) -> Vec<Vec<f64>> {
     let m = LoadedModel::load(dir, LinearPolicy::DEFAULT).unwrap();
@@ -143,7 +148,7 @@ fn calibration_brings_quantized_models_closer_to_float() {
         assert!(s.uncalibrated.is_empty(), "{:?}", s.uncalibrated);
         // The metadata says how scales and values were chosen; activation order only where
         // compressed-tensors accepts it (group strategies).
-        let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let config = config(&dir);
         let args = &config["quantization_config"]["config_groups"]["group_0"]["weights"];
         assert_eq!(args["observer"], if how.mse_observer { "mse" } else { "minmax" }, "{name}");
         let grouped = args["strategy"] == "group";
@@ -185,7 +190,7 @@ fn quantized_output_head_is_untied_and_stays_close() {
     let (dir, s) = quantize(&bf16, "w4a8-int8-head", body, &[], How { head: Some(head), ..How::default() });
     assert!(s.report.tensors.iter().any(|t| t.name == "lm_head.weight"), "the head is in the report");
     assert!(!s.ignored.contains(&"lm_head".to_string()));
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let config = config(&dir);
     assert_eq!(config["tie_word_embeddings"], false);
     assert_eq!(config["quantization_config"]["layer_quant_config"]["lm_head"]["weight"]["dtype"], "int8");
     let m = LoadedModel::load(&dir, LinearPolicy::DEFAULT).unwrap();

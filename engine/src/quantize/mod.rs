@@ -263,13 +263,18 @@ impl Recipe {
     }
 
     /// `quantization_config` with the unquantized linear modules and, when the output head is
-    /// quantized, its recipe (which must be in this recipe's format).
+    /// quantized, its recipe, which must be in this recipe's format ([`Recipe::head`] makes it
+    /// so; [`quantize_dir`] refuses a mismatch before writing anything).
+    ///
+    /// # Panics
+    /// If `head` is in another format.
     pub fn quantization_config(&self, head: Option<&Recipe>, ignored: &[String]) -> Value {
         match (self, head) {
             (Recipe::CompressedTensors(s), Some(Recipe::CompressedTensors(h))) => compressed_tensors::quantization_config(s, Some(h), ignored),
-            (Recipe::CompressedTensors(s), _) => compressed_tensors::quantization_config(s, None, ignored),
+            (Recipe::CompressedTensors(s), None) => compressed_tensors::quantization_config(s, None, ignored),
             (Recipe::Quark(s), Some(Recipe::Quark(h))) => quark::quantization_config(s, Some(h), ignored),
-            (Recipe::Quark(s), _) => quark::quantization_config(s, None, ignored),
+            (Recipe::Quark(s), None) => quark::quantization_config(s, None, ignored),
+            (_, Some(h)) => panic!("the output head's recipe is in {} format, the model's in {}", h.format().name(), self.format().name()),
         }
     }
 }

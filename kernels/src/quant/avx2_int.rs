@@ -585,7 +585,6 @@ unsafe fn int8_block<const T: usize>(
 ) {
     let k = w.cols();
     let xp = xq[t0 * k..(t0 + T) * k].as_ptr();
-    let ones = _mm256_set1_epi16(1);
     // Lanes past T stay zero; results are only stored for the T real tokens.
     let mut lanes = [_mm256_setzero_si256(); TOKENS];
     let mut xsv = [0f32; TOKENS];
@@ -594,17 +593,8 @@ unsafe fn int8_block<const T: usize>(
     if T == 1 {
         // One token: eight rows' sums reduce together and their epilogue runs at once.
         while r + 8 <= r1 {
-            let rows: [__m256i; 8] = std::array::from_fn(|rr| {
-                let row = w.row(r + rr).as_ptr();
-                let mut acc = _mm256_setzero_si256();
-                for run in 0..k / RUN {
-                    // SAFETY: columns run*32..run*32+32 lie inside the row and the token.
-                    let (wv, x) = unsafe { (_mm256_loadu_si256(row.add(run * RUN).cast()), _mm256_loadu_si256(xp.add(run * RUN).cast())) };
-                    let p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv));
-                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
-                }
-                acc
-            });
+            // SAFETY: rows r..r + 8 exist; the token's k columns lie inside xq.
+            let rows: [__m256i; 8] = std::array::from_fn(|rr| unsafe { int8_row_lanes::<1>(w.row(r + rr), xp, k) }[0]);
             let scales: [f32; 8] = std::array::from_fn(|rr| w.scale(r + rr));
             let mut vals = [0f32; 8];
             // SAFETY: both arrays hold 8 floats.
@@ -619,20 +609,8 @@ unsafe fn int8_block<const T: usize>(
         }
     }
     for r in r..r1 {
-        let row = w.row(r).as_ptr();
-        let mut acc = [_mm256_setzero_si256(); T];
-        for run in 0..k / RUN {
-            // SAFETY: columns run*32..run*32+32 lie inside row r (k = cols).
-            let wv = unsafe { _mm256_loadu_si256(row.add(run * RUN).cast()) };
-            let wa = _mm256_abs_epi8(wv);
-            for (t, a) in acc.iter_mut().enumerate() {
-                // SAFETY: token t < T of the block, same columns, inside xq.
-                let x = unsafe { _mm256_loadu_si256(xp.add(t * k + run * RUN).cast()) };
-                let p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wv));
-                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
-            }
-        }
-        lanes[..T].copy_from_slice(&acc);
+        // SAFETY: row r exists; tokens 0..T of the block lie inside xq.
+        lanes[..T].copy_from_slice(&unsafe { int8_row_lanes::<T>(w.row(r), xp, k) });
         // Scalar order: xs · (s · f32(sum)).
         let sums = _mm256_cvtepi32_ps(reduce8(&lanes));
         let mut vals = [0f32; TOKENS];
@@ -643,4 +621,28 @@ unsafe fn int8_block<const T: usize>(
         }
         out[(r - r0) * m + t0..(r - r0) * m + t0 + T].copy_from_slice(&vals[..T]);
     }
+}
+
+/// One int8 row against `T` int8 activation rows at `xp` (stride `k`): 8 int32 lanes of
+/// `Σ w · a` per token, by the sign trick (`maddubs(|w|, sign(a, w))`, then `madd` to int32).
+///
+/// # Safety
+/// AVX2 available; `row.len() == k`, a multiple of 32; `xp` points to `T * k` readable bytes
+/// with no -128.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn int8_row_lanes<const T: usize>(row: &[i8], xp: *const i8, k: usize) -> [__m256i; T] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_si256(); T];
+    for run in 0..k / RUN {
+        // SAFETY: columns run*32..run*32+32 lie inside the row (row.len() == k).
+        let wv = unsafe { _mm256_loadu_si256(row.as_ptr().add(run * RUN).cast()) };
+        let wa = _mm256_abs_epi8(wv);
+        for (t, a) in acc.iter_mut().enumerate() {
+            // SAFETY: token t < T, same columns, inside the caller's T * k bytes.
+            let x = unsafe { _mm256_loadu_si256(xp.add(t * k + run * RUN).cast()) };
+            let p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wv));
+            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
+        }
+    }
+    acc
 }
