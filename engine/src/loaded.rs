@@ -1,7 +1,7 @@
 //! A checkpoint loaded and ready to run: tokenizer plus model.
 
 use crate::checkpoint::{Checkpoint, LoadError};
-use crate::kv::centering::CALIBRATION_TEXT;
+use crate::kv::key_calibration::CALIBRATION_TEXT;
 use crate::kv::{KvLayout, KvLayoutError, KvRequest};
 use std::sync::Arc;
 use crate::model::LlamaModel;

@@ -74,7 +74,7 @@ impl Cache {
                 values: &as_bytes(vp)[..n * self.v.page_bytes(BLOCK)],
             })
             .collect();
-        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles }
+        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles, query_scale: None }
     }
 }
 

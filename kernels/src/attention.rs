@@ -59,6 +59,11 @@ pub struct KvView<'a> {
     pub v: &'a dyn KvCodec,
     /// The cached tokens, in position order.
     pub tiles: Vec<KvTile<'a>>,
+    /// Per KV head, `head_dim` factors the keys were divided by, channel by channel, before
+    /// they were encoded (balancing a lossy key format's error against the queries); attention
+    /// multiplies every query of the head's group by them, which leaves the scores unchanged
+    /// in exact arithmetic. `None`: keys stored as they are.
+    pub query_scale: Option<&'a [f32]>,
 }
 
 impl<'a> KvView<'a> {
@@ -81,6 +86,22 @@ impl<'a> KvView<'a> {
             assert_eq!(t.keys.len(), shape.n_kv_heads * self.k.page_bytes(t.slots), "kv tile key bytes");
             assert_eq!(t.values.len(), shape.n_kv_heads * self.v.page_bytes(t.slots), "kv tile value bytes");
         }
+        assert!(self.query_scale.is_none_or(|s| s.len() == shape.kv_width()), "kv query scale width");
+    }
+
+    /// `q` (rows of `q_width`) as the keys' storage expects it: each query head multiplied by
+    /// its KV head's [`Self::query_scale`] (borrowed unchanged when there is none).
+    fn scaled_queries<'q>(&self, shape: AttnShape, q: &'q [f32]) -> std::borrow::Cow<'q, [f32]> {
+        let Some(scale) = self.query_scale else { return q.into() };
+        let (hd, group) = (shape.head_dim, shape.n_heads / shape.n_kv_heads);
+        let mut out = q.to_vec();
+        for row in out.chunks_exact_mut(shape.q_width()) {
+            for (h, x) in row.chunks_exact_mut(hd).enumerate() {
+                let g = h / group;
+                x.iter_mut().zip(&scale[g * hd..(g + 1) * hd]).for_each(|(v, f)| *v *= f);
+            }
+        }
+        out.into()
     }
 }
 
@@ -109,6 +130,7 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, kv: &KvView
         let mut job = AttnJob { q, m, pos0, kv: kv.clone(), out };
         return decode_batch(shape, &mut [&mut job]);
     }
+    let q = &*kv.scaled_queries(shape, q);
     let out_ptr = SyncPtr::new(out.as_mut_ptr());
     // Tasks are (KV head, block of queries): balances the pool, each block stops at the keys
     // its last query can see (half the work of masking a full square for a causal prefill),
@@ -265,6 +287,7 @@ fn key_ranges(tiles: &[KvTile<'_>], end: usize) -> Vec<Vec<Piece>> {
 /// prepared queries (each query is prepared once per task, not per key).
 fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: usize, pieces: &[Piece]) -> Partial {
     let (q, m, pos0, kv) = job;
+    let q = &*kv.scaled_queries(shape, q);
     let (hd, qw) = (shape.head_dim, shape.q_width());
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();

@@ -68,7 +68,7 @@ impl Paged {
                 values: &bytes(vp)[..n * self.v.page_bytes(*len)],
             })
             .collect();
-        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles }
+        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles, query_scale: None }
     }
 
     /// Every token's keys and values as the format stores them (`total × kv_width`).

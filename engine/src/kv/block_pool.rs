@@ -78,7 +78,7 @@ impl BlockPool {
         let bs = self.layout.block_size();
         let (k, v) = self.layout.codecs(layer);
         let tiles = (0..end.div_ceil(bs)).map(|b| self.tile(blocks[b], layer, b * bs, bs.min(end - b * bs))).collect();
-        KvView { k, v, tiles }
+        KvView { k, v, tiles, query_scale: self.layout.key_scale(layer) }
     }
 
     /// Encodes head `head`'s rows (`n × head_dim`) into slots `slot..` of its page in the
@@ -139,7 +139,7 @@ impl SequenceKv for PagedSeqKv<'_> {
         let tokens = k.len() / kw;
         let (kc, vc) = layout.codecs(layer);
         let (kr, vr) = layout.regions(layer);
-        let center = layout.key_center(layer);
+        let (center, scale) = (layout.key_center(layer), layout.key_scale(layer));
         // Pages to write: (first token, tokens, role, head); each a distinct page.
         let mut jobs = Vec::new();
         let mut done = 0;
@@ -156,10 +156,14 @@ impl SequenceKv for PagedSeqKv<'_> {
         let run = |&(t0, n, role, g): &(usize, usize, usize, usize)| {
             let (codec, region, src) = if role == 0 { (kc, kr.start, k) } else { (vc, vr.start, v) };
             let mut rows: Vec<f32> = (t0..t0 + n).flat_map(|t| &src[t * kw + g * hd..t * kw + (g + 1) * hd]).copied().collect();
-            // Centered keys: the page's rows minus the head's center, in the copy made anyway.
+            // Transformed keys (`KvLayout::set_key_transform`), in the copy made anyway.
             if let (0, Some(c)) = (role, center) {
                 let c = &c[g * hd..(g + 1) * hd];
                 rows.chunks_exact_mut(hd).for_each(|r| r.iter_mut().zip(c).for_each(|(x, m)| *x -= m));
+                if let Some(s) = scale {
+                    let s = &s[g * hd..(g + 1) * hd];
+                    rows.chunks_exact_mut(hd).for_each(|r| r.iter_mut().zip(s).for_each(|(x, f)| *x /= f));
+                }
             }
             let p = pos + t0;
             // SAFETY: positions >= shared_len are in blocks this sequence owns alone, and each

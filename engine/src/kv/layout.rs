@@ -84,9 +84,20 @@ pub enum KvLayoutError {
     /// A format the model's geometry or the role refuses.
     #[error(transparent)]
     Format(#[from] KvFormatError),
-    /// The key-centering calibration pass failed.
-    #[error("key-centering calibration: {0}")]
+    /// The key-calibration pass (centering, balancing) failed.
+    #[error("key calibration: {0}")]
     Calibration(String),
+}
+
+/// How keys are stored relative to the model's post-RoPE keys: per layer,
+/// `(k - center) / scale`, channel by channel (`n_kv_heads * head_dim` values each).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyTransform {
+    /// Per layer, subtracted from every key.
+    pub centers: Vec<Vec<f32>>,
+    /// Per layer, positive factors the centered keys are divided by and the queries multiplied
+    /// by; `None`: all 1.
+    pub scales: Option<Vec<Vec<f32>>>,
 }
 
 /// Alignment of each (layer, role) region inside a block: keeps f32 pages readable in place.
@@ -103,9 +114,8 @@ pub struct KvLayout {
     offsets: Vec<(usize, usize)>,
     /// Per layer: the static (key, value) scales of 8-bit sides that use the checkpoint's.
     static_scales: Vec<(Option<f32>, Option<f32>)>,
-    /// Per layer, when set: a vector (`n_kv_heads * head_dim`) subtracted from every key
-    /// before it is encoded (see [`KvLayout::set_key_centers`]).
-    key_centers: Option<Vec<Vec<f32>>>,
+    /// How keys are stored, when not as they are (see [`KvLayout::set_key_transform`]).
+    key_transform: Option<KeyTransform>,
     block_bytes: usize,
 }
 
@@ -139,7 +149,7 @@ impl KvLayout {
             offsets.push((ko, vo));
             static_scales.push((ks, vs));
         }
-        Ok(Arc::new(KvLayout { dtype, geom, block_size, codecs, offsets, static_scales, key_centers: None, block_bytes: at.next_multiple_of(64) }))
+        Ok(Arc::new(KvLayout { dtype, geom, block_size, codecs, offsets, static_scales, key_transform: None, block_bytes: at.next_multiple_of(64) }))
     }
 
     /// The layout of a model of `config` for the formats `req` asks for (auto sides take the
@@ -198,23 +208,42 @@ impl KvLayout {
         matches!(self.dtype.k, KvFormat::Qjl1 | KvFormat::Tq3_0 | KvFormat::Hqmq(_))
     }
 
-    /// Stores every key of layer `l` as `k - centers[l]` (post-RoPE, `n_kv_heads * head_dim`
-    /// values per layer). Attention is unchanged in exact arithmetic: a query's scores all
-    /// move by the same `q · center`, which softmax cancels (no score soft-capping in the
-    /// supported models), and values are untouched. What changes is what the codec sees: a
-    /// smaller key, so a smaller coding error.
-    pub fn set_key_centers(&mut self, centers: Vec<Vec<f32>>) -> Result<(), String> {
+    /// Whether the key format spreads a key's coding error over all of a head's channels
+    /// (qjl1 through its projection, tq3_0 through its WHT), so that balancing the channels
+    /// against the queries ([`KeyTransform::scales`]) lowers the error of the scores. HQMQ's
+    /// error stays in each 4-value chunk, where a per-channel scale cancels out.
+    pub fn wants_key_balance(&self) -> bool {
+        matches!(self.dtype.k, KvFormat::Qjl1 | KvFormat::Tq3_0)
+    }
+
+    /// Stores every key of layer `l` as `(k - centers[l]) / scales[l]`, channel by channel.
+    /// Attention is unchanged in exact arithmetic: a query's scores all move by the same
+    /// `q · center`, which softmax cancels (no score soft-capping in the supported models),
+    /// attention multiplies the queries by the scales ([`KvView::query_scale`]), and values are
+    /// untouched. What changes is what the codec sees: a smaller key whose error lands where
+    /// the queries are small, so a smaller error in the scores.
+    ///
+    /// [`KvView::query_scale`]: tessera_kernels::attention::KvView::query_scale
+    pub fn set_key_transform(&mut self, t: KeyTransform) -> Result<(), String> {
         let kw = self.geom.n_kv_heads * self.geom.head_dim;
-        if centers.len() != self.layers() || centers.iter().any(|c| c.len() != kw || c.iter().any(|v| !v.is_finite())) {
-            return Err(format!("key centers must be {} finite vectors of {kw} values", self.layers()));
+        let valid = |v: &Vec<Vec<f32>>, positive: bool| {
+            v.len() == self.layers() && v.iter().all(|c| c.len() == kw && c.iter().all(|x| x.is_finite() && (!positive || *x > 0.0)))
+        };
+        if !valid(&t.centers, false) || !t.scales.as_ref().is_none_or(|s| valid(s, true)) {
+            return Err(format!("key centers and scales must be {} vectors of {kw} finite values (scales positive)", self.layers()));
         }
-        self.key_centers = Some(centers);
+        self.key_transform = Some(t);
         Ok(())
     }
 
     /// Layer `layer`'s key center, when keys are centered.
     pub fn key_center(&self, layer: usize) -> Option<&[f32]> {
-        self.key_centers.as_ref().map(|c| c[layer].as_slice())
+        self.key_transform.as_ref().map(|t| t.centers[layer].as_slice())
+    }
+
+    /// Layer `layer`'s key scales, when keys are balanced.
+    pub fn key_scale(&self, layer: usize) -> Option<&[f32]> {
+        self.key_transform.as_ref().and_then(|t| t.scales.as_ref()).map(|s| s[layer].as_slice())
     }
 
     /// Byte ranges of layer `layer`'s key and value regions inside a block.
@@ -227,7 +256,11 @@ impl KvLayout {
 
     /// One line for logs and `inspect`: formats and bytes per token.
     pub fn describe(&self) -> String {
-        let centered = if self.key_centers.is_some() { ", keys centered" } else { "" };
+        let centered = match &self.key_transform {
+            Some(KeyTransform { scales: Some(_), .. }) => ", keys centered and balanced",
+            Some(_) => ", keys centered",
+            None => "",
+        };
         format!("{} ({:.1} bytes/token, {:.2}x smaller than bf16{centered})", self.dtype, self.bytes_per_token(), self.compression_vs_bf16())
     }
 

@@ -6,13 +6,13 @@
 //! ([`BlockPool`]) behind the [`SequenceKv`] trait, in any format of [`KvLayout`].
 
 mod block_manager;
-pub mod centering;
+pub mod key_calibration;
 mod block_pool;
 mod layout;
 
 pub use block_manager::{BlockManager, PrefixHit};
 pub use block_pool::{BlockPool, PagedSeqKv};
-pub use layout::{KvCacheScheme, KvDtype, KvLayout, KvLayoutError, KvRequest, DEFAULT_BLOCK_SIZE};
+pub use layout::{KeyTransform, KvCacheScheme, KvDtype, KvLayout, KvLayoutError, KvRequest, DEFAULT_BLOCK_SIZE};
 
 use std::sync::Arc;
 use tessera_kernels::attention::KvView;

@@ -101,7 +101,7 @@ impl CudaLlama {
     pub fn load(ckpt: &Checkpoint, dev: Arc<CudaDevice>, layout: Arc<KvLayout>, kv_blocks: usize) -> Result<Self, CudaModelError> {
         let c = ckpt.config.clone();
         if layout.key_center(0).is_some() {
-            return Err(CudaModelError::Unsupported("KV layouts with centered keys (the GPU KV append stores keys as they are)".into()));
+            return Err(CudaModelError::Unsupported("KV layouts with centered or balanced keys (the GPU KV append stores keys as they are)".into()));
         }
         if c.moe.is_some() || c.attn_bias || c.qk_norm {
             return Err(CudaModelError::Unsupported(format!("{:?} with MoE layers, attention biases or Q/K norms", c.arch)));

@@ -67,11 +67,18 @@ pub enum LinearSite {
 }
 
 /// Sees the rows every dense block's linear layers read during a forward pass, e.g. to
-/// gather the activation statistics a quantizer calibrates on. MoE feed-forwards are not
-/// observed.
+/// gather the activation statistics a quantizer calibrates on, and the queries and keys
+/// attention reads. MoE feed-forwards are not observed.
 pub trait ActivationObserver: Send {
     /// `rows` (row-major, `width` wide) are the input of `site` in block `layer`.
-    fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize);
+    fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize) {
+        let _ = (layer, site, rows, width);
+    }
+    /// One sequence's new queries (`n × n_heads · head_dim`) and keys (`n × n_kv_heads ·
+    /// head_dim`) in block `layer`, after RoPE: what attention scores and the cache stores.
+    fn observe_attention(&mut self, layer: usize, q: &[f32], k: &[f32]) {
+        let _ = (layer, q, k);
+    }
 }
 
 /// A block's feed-forward.
@@ -219,13 +226,14 @@ impl LlamaModel {
     }
 
     /// [`Self::kv_layout`], with keys centered on their mean over the `calibration` tokens
-    /// (one forward pass) when the key format is one that centering helps (qjl1, tq3_0, hqmq).
+    /// (one forward pass) when the key format is one that centering helps (qjl1, tq3_0, hqmq),
+    /// and balanced against the queries when it spreads its error over a head (qjl1, tq3_0).
     pub fn kv_layout_calibrated(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64, calibration: &[u32]) -> Result<Arc<KvLayout>, KvLayoutError> {
         let mut layout = self.kv_layout(req, block_size, seed)?;
         if layout.wants_key_centers() {
             let calibration = &calibration[..calibration.len().min(self.config.max_position_embeddings)];
-            let centers = crate::kv::centering::key_means(self, calibration).map_err(|e| KvLayoutError::Calibration(e.to_string()))?;
-            Arc::get_mut(&mut layout).expect("a fresh layout has one owner").set_key_centers(centers).map_err(KvLayoutError::Calibration)?;
+            let t = crate::kv::key_calibration::measure(self, &layout, calibration).map_err(|e| KvLayoutError::Calibration(e.to_string()))?;
+            Arc::get_mut(&mut layout).expect("a fresh layout has one owner").set_key_transform(t).map_err(KvLayoutError::Calibration)?;
         }
         Ok(layout)
     }
@@ -362,6 +370,9 @@ impl LlamaModel {
                 for row in qkv[r0 * qkv_w..(r0 + n) * qkv_w].chunks_exact(qkv_w) {
                     kbuf.extend_from_slice(&row[qw..qw + kw]);
                     vbuf.extend_from_slice(&row[qw + kw..]);
+                }
+                if let Some(o) = observer.as_deref_mut() {
+                    o.observe_attention(li, &q[r0 * qw..(r0 + n) * qw], &kbuf);
                 }
                 s.kv.write(li, p0, &kbuf, &vbuf);
             }
