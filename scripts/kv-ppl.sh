@@ -17,6 +17,7 @@ FORMATS=(
   "--kv-cache-dtype int8"
   "--kv-cache-dtype-k qjl1 --kv-cache-dtype-v bf16"
   "--kv-cache-dtype tq3_0"
+  "--kv-cache-dtype-k tq3_0 --kv-cache-dtype-v bf16"
   "--kv-cache-dtype-k bf16 --kv-cache-dtype-v tq3_0"
   "--kv-cache-dtype hqmq-s24-r3"
   "--kv-cache-dtype hqmq-s96-r4"
@@ -35,7 +36,7 @@ for ctx in 1024 2048; do
     # shellcheck disable=SC2086
     out=$("$BIN" perplexity --file "$CORPUS" --ctx "$ctx" --chunks "$chunks" $f 2>&1)
     ppl=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\) .*/\1/p' <<<"$out")
-    desc=$(sed -n 's/.*kv cache \(.*\) (\([0-9.]*\) bytes\/token, \([0-9.]*\)x smaller than bf16)$/\1|\2|\3/p' <<<"$out")
+    desc=$(sed -n 's/.*kv cache \(.*\) (\([0-9.]*\) bytes\/token, \([0-9.]*\)x smaller than bf16[^)]*)$/\1|\2|\3/p' <<<"$out")
     IFS='|' read -r name bpt ratio <<<"$desc"
     [[ "$name" == "bf16" ]] && base=$ppl
     delta=$(awk -v p="$ppl" -v b="$base" 'BEGIN{printf "%+.2f%%", (p/b-1)*100}')
