@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Perplexity of the default model with every KV-cache format, at ctx 1024 and 2048, on the
-# project's corpus (llama.cpp's method: second half of each window scored). Prints a markdown
+# Perplexity of a model (the default one unless MODEL says) with every KV-cache format, at ctx
+# 1024 and 2048 (unless CTXS says), on the project's corpus (llama.cpp's method: second half of each window scored). Prints a markdown
 # table: PPL, delta vs bf16 KV (bf16 runs first), KV bytes per token, compression vs bf16.
 #
 #   scripts/kv-ppl.sh [CHUNKS_AT_1024]        (default 12; ctx 2048 uses half as many windows)
+#
+# Environment: MODEL (a model path; default $TESSERA_MODEL, else the default model), CTXS
+# (default "1024 2048"), ONLY (an extended regex: run only the formats whose flags match it;
+# bf16 always runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${TESSERA_BIN:-target/release/tessera}
 CORPUS=${CORPUS:-../shared/data/pride_and_prejudice.txt}
 CHUNKS=${1:-12}
+MODEL_FLAGS=()
+[[ -n "${MODEL:-}" ]] && MODEL_FLAGS=(--model "$MODEL")
+if [[ -n "${ONLY:-}" ]]; then
+  rc=0; grep -Eq -- "$ONLY" </dev/null || rc=$?
+  (( rc <= 1 )) || { echo "ONLY is not a valid extended regex: $ONLY" >&2; exit 2; }
+fi
 FORMATS=(
   "--kv-cache-dtype bf16"
   "--kv-cache-dtype f32"
@@ -24,7 +34,7 @@ FORMATS=(
   "--kv-cache-dtype hqmq-s96-r6-med3"
   "--kv-cache-dtype hqmq-s192-r6-med3"
 )
-for ctx in 1024 2048; do
+for ctx in ${CTXS:-1024 2048}; do
   chunks=$(( CHUNKS * 1024 / ctx ))
   echo
   echo "ctx $ctx, $chunks windows"
@@ -33,8 +43,11 @@ for ctx in 1024 2048; do
   echo "|---|---|---|---|---|"
   base=""
   for f in "${FORMATS[@]}"; do
+    if [[ -n "${ONLY:-}" && "$f" != "--kv-cache-dtype bf16" ]] && ! grep -Eq -- "$ONLY" <<<"$f"; then
+      continue
+    fi
     # shellcheck disable=SC2086
-    out=$("$BIN" perplexity --file "$CORPUS" --ctx "$ctx" --chunks "$chunks" $f 2>&1)
+    out=$("$BIN" perplexity ${MODEL_FLAGS[@]+"${MODEL_FLAGS[@]}"} --file "$CORPUS" --ctx "$ctx" --chunks "$chunks" $f 2>&1)
     ppl=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\) .*/\1/p' <<<"$out")
     desc=$(sed -n 's/.*kv cache \(.*\) (\([0-9.]*\) bytes\/token, \([0-9.]*\)x smaller than bf16[^)]*)$/\1|\2|\3/p' <<<"$out")
     IFS='|' read -r name bpt ratio <<<"$desc"

@@ -32,8 +32,9 @@ impl LoadedModel {
         Ok(LoadedModel { checkpoint, tokenizer, model, caps })
     }
 
-    /// The KV-cache layout for the formats `req` asks for, with keys centered for the formats
-    /// that gain from it, calibrated on [`CALIBRATION_TEXT`] (see [`LlamaModel::kv_layout_calibrated`]).
+    /// The KV-cache layout for the formats `req` asks for, with keys centered (and balanced for
+    /// qjl1 and tq3_0) for the formats that gain from it, calibrated on [`CALIBRATION_TEXT`]
+    /// (see [`LlamaModel::kv_layout_calibrated`]).
     pub fn kv_layout(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvLayoutError> {
         let mut tokens: Vec<u32> = self.tokenizer.special().bos.filter(|_| self.tokenizer.special().add_bos).into_iter().collect();
         tokens.extend(self.tokenizer.encode(CALIBRATION_TEXT).map_err(KvLayoutError::Calibration)?);

@@ -92,16 +92,25 @@ impl<'a> KvView<'a> {
     /// `q` (rows of `q_width`) as the keys' storage expects it: each query head multiplied by
     /// its KV head's [`Self::query_scale`] (borrowed unchanged when there is none).
     fn scaled_queries<'q>(&self, shape: AttnShape, q: &'q [f32]) -> std::borrow::Cow<'q, [f32]> {
-        let Some(scale) = self.query_scale else { return q.into() };
+        if self.query_scale.is_none() {
+            return q.into();
+        }
         let (hd, group) = (shape.head_dim, shape.n_heads / shape.n_kv_heads);
         let mut out = q.to_vec();
         for row in out.chunks_exact_mut(shape.q_width()) {
             for (h, x) in row.chunks_exact_mut(hd).enumerate() {
-                let g = h / group;
-                x.iter_mut().zip(&scale[g * hd..(g + 1) * hd]).for_each(|(v, f)| *v *= f);
+                self.scale_query(h / group, x);
             }
         }
         out.into()
+    }
+
+    /// Multiplies one query head of KV head `g`'s group by the group's [`Self::query_scale`].
+    fn scale_query(&self, g: usize, x: &mut [f32]) {
+        if let Some(scale) = self.query_scale {
+            let hd = x.len();
+            x.iter_mut().zip(&scale[g * hd..(g + 1) * hd]).for_each(|(v, f)| *v *= f);
+        }
     }
 }
 
@@ -287,18 +296,20 @@ fn key_ranges(tiles: &[KvTile<'_>], end: usize) -> Vec<Vec<Piece>> {
 /// prepared queries (each query is prepared once per task, not per key).
 fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: usize, pieces: &[Piece]) -> Partial {
     let (q, m, pos0, kv) = job;
-    let q = &*kv.scaled_queries(shape, q);
     let (hd, qw) = (shape.head_dim, shape.q_width());
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let rows = m * group;
     let pw = kv.k.query_width();
     let mut prepared = vec![0f32; rows * pw];
+    let mut head = vec![0f32; hd];
     for i in 0..m {
         for hh in 0..group {
             let h = g * group + hh;
             let row = i * group + hh;
-            kv.k.prepare_query(g, &q[i * qw + h * hd..i * qw + (h + 1) * hd], &mut prepared[row * pw..(row + 1) * pw]);
+            head.copy_from_slice(&q[i * qw + h * hd..i * qw + (h + 1) * hd]);
+            kv.scale_query(g, &mut head);
+            kv.k.prepare_query(g, &head, &mut prepared[row * pw..(row + 1) * pw]);
         }
     }
     // Scores piece by piece (each block rows x n, pieces one after another), masked -inf.

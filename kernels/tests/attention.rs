@@ -203,3 +203,51 @@ fn attention_batch_equals_jobs_alone() {
         assert_eq!(outs, alone, "{kf}/{vf}");
     }
 }
+
+/// Keys stored divided per (KV head, channel) by factors given as the view's `query_scale`
+/// give the attention of the undivided keys: on the decode path (1 and 3 queries), the prefill
+/// path (4 and 70) and in a batch mixing both. f32 pages, so only rounding separates them: the
+/// division and the query's multiplication each round once per element, moving scores by
+/// ~1e-7 relative (bound 2e-5, as for f32 in `attention_matches_reference_in_every_format`).
+#[test]
+fn query_scale_undoes_keys_stored_divided_by_it() {
+    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let mut r = rng(23);
+    let kw = shape.kv_width();
+    let scale: Vec<f32> = randn(&mut r, kw).iter().map(|x| 2f32.powf(x.clamp(-2.0, 2.0))).collect();
+    let specs: [(usize, usize); 4] = [(1, 40), (3, 100), (4, 60), (70, 30)];
+    let mut cases = Vec::new();
+    for &(m, pos0) in &specs {
+        let total = pos0 + m;
+        let keys = randn(&mut r, total * kw);
+        let divided: Vec<f32> = keys.iter().enumerate().map(|(i, k)| k / scale[i % kw]).collect();
+        let values = randn(&mut r, total * kw);
+        let lens: Vec<usize> = (0..total).step_by(16).map(|s| 16.min(total - s)).collect();
+        let plain = Paged::new(shape, KvFormat::F32, KvFormat::F32, &keys, &values, &lens);
+        let stored = Paged::new(shape, KvFormat::F32, KvFormat::F32, &divided, &values, &lens);
+        cases.push((randn(&mut r, m * shape.q_width()), plain, stored));
+    }
+    fn scaled_view<'a>(p: &'a Paged, shape: AttnShape, scale: &'a [f32]) -> KvView<'a> {
+        KvView { query_scale: Some(scale), ..p.view(shape) }
+    }
+    let mut want = Vec::new();
+    for (&(m, pos0), (q, plain, stored)) in specs.iter().zip(&cases) {
+        let mut a = vec![0f32; m * shape.q_width()];
+        let mut b = vec![f32::NAN; m * shape.q_width()];
+        attention(shape, q, m, pos0, &plain.view(shape), &mut a);
+        attention(shape, q, m, pos0, &scaled_view(stored, shape, &scale), &mut b);
+        assert_close(&b, &a, 2e-5, 1e-4, &format!("query_scale m={m}"));
+        want.push(a);
+    }
+    let mut outs: Vec<Vec<f32>> = specs.iter().map(|&(m, _)| vec![f32::NAN; m * shape.q_width()]).collect();
+    let mut jobs: Vec<AttnJob> = outs
+        .iter_mut()
+        .zip(specs.iter().zip(&cases))
+        .map(|(out, (&(m, pos0), (q, _, stored)))| AttnJob { q, m, pos0, kv: scaled_view(stored, shape, &scale), out })
+        .collect();
+    attention_batch(shape, &mut jobs);
+    drop(jobs);
+    for ((got, w), &(m, _)) in outs.iter().zip(&want).zip(&specs) {
+        assert_close(got, w, 2e-5, 1e-4, &format!("query_scale in a batch, m={m}"));
+    }
+}

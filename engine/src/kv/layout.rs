@@ -211,7 +211,8 @@ impl KvLayout {
     /// Whether the key format spreads a key's coding error over all of a head's channels
     /// (qjl1 through its projection, tq3_0 through its WHT), so that balancing the channels
     /// against the queries ([`KeyTransform::scales`]) lowers the error of the scores. HQMQ's
-    /// error stays in each 4-value chunk, where a per-channel scale cancels out.
+    /// direction error stays in each 4-value chunk, where a per-channel scale cancels out;
+    /// measured with balancing, hqmq-s96-r4 gave PPL 22.67 against 22.68 without.
     pub fn wants_key_balance(&self) -> bool {
         matches!(self.dtype.k, KvFormat::Qjl1 | KvFormat::Tq3_0)
     }

@@ -71,9 +71,7 @@ pub enum LinearSite {
 /// attention reads. MoE feed-forwards are not observed.
 pub trait ActivationObserver: Send {
     /// `rows` (row-major, `width` wide) are the input of `site` in block `layer`.
-    fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize) {
-        let _ = (layer, site, rows, width);
-    }
+    fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize);
     /// One sequence's new queries (`n × n_heads · head_dim`) and keys (`n × n_kv_heads ·
     /// head_dim`) in block `layer`, after RoPE: what attention scores and the cache stores.
     fn observe_attention(&mut self, layer: usize, q: &[f32], k: &[f32]) {
@@ -272,7 +270,8 @@ impl LlamaModel {
         self.forward_with(batch, None)
     }
 
-    /// [`Self::forward`], showing `observer` the input of every dense linear layer.
+    /// [`Self::forward`], showing `observer` the input of every dense linear layer and every
+    /// layer's post-RoPE queries and keys.
     pub fn forward_observed(&self, batch: &mut [SeqInput<'_>], observer: &mut dyn ActivationObserver) -> Result<Vec<Vec<f32>>, ForwardError> {
         self.forward_with(batch, Some(observer))
     }
