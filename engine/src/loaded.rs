@@ -1,7 +1,7 @@
 //! A checkpoint loaded and ready to run: tokenizer plus model.
 
 use crate::checkpoint::{Checkpoint, LoadError};
-use crate::kv::key_calibration::{CALIBRATION_TEXT, CENTERING_PASSES};
+use crate::kv::key_calibration::CALIBRATION_TEXT;
 use crate::kv::{KvLayout, KvLayoutError, KvRequest};
 use std::sync::Arc;
 use crate::model::LlamaModel;
@@ -34,15 +34,12 @@ impl LoadedModel {
 
     /// The KV-cache layout for the formats `req` asks for, with keys centered (and balanced for
     /// qjl1 and tq3_0) for the formats that gain from it, calibrated on [`CALIBRATION_TEXT`]:
-    /// once in a sequence for balanced keys, [`CENTERING_PASSES`] times for keys that are only
-    /// centered (see [`LlamaModel::kv_layout_calibrated`]).
+    /// once in a sequence for balanced keys, more for keys that are only centered (see
+    /// [`LlamaModel::kv_layout_calibrated`]).
     pub fn kv_layout(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvLayoutError> {
-        let mut tokens: Vec<u32> = self.tokenizer.special().bos.filter(|_| self.tokenizer.special().add_bos).into_iter().collect();
-        let req = req.into();
-        let passes = if self.model.kv_layout(req, block_size, seed)?.wants_key_balance() { 1 } else { CENTERING_PASSES };
+        let bos: Vec<u32> = self.tokenizer.special().bos.filter(|_| self.tokenizer.special().add_bos).into_iter().collect();
         let text = self.tokenizer.encode(CALIBRATION_TEXT).map_err(KvLayoutError::Calibration)?;
-        (0..passes).for_each(|_| tokens.extend(&text));
-        self.model.kv_layout_calibrated(req, block_size, seed, &tokens)
+        self.model.kv_layout_calibrated(req, block_size, seed, &bos, &text)
     }
 
     /// Token ids that end generation (the checkpoint's EOS set).

@@ -96,19 +96,7 @@ fn log_probs(dir: &Path, tokens: &[u32]) -> Vec<Vec<f64>> {
     let m = LoadedModel::load(dir, LinearPolicy::DEFAULT).unwrap();
     let mut kv = m.model.local_kv(tokens.len());
     let logits = m.model.forward(&mut [SeqInput { tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().remove(0);
-    logits
-        .chunks(m.model.config().vocab_size)
-        .map(|row| {
-            let max = row.iter().cloned().fold(f32::MIN, f32::max);
-            let lse = f64::from(max) + row.iter().map(|&x| f64::from(x - max).exp()).sum::<f64>().ln();
-            row.iter().map(|&x| f64::from(x) - lse).collect()
-        })
-        .collect()
-}
-
-/// Mean KL(p || q) per token.
-fn kl(p: &[Vec<f64>], q: &[Vec<f64>]) -> f64 {
-    p.iter().zip(q).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x.exp() * (x - y)).sum::<f64>()).sum::<f64>() / p.len() as f64
+    common::log_softmax_rows(&logits, m.model.config().vocab_size)
 }
 
 /// The evaluation tokens: the first 256 of the corpus.
@@ -153,7 +141,7 @@ fn calibration_brings_quantized_models_closer_to_float() {
         assert_eq!(args["observer"], if how.mse_observer { "mse" } else { "minmax" }, "{name}");
         let grouped = args["strategy"] == "group";
         assert_eq!(args["actorder"], if how.gptq && grouped { serde_json::json!("weight") } else { serde_json::Value::Null }, "{name}");
-        let e = kl(&reference, &log_probs(&dir, &tokens));
+        let e = common::mean_kl(&reference, &log_probs(&dir, &tokens));
         std::fs::remove_dir_all(&dir).unwrap();
         eprintln!("{name}: KL {e:.5}");
         e
@@ -198,7 +186,7 @@ fn quantized_output_head_is_untied_and_stays_close() {
     assert!(head_plan.scheme.contains("W8A8-int8") && head_plan.activations.contains("int8"), "{head_plan:?}");
     assert_eq!(head_plan.shape, [m.model.config().vocab_size, m.model.config().hidden_size]);
     drop(m);
-    let (with_head, without) = (kl(&reference, &log_probs(&dir, &tokens[..128])), kl(&reference, &log_probs(&plain, &tokens[..128])));
+    let (with_head, without) = (common::mean_kl(&reference, &log_probs(&dir, &tokens[..128])), common::mean_kl(&reference, &log_probs(&plain, &tokens[..128])));
     eprintln!("W4A8 KL to BF16: {without:.5} with a BF16 head, {with_head:.5} with an int8 head");
     // Measured: +0.010 nats over the body's 4-bit error (1.89). Per-channel int8 weights and
     // per-token int8 activations on a 576-wide input add little; a head decoded from the wrong

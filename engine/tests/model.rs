@@ -350,18 +350,9 @@ fn balanced_tq3_keys_track_the_float_cache_better() {
     let log_probs = |layout| {
         let mut kv = LocalKv::new(layout, tokens.len());
         let logits = m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0);
-        logits
-            .chunks(m.config().vocab_size)
-            .map(|row| {
-                let max = row.iter().cloned().fold(f32::MIN, f32::max);
-                let lse = f64::from(max) + row.iter().map(|&x| f64::from(x - max).exp()).sum::<f64>().ln();
-                row.iter().map(|&x| f64::from(x) - lse).collect::<Vec<f64>>()
-            })
-            .collect::<Vec<_>>()
+        common::log_softmax_rows(&logits, m.config().vocab_size)
     };
-    let kl = |p: &[Vec<f64>], q: &[Vec<f64>]| {
-        p.iter().zip(q).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x.exp() * (x - y)).sum::<f64>()).sum::<f64>() / p.len() as f64
-    };
+    let kl = common::mean_kl;
     let exact = log_probs(m.kv_layout(KvDtype::default(), 16, 0).unwrap());
     let calibration = lm.tokenizer.encode(key_calibration::CALIBRATION_TEXT).unwrap();
     let dtype = KvDtype { k: KvFormat::Tq3_0, v: KvFormat::F32 };

@@ -307,9 +307,13 @@ fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: us
         for hh in 0..group {
             let h = g * group + hh;
             let row = i * group + hh;
-            head.copy_from_slice(&q[i * qw + h * hd..i * qw + (h + 1) * hd]);
-            kv.scale_query(g, &mut head);
-            kv.k.prepare_query(g, &head, &mut prepared[row * pw..(row + 1) * pw]);
+            let mut qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
+            if kv.query_scale.is_some() {
+                head.copy_from_slice(qh);
+                kv.scale_query(g, &mut head);
+                qh = &head;
+            }
+            kv.k.prepare_query(g, qh, &mut prepared[row * pw..(row + 1) * pw]);
         }
     }
     // Scores piece by piece (each block rows x n, pieces one after another), masked -inf.

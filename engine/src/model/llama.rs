@@ -223,12 +223,19 @@ impl LlamaModel {
         KvLayout::for_model(&self.config, self.kv_cache.as_ref(), req.into(), block_size, seed)
     }
 
-    /// [`Self::kv_layout`], with keys centered on their mean over the `calibration` tokens
-    /// (one forward pass) when the key format is one that centering helps (qjl1, tq3_0, hqmq),
-    /// and balanced against the queries when it spreads its error over a head (qjl1, tq3_0).
-    pub fn kv_layout_calibrated(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64, calibration: &[u32]) -> Result<Arc<KvLayout>, KvLayoutError> {
+    /// [`Self::kv_layout`], with keys centered on their mean over a calibration sequence (one
+    /// forward pass) when the key format is one that centering helps (qjl1, tq3_0, hqmq), and
+    /// balanced against the queries when it spreads its error over a head (qjl1, tq3_0). The
+    /// sequence is `prefix` then `text` once for balanced keys, [`CENTERING_PASSES`] times for
+    /// keys that are only centered.
+    ///
+    /// [`CENTERING_PASSES`]: crate::kv::key_calibration::CENTERING_PASSES
+    pub fn kv_layout_calibrated(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64, prefix: &[u32], text: &[u32]) -> Result<Arc<KvLayout>, KvLayoutError> {
         let mut layout = self.kv_layout(req, block_size, seed)?;
         if layout.wants_key_centers() {
+            let passes = if layout.wants_key_balance() { 1 } else { crate::kv::key_calibration::CENTERING_PASSES };
+            let mut calibration = prefix.to_vec();
+            (0..passes).for_each(|_| calibration.extend_from_slice(text));
             let calibration = &calibration[..calibration.len().min(self.config.max_position_embeddings)];
             let t = crate::kv::key_calibration::measure(self, &layout, calibration).map_err(|e| KvLayoutError::Calibration(e.to_string()))?;
             Arc::get_mut(&mut layout).expect("a fresh layout has one owner").set_key_transform(t).map_err(KvLayoutError::Calibration)?;

@@ -43,3 +43,20 @@ pub fn max_rel_err(a: &[f32], b: &[f32], vocab: usize) -> f32 {
         })
         .fold(0.0, f32::max)
 }
+
+/// Log-softmax of each `vocab`-wide row of `logits`, in f64.
+pub fn log_softmax_rows(logits: &[f32], vocab: usize) -> Vec<Vec<f64>> {
+    logits
+        .chunks(vocab)
+        .map(|row| {
+            let max = row.iter().cloned().fold(f32::MIN, f32::max);
+            let lse = f64::from(max) + row.iter().map(|&x| f64::from(x - max).exp()).sum::<f64>().ln();
+            row.iter().map(|&x| f64::from(x) - lse).collect()
+        })
+        .collect()
+}
+
+/// Mean KL(p || q) per row of log-probabilities.
+pub fn mean_kl(p: &[Vec<f64>], q: &[Vec<f64>]) -> f64 {
+    p.iter().zip(q).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x.exp() * (x - y)).sum::<f64>()).sum::<f64>() / p.len() as f64
+}
