@@ -7,9 +7,8 @@
 //! the value accumulation are small GEMMs per (head, key sub-tile); the softmax is the
 //! streaming (flash-attention) form, so memory stays bounded by the sub-tile size.
 
-use crate::cpu::SyncPtr;
+use crate::cpu::{pool, SyncPtr};
 use crate::kv::{dense, KvCodec, KvPage};
-use rayon::prelude::*;
 
 /// Head geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,7 +144,7 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, kv: &KvView
     // its last query can see (half the work of masking a full square for a causal prefill),
     // and a compressed page is decoded once for all the query heads that share it.
     let blocks = m.div_ceil(QUERY_BLOCK);
-    (0..shape.n_kv_heads * blocks).into_par_iter().for_each(|task| {
+    pool::for_each(shape.n_kv_heads * blocks, |task| {
         let (g, qb) = (task / blocks, task % blocks);
         let i0 = qb * QUERY_BLOCK;
         let mq = QUERY_BLOCK.min(m - i0);
@@ -384,8 +383,10 @@ fn decode_batch(shape: AttnShape, jobs: &mut [&mut AttnJob<'_>]) {
         })
         .collect();
     let shared: Vec<(&[f32], usize, usize, &KvView<'_>)> = jobs.iter().map(|j| (j.q, j.m, j.pos0, &j.kv)).collect();
-    let partials: Vec<Partial> =
-        tasks.par_iter().map(|&(ji, g, r)| decode_task(shape, shared[ji], g, &ranges[ji][r])).collect();
+    let partials: Vec<Partial> = pool::map(tasks.len(), |i| {
+        let (ji, g, r) = tasks[i];
+        decode_task(shape, shared[ji], g, &ranges[ji][r])
+    });
     let mut first = 0;
     for (ji, job) in jobs.iter_mut().enumerate() {
         let nr = ranges[ji].len();

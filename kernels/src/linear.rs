@@ -14,7 +14,7 @@
 //! per-layer plan is data.
 
 use crate::cpu::caps::{CpuCaps, Isa};
-use crate::cpu::SyncPtr;
+use crate::cpu::{pool, SyncPtr};
 use crate::cpu::dot::dot_f32;
 use crate::cpu::interleaved::{Interleaved, GROUP};
 use crate::ggml::act_quant::{quantize_q8, Q8Block, Q8_BLOCK};
@@ -340,7 +340,8 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
         })
         .collect();
     let out = SyncPtr::new(y.as_mut_ptr());
-    tasks.into_par_iter().for_each(|(p, r0, r1)| {
+    pool::for_each(tasks.len(), |ti| {
+        let (p, r0, r1) = tasks[ti];
         let (kern, w, col) = parts[p];
         match (kern.small, w) {
             (SmallPath::Integer, Weight::Interleaved(w)) => {

@@ -8,7 +8,7 @@
 //! only stores their contents.
 
 use super::{KvError, KvLayout, SequenceKv};
-use rayon::prelude::*;
+use tessera_kernels::cpu::pool;
 use std::cell::UnsafeCell;
 use std::sync::Arc;
 use tessera_kernels::attention::{KvTile, KvView};
@@ -171,7 +171,7 @@ impl SequenceKv for PagedSeqKv<'_> {
             unsafe { self.pool.encode(codec, self.blocks[p / bs], region, g, p % bs, &rows) };
         };
         if tokens * 2 * geom.n_kv_heads >= PARALLEL_WRITE_MIN {
-            jobs.par_iter().for_each(run);
+            pool::for_each(jobs.len(), |i| run(&jobs[i]));
         } else {
             jobs.iter().for_each(run);
         }

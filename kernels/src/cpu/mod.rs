@@ -3,6 +3,7 @@
 pub mod caps;
 pub mod dot;
 pub mod interleaved;
+pub mod pool;
 #[cfg(target_arch = "x86_64")]
 pub mod sgemm;
 pub(crate) mod simd;

@@ -26,8 +26,7 @@ pub use int4::Int4Matrix;
 pub use int8::Int8Matrix;
 
 use crate::cpu::caps::{CpuCaps, Isa};
-use crate::cpu::SyncPtr;
-use rayon::prelude::*;
+use crate::cpu::{pool, SyncPtr};
 use std::fmt;
 use std::sync::Arc;
 
@@ -304,7 +303,8 @@ pub fn forward_fused(parts: &[(&QuantLinear, usize)], x: &[f32], m: usize, y: &m
         .flat_map(|(p, (l, _))| (0..l.rows()).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(l.rows()))))
         .collect();
     let out = SyncPtr::new(y.as_mut_ptr());
-    tasks.into_par_iter().for_each(|(p, r0, r1)| {
+    pool::for_each(tasks.len(), |ti| {
+        let (p, r0, r1) = tasks[ti];
         let (l, col) = parts[p];
         let mut tile = vec![0f32; (r1 - r0) * m];
         l.row_range(preps[p], r0, r1, m, &mut tile);
