@@ -16,7 +16,7 @@
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::{pool, SyncPtr};
 use crate::cpu::dot::dot_f32;
-use crate::cpu::interleaved::{Interleaved, GROUP};
+use crate::cpu::interleaved::{GemmLevel, Interleaved, GROUP};
 use crate::ggml::act_quant::{quantize_q8, Q8Block, Q8_BLOCK};
 use crate::ggml::{dequantize_row, GgmlType};
 use rayon::prelude::*;
@@ -207,7 +207,7 @@ impl LinearKernel {
         }
     }
 
-    /// Kernel id for plans, e.g. `cpu.q4_1x8*q8_1.avx2` or
+    /// Kernel id for plans, e.g. `cpu.q4_1x8*q8_1.avx512vnni` or
     /// `cpu.dequant-dot.bf16.avx2 (m<32) | cpu.dequant-sgemm.6x16.avx2 (m>=32)`.
     pub fn id(&self) -> String {
         self.to_string()
@@ -220,7 +220,7 @@ impl fmt::Display for LinearKernel {
             SmallPath::Integer => {
                 let w = self.ty.name().to_lowercase();
                 let a = if self.ty == GgmlType::Q4_1 { "q8_1" } else { "q8_0" };
-                format!("cpu.{w}x{GROUP}*{a}.{}", self.isa.name())
+                format!("cpu.{w}x{GROUP}*{a}.{}", GemmLevel::for_isa(self.isa).name())
             }
             SmallPath::DequantDot => format!("cpu.dequant-dot.{}.{}", self.ty.name().to_lowercase(), self.isa.name()),
         };
@@ -348,7 +348,7 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
                 let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
                 let width = (g1 - g0) * GROUP;
                 let mut tile = vec![0f32; rows.len() * width];
-                w.gemm(kern.isa, g0, g1, &acts, rows.len(), &mut tile);
+                w.gemm(GemmLevel::for_isa(kern.isa), g0, g1, &acts, rows.len(), &mut tile);
                 for (&i, res) in rows.iter().zip(tile.chunks_exact(width)) {
                     // SAFETY: columns col + r0..col + r1 of output row i are inside y (asserted
                     // by the caller) and belong to this task alone.

@@ -33,6 +33,60 @@ const TILE: usize = 4;
 /// before the next tokens are read: 32 tokens of 576 values are 27 KiB.
 const TOKEN_BLOCK: usize = 32;
 
+/// An implementation of the integer GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmLevel {
+    /// Portable Rust: the reference the others equal bit for bit.
+    Scalar,
+    /// 256-bit `vpmaddubsw` / `vpmaddwd` (AVX2, FMA, F16C).
+    Avx2,
+    /// 512-bit `vpdpbusd` (AVX-512 F/BW/VNNI, plus the AVX2 set): two of a record's 32-byte
+    /// code chunks per instruction, with the four-byte sums accumulated in i32 directly.
+    Avx512Vnni,
+}
+
+impl GemmLevel {
+    /// Every level, slowest first.
+    pub const ALL: [GemmLevel; 3] = [GemmLevel::Scalar, GemmLevel::Avx2, GemmLevel::Avx512Vnni];
+
+    /// The fastest level this CPU runs for kernels selected at `isa`: the AVX-512 VNNI
+    /// kernel wherever the CPU has it (it computes the same integers, so the results are
+    /// identical), else the level of `isa`.
+    pub fn for_isa(isa: Isa) -> Self {
+        match isa {
+            Isa::Scalar => GemmLevel::Scalar,
+            Isa::Avx2 if GemmLevel::Avx512Vnni.available() => GemmLevel::Avx512Vnni,
+            Isa::Avx2 => GemmLevel::Avx2,
+        }
+    }
+
+    /// Whether this CPU can run the level.
+    pub fn available(self) -> bool {
+        match self {
+            GemmLevel::Scalar => true,
+            GemmLevel::Avx2 => Isa::Avx2.available(),
+            #[cfg(target_arch = "x86_64")]
+            GemmLevel::Avx512Vnni => {
+                Isa::Avx2.available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            GemmLevel::Avx512Vnni => false,
+        }
+    }
+
+    /// Short name used in kernel ids.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmLevel::Scalar => "scalar",
+            GemmLevel::Avx2 => "avx2",
+            GemmLevel::Avx512Vnni => "avx512vnni",
+        }
+    }
+}
+
 /// A Q4_0, Q4_1 or Q8_0 matrix in the interleaved layout.
 #[derive(Clone)]
 pub struct Interleaved {
@@ -205,13 +259,14 @@ impl Interleaved {
 
     /// Rows of groups `g0..g1` against `tokens` activation rows of `cols / 32` blocks each
     /// (`acts`, token-major): `out[t * w + i]` is row `g0 * 8 + i` for token `t`, with
-    /// `w = (g1 - g0) * 8` (padding rows of the last group give zeros).
+    /// `w = (g1 - g0) * 8` (padding rows of the last group give zeros). Every level gives the
+    /// same bits.
     ///
     /// # Panics
-    /// If `isa` is unavailable or a length disagrees.
+    /// If `level` is unavailable or a length disagrees.
     pub fn gemm(
         &self,
-        isa: Isa,
+        level: GemmLevel,
         g0: usize,
         g1: usize,
         acts: &[Q8Block],
@@ -225,17 +280,16 @@ impl Interleaved {
         );
         assert_eq!(acts.len(), tokens * nb, "activation blocks");
         assert_eq!(out.len(), tokens * (g1 - g0) * GROUP, "output tile");
-        match isa {
+        assert!(level.available(), "{} integer GEMM requested on a CPU without it", level.name());
+        match level {
+            GemmLevel::Scalar => self.gemm_scalar(g0, g1, acts, tokens, out),
+            // SAFETY: the level's features are present (checked); lengths checked above.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                assert!(
-                    isa.available(),
-                    "AVX2 kernel requested on a CPU without AVX2+FMA"
-                );
-                // SAFETY: AVX2+FMA+F16C present (checked); lengths checked above.
-                unsafe { avx2::gemm(self, g0, g1, acts, tokens, out) }
-            }
-            _ => self.gemm_scalar(g0, g1, acts, tokens, out),
+            GemmLevel::Avx2 => unsafe { avx2::gemm::<avx2::Avx2>(self, g0, g1, acts, tokens, out) },
+            #[cfg(target_arch = "x86_64")]
+            GemmLevel::Avx512Vnni => unsafe { avx2::gemm::<avx512::Vnni>(self, g0, g1, acts, tokens, out) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("checked available"),
         }
     }
 
@@ -291,12 +345,30 @@ mod avx2 {
     use crate::ggml::GgmlType;
     use std::arch::x86_64::*;
 
-    /// See [`Interleaved::gemm`].
+    /// One SIMD level's record kernels: a group's records against up to [`TILE`] tokens.
+    pub(super) trait Records {
+        /// 4-bit records (Q4_1 when `MIN`, else Q4_0) against T tokens; `dst` gets T rows of
+        /// eight outputs at stride `width`.
+        ///
+        /// # Safety
+        /// The level's CPU features are present; `recs` holds whole records of the type and
+        /// `a` holds T rows of as many blocks.
+        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+
+        /// Q8_0 records against T tokens, as [`Records::q4`].
+        ///
+        /// # Safety
+        /// As [`Records::q4`].
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+    }
+
+    /// See [`Interleaved::gemm`]: the loops over token blocks, groups and tiles, each tile
+    /// handed to `K`'s record kernels.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C available; lengths as [`Interleaved::gemm`] checks.
+    /// AVX2, FMA, F16C and `K`'s features available; lengths as [`Interleaved::gemm`] checks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm(
+    pub unsafe fn gemm<K: Records>(
         w: &Interleaved,
         g0: usize,
         g1: usize,
@@ -319,18 +391,18 @@ mod avx2 {
                     // output rows of stride `width` with GROUP columns each.
                     unsafe {
                         match (w.ty, n) {
-                            (GgmlType::Q4_1, 4) => q4::<4, true>(recs, a, dst, width),
-                            (GgmlType::Q4_1, 3) => q4::<3, true>(recs, a, dst, width),
-                            (GgmlType::Q4_1, 2) => q4::<2, true>(recs, a, dst, width),
-                            (GgmlType::Q4_1, _) => q4::<1, true>(recs, a, dst, width),
-                            (GgmlType::Q4_0, 4) => q4::<4, false>(recs, a, dst, width),
-                            (GgmlType::Q4_0, 3) => q4::<3, false>(recs, a, dst, width),
-                            (GgmlType::Q4_0, 2) => q4::<2, false>(recs, a, dst, width),
-                            (GgmlType::Q4_0, _) => q4::<1, false>(recs, a, dst, width),
-                            (_, 4) => q8::<4>(recs, a, dst, width),
-                            (_, 3) => q8::<3>(recs, a, dst, width),
-                            (_, 2) => q8::<2>(recs, a, dst, width),
-                            (_, _) => q8::<1>(recs, a, dst, width),
+                            (GgmlType::Q4_1, 4) => K::q4::<4, true>(recs, a, dst, width),
+                            (GgmlType::Q4_1, 3) => K::q4::<3, true>(recs, a, dst, width),
+                            (GgmlType::Q4_1, 2) => K::q4::<2, true>(recs, a, dst, width),
+                            (GgmlType::Q4_1, _) => K::q4::<1, true>(recs, a, dst, width),
+                            (GgmlType::Q4_0, 4) => K::q4::<4, false>(recs, a, dst, width),
+                            (GgmlType::Q4_0, 3) => K::q4::<3, false>(recs, a, dst, width),
+                            (GgmlType::Q4_0, 2) => K::q4::<2, false>(recs, a, dst, width),
+                            (GgmlType::Q4_0, _) => K::q4::<1, false>(recs, a, dst, width),
+                            (_, 4) => K::q8::<4>(recs, a, dst, width),
+                            (_, 3) => K::q8::<3>(recs, a, dst, width),
+                            (_, 2) => K::q8::<2>(recs, a, dst, width),
+                            (_, _) => K::q8::<1>(recs, a, dst, width),
                         }
                     }
                     t0 += n;
@@ -354,15 +426,29 @@ mod avx2 {
     /// `p` points to 16 readable bytes.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn f16x8(p: *const u8) -> __m256 {
+    pub(super) unsafe fn f16x8(p: *const u8) -> __m256 {
         // SAFETY: caller's contract.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+
+    /// The per-block epilogue every level shares: eight rows' exact integer sums `isum`
+    /// against token block `ab`, with the rows' scales `d` (and mins `m` when `MIN`):
+    /// `acc = fma(isum, d * d_a, acc)`, then `acc = fma(m, s_a, acc)`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn accumulate<const MIN: bool>(acc: __m256, isum: __m256i, d: __m256, m: __m256, ab: &Q8Block) -> __m256 {
+        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), acc);
+        if MIN {
+            _mm256_fmadd_ps(m, _mm256_set1_ps(ab.s), acc)
+        } else {
+            acc
+        }
     }
 
     /// Writes T accumulators (8 rows each) to rows of `dst` at stride `width`.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn store<const T: usize>(acc: &[__m256; T], dst: &mut [f32], width: usize) {
+    pub(super) fn store<const T: usize>(acc: &[__m256; T], dst: &mut [f32], width: usize) {
         for (t, v) in acc.iter().enumerate() {
             let d: &mut [f32; 8] = (&mut dst[t * width..t * width + GROUP])
                 .try_into()
@@ -372,109 +458,197 @@ mod avx2 {
         }
     }
 
-    /// 4-bit records (Q4_1 when `MIN`, else Q4_0) against T tokens.
-    ///
-    /// # Safety
-    /// `recs` holds whole records of the type; `a` holds T rows of as many blocks.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q4<const T: usize, const MIN: bool>(
-        recs: &[u8],
-        a: &[Q8Block],
-        dst: &mut [f32],
-        width: usize,
-    ) {
-        let rb = if MIN { 160 } else { 144 };
-        let nb = recs.len() / rb;
-        let codes = if MIN { 32 } else { 16 };
-        let mask = _mm256_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); T];
-        for b in 0..nb {
-            let rec = &recs[b * rb..(b + 1) * rb];
-            // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
-            let d = unsafe { f16x8(rec.as_ptr()) };
-            let m = if MIN {
-                unsafe { f16x8(rec.as_ptr().add(16)) }
-            } else {
-                _mm256_setzero_ps()
-            };
-            let mut lo = [_mm256_setzero_si256(); 4];
-            let mut hi = [_mm256_setzero_si256(); 4];
-            for i in 0..4 {
-                let c: &[u8; 32] = rec[codes + 32 * i..codes + 32 * i + 32]
-                    .try_into()
-                    .expect("32 bytes");
-                // SAFETY: `c` is 32 readable bytes.
-                let p = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
-                lo[i] = _mm256_and_si256(p, mask);
-                hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(p), mask);
-            }
-            for t in 0..T {
-                let ab = &a[t * nb + b];
-                // |products| <= 2 * 15 * 127 per pair and 8 pairs per lane: fits in i16.
-                let mut s = _mm256_maddubs_epi16(lo[0], bcast(ab, 0));
-                for (i, (l, h)) in lo.iter().zip(&hi).enumerate() {
-                    if i > 0 {
-                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*l, bcast(ab, i)));
+    /// The AVX2 record kernels.
+    pub(super) struct Avx2;
+
+    impl Records for Avx2 {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            let rb = if MIN { 160 } else { 144 };
+            let nb = recs.len() / rb;
+            let codes = if MIN { 32 } else { 16 };
+            let mask = _mm256_set1_epi8(0x0F);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); T];
+            for b in 0..nb {
+                let rec = &recs[b * rb..(b + 1) * rb];
+                // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
+                let d = unsafe { f16x8(rec.as_ptr()) };
+                let m = if MIN { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
+                let mut lo = [_mm256_setzero_si256(); 4];
+                let mut hi = [_mm256_setzero_si256(); 4];
+                for i in 0..4 {
+                    let c: &[u8; 32] = rec[codes + 32 * i..codes + 32 * i + 32].try_into().expect("32 bytes");
+                    // SAFETY: `c` is 32 readable bytes.
+                    let p = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
+                    lo[i] = _mm256_and_si256(p, mask);
+                    hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(p), mask);
+                }
+                for t in 0..T {
+                    let ab = &a[t * nb + b];
+                    // |products| <= 2 * 15 * 127 per pair and 8 pairs per lane: fits in i16.
+                    let mut s = _mm256_maddubs_epi16(lo[0], bcast(ab, 0));
+                    for (i, (l, h)) in lo.iter().zip(&hi).enumerate() {
+                        if i > 0 {
+                            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*l, bcast(ab, i)));
+                        }
+                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*h, bcast(ab, 4 + i)));
                     }
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*h, bcast(ab, 4 + i)));
-                }
-                let mut isum = _mm256_madd_epi16(s, ones);
-                if !MIN {
-                    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * ab.sum));
-                }
-                acc[t] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(isum),
-                    _mm256_mul_ps(d, _mm256_set1_ps(ab.d)),
-                    acc[t],
-                );
-                if MIN {
-                    acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab.s), acc[t]);
+                    let mut isum = _mm256_madd_epi16(s, ones);
+                    if !MIN {
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * ab.sum));
+                    }
+                    acc[t] = accumulate::<MIN>(acc[t], isum, d, m, ab);
                 }
             }
+            store::<T>(&acc, dst, width);
         }
-        store::<T>(&acc, dst, width);
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            const RB: usize = 16 + 32 * GROUP;
+            let nb = recs.len() / RB;
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); T];
+            for b in 0..nb {
+                let rec = &recs[b * RB..(b + 1) * RB];
+                // SAFETY: a record starts with 16 bytes of scales.
+                let d = unsafe { f16x8(rec.as_ptr()) };
+                let mut w = [_mm256_setzero_si256(); 8];
+                let mut wabs = [_mm256_setzero_si256(); 8];
+                for i in 0..8 {
+                    let c: &[u8; 32] = rec[16 + 32 * i..16 + 32 * i + 32].try_into().expect("32 bytes");
+                    // SAFETY: `c` is 32 readable bytes.
+                    w[i] = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
+                    wabs[i] = _mm256_sign_epi8(w[i], w[i]);
+                }
+                for t in 0..T {
+                    let ab = &a[t * nb + b];
+                    // |w| * (a with w's sign): pairs <= 2 * 127 * 127, so widen every chunk to i32.
+                    let mut isum = _mm256_setzero_si256();
+                    for i in 0..8 {
+                        let p = _mm256_maddubs_epi16(wabs[i], _mm256_sign_epi8(bcast(ab, i), w[i]));
+                        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+                    }
+                    acc[t] = accumulate::<false>(acc[t], isum, d, d, ab);
+                }
+            }
+            store::<T>(&acc, dst, width);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::avx2::{accumulate, f16x8, store, Records};
+    use super::GROUP;
+    use crate::ggml::act_quant::Q8Block;
+    use std::arch::x86_64::*;
+
+    /// The AVX-512 VNNI record kernels. A 512-bit load takes two consecutive code chunks of a
+    /// record (eight rows x four bytes each), and `vpdpbusd` multiplies them, unsigned codes
+    /// by signed activations, against the two matching activation dwords (lanes 0-7 and 8-15,
+    /// placed by `vpermd`), adding four products per lane straight into i32. The two halves'
+    /// sums are added in integers, so each row's block sum is the exact `isum` of the scalar
+    /// kernel and the shared epilogue gives the same bits.
+    pub(super) struct Vnni;
+
+    /// `vpermd` indices putting activation dwords `i` and `j` in the low and high halves.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn pair(i: i32, j: i32) -> __m512i {
+        _mm512_set_epi32(j, j, j, j, j, j, j, j, i, i, i, i, i, i, i, i)
     }
 
-    /// Q8_0 records against T tokens.
-    ///
-    /// # Safety
-    /// `recs` holds whole Q8_0 records; `a` holds T rows of as many blocks.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-        const RB: usize = 16 + 32 * GROUP;
-        let nb = recs.len() / RB;
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); T];
-        for b in 0..nb {
-            let rec = &recs[b * RB..(b + 1) * RB];
-            // SAFETY: a record starts with 16 bytes of scales.
-            let d = unsafe { f16x8(rec.as_ptr()) };
-            let mut w = [_mm256_setzero_si256(); 8];
-            let mut wabs = [_mm256_setzero_si256(); 8];
-            for i in 0..8 {
-                let c: &[u8; 32] = rec[16 + 32 * i..16 + 32 * i + 32]
-                    .try_into()
-                    .expect("32 bytes");
-                // SAFETY: `c` is 32 readable bytes.
-                w[i] = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
-                wabs[i] = _mm256_sign_epi8(w[i], w[i]);
-            }
-            for t in 0..T {
-                let ab = &a[t * nb + b];
-                // |w| * (a with w's sign): pairs <= 2 * 127 * 127, so widen every chunk to i32.
-                let mut isum = _mm256_setzero_si256();
-                for i in 0..8 {
-                    let p = _mm256_maddubs_epi16(wabs[i], _mm256_sign_epi8(bcast(ab, i), w[i]));
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+    /// A token block's 32 activation bytes in the low half of a register.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn acts(ab: &Q8Block) -> __m512i {
+        // SAFETY: `qs` is 32 readable bytes.
+        _mm512_zextsi256_si512(unsafe { _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i) })
+    }
+
+    /// The low and high halves of `s` added: eight rows' sums.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn fold(s: __m512i) -> __m256i {
+        _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
+    }
+
+    /// 64 code bytes at `rec[at..]`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn load64(rec: &[u8], at: usize) -> __m512i {
+        let c: &[u8; 64] = rec[at..at + 64].try_into().expect("64 bytes");
+        // SAFETY: `c` is 64 readable bytes.
+        unsafe { _mm512_loadu_si512(c.as_ptr() as *const __m512i) }
+    }
+
+    impl Records for Vnni {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            let rb = if MIN { 160 } else { 144 };
+            let nb = recs.len() / rb;
+            let codes = if MIN { 32 } else { 16 };
+            let mask = _mm512_set1_epi8(0x0F);
+            // Chunks (0, 1) and (2, 3): low nibbles are values 4i.., high nibbles 16 + 4i...
+            let idx = [pair(0, 1), pair(2, 3), pair(4, 5), pair(6, 7)];
+            let mut acc = [_mm256_setzero_ps(); T];
+            for b in 0..nb {
+                let rec = &recs[b * rb..(b + 1) * rb];
+                // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
+                let d = unsafe { f16x8(rec.as_ptr()) };
+                let m = if MIN { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
+                let (c01, c23) = (load64(rec, codes), load64(rec, codes + 64));
+                let w = [
+                    _mm512_and_si512(c01, mask),
+                    _mm512_and_si512(c23, mask),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(c01), mask),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(c23), mask),
+                ];
+                for t in 0..T {
+                    let ab = &a[t * nb + b];
+                    let av = acts(ab);
+                    let mut s = _mm512_setzero_si512();
+                    for (wi, ix) in w.iter().zip(&idx) {
+                        s = _mm512_dpbusd_epi32(s, *wi, _mm512_permutexvar_epi32(*ix, av));
+                    }
+                    let mut isum = fold(s);
+                    if !MIN {
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * ab.sum));
+                    }
+                    acc[t] = accumulate::<MIN>(acc[t], isum, d, m, ab);
                 }
-                acc[t] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(isum),
-                    _mm256_mul_ps(d, _mm256_set1_ps(ab.d)),
-                    acc[t],
-                );
             }
+            store::<T>(&acc, dst, width);
         }
-        store::<T>(&acc, dst, width);
+
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            const RB: usize = 16 + 32 * GROUP;
+            let nb = recs.len() / RB;
+            // vpdpbusd multiplies unsigned by signed bytes: codes are stored signed, so they
+            // go in biased by 128 (xor 0x80) and 128 * Σa comes off the sum.
+            let bias = _mm512_set1_epi8(-128);
+            let idx = [pair(0, 1), pair(2, 3), pair(4, 5), pair(6, 7)];
+            let mut acc = [_mm256_setzero_ps(); T];
+            for b in 0..nb {
+                let rec = &recs[b * RB..(b + 1) * RB];
+                // SAFETY: a record starts with 16 bytes of scales.
+                let d = unsafe { f16x8(rec.as_ptr()) };
+                let w: [__m512i; 4] = std::array::from_fn(|i| _mm512_xor_si512(load64(rec, 16 + 64 * i), bias));
+                for t in 0..T {
+                    let ab = &a[t * nb + b];
+                    let av = acts(ab);
+                    let mut s = _mm512_setzero_si512();
+                    for (wi, ix) in w.iter().zip(&idx) {
+                        s = _mm512_dpbusd_epi32(s, *wi, _mm512_permutexvar_epi32(*ix, av));
+                    }
+                    let isum = _mm256_sub_epi32(fold(s), _mm256_set1_epi32(128 * ab.sum));
+                    acc[t] = accumulate::<false>(acc[t], isum, d, d, ab);
+                }
+            }
+            store::<T>(&acc, dst, width);
+        }
     }
 }

@@ -123,7 +123,7 @@ impl Pool {
             }
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % SPINS_PER_CHECK == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(SPINS_PER_CHECK) && start.elapsed() > SPIN {
                 let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
                 self.sleepers.fetch_add(1, SeqCst);
                 while self.epoch.load(SeqCst) == seen {
@@ -158,7 +158,7 @@ fn spin_until(ready: impl Fn() -> bool) {
     while !ready() {
         std::hint::spin_loop();
         spins = spins.wrapping_add(1);
-        if spins % SPINS_PER_CHECK == 0 {
+        if spins.is_multiple_of(SPINS_PER_CHECK) {
             std::thread::yield_now();
         }
     }
