@@ -60,7 +60,8 @@ fn ggml_block_dot(ty: GgmlType, row: &[u8], a: &[Q8Block]) -> f32 {
 }
 
 /// The AVX2 activation quantizer writes the scalar one's bytes, scales and sums, on random
-/// blocks and on blocks whose scaled values land exactly on halves (rounded away from zero).
+/// blocks, on blocks whose scaled values land exactly on halves (rounded away from zero),
+/// and on blocks at the edges of the f32 and f16 ranges.
 #[test]
 fn q8_quantizer_simd_matches_scalar() {
     let mut r = rng(3);
@@ -70,6 +71,15 @@ fn q8_quantizer_simd_matches_scalar() {
     x.extend(&halves);
     x.extend(halves.iter().map(|v| -v));
     x.extend([0f32; 32]);
+    // A scale whose inverse overflows (zeros), one that f16 flushes to zero, and one
+    // beyond f16's range (infinite d), each with a negative zero.
+    for amax in [1e-38f32, 1e-6, 1e7] {
+        x.extend((0..32).map(|i| match i {
+            0 => amax,
+            1 => -0.0,
+            _ => amax * (i as f32 / 32.0 - 0.5),
+        }));
+    }
     let n = x.len() / 32;
     let mut want = vec![Q8Block::default(); n];
     quantize_q8_with(Isa::Scalar, &x, &mut want);
