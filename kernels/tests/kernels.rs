@@ -4,7 +4,7 @@
 mod common;
 
 use common::{assert_close, randn, random_weights, rng};
-use tessera_kernels::cpu::dot::{axpy_f32, dot_f32};
+use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, dots_f32, weighted_sum_f32};
 use tessera_kernels::cpu::interleaved::{GemmLevel, Interleaved, GROUP};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, quantize_q8_with, Q8Block};
@@ -201,6 +201,44 @@ fn f32_axpy_simd_matches_scalar() {
             axpy_f32(isa, 0.37, &x, &mut got);
             // One FMA vs multiply-then-add: at most one rounding apart.
             assert_close(&got, &want, 1e-6, 1e-6, &format!("axpy n={n}"));
+        }
+    }
+}
+
+/// The many-row attention kernels against f64 sums, at every ISA level: head widths that take
+/// the SIMD path (64, 128, 8) and one that does not (20), key counts that fill blocks of eight
+/// and leave a tail, and zero (masked) weights. Bound: 1e-5 of the sum of |products|, a few
+/// f32 roundings of each sum in any order.
+#[test]
+fn attention_row_kernels_match_f64() {
+    let mut r = rng(12);
+    for (rows, n, d) in [(3, 21, 64), (1, 8, 128), (6, 5, 8), (2, 13, 20), (4, 0, 64)] {
+        let q = randn(&mut r, rows * d);
+        let k = randn(&mut r, n * d);
+        let mut w: Vec<f32> = randn(&mut r, rows * n).iter().map(|x| x.abs()).collect();
+        w.iter_mut().step_by(3).for_each(|x| *x = 0.0);
+        let acc0 = randn(&mut r, rows * d);
+        for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
+            let mut scores = vec![f32::NAN; rows * n];
+            dots_f32(isa, &q, &k, d, &mut scores);
+            let mut acc = acc0.clone();
+            weighted_sum_f32(isa, &w, &k, d, &mut acc);
+            for i in 0..rows {
+                for j in 0..n {
+                    let terms = (0..d).map(|c| q[i * d + c] as f64 * k[j * d + c] as f64);
+                    let (want, mag) = terms.fold((0f64, 0f64), |(s, m), t| (s + t, m + t.abs()));
+                    let got = scores[i * n + j] as f64;
+                    assert!((got - want).abs() <= 1e-5 * mag, "{isa:?} {rows}x{n}x{d} score ({i}, {j}): {got} vs {want}");
+                }
+                for c in 0..d {
+                    let terms = (0..n).map(|j| w[i * n + j] as f64 * k[j * d + c] as f64);
+                    let (sum, mag) = terms.fold((0f64, 0f64), |(s, m), t| (s + t, m + t.abs()));
+                    let want = acc0[i * d + c] as f64 + sum;
+                    let got = acc[i * d + c] as f64;
+                    let tol = 1e-5 * (mag + (acc0[i * d + c] as f64).abs());
+                    assert!((got - want).abs() <= tol, "{isa:?} {rows}x{n}x{d} sum ({i}, {c}): {got} vs {want}");
+                }
+            }
         }
     }
 }

@@ -270,29 +270,19 @@ impl LlamaModel {
 
     /// Runs the batch; returns, per sequence, logits rows (`vocab` each) for the requested tokens.
     ///
-    /// The pass runs on a worker of the kernel thread pool, so the kernels' parallel regions
-    /// are work-stolen by the other workers instead of each blocking the caller on a latch
-    /// (hundreds of regions per decode step).
+    /// The pass runs on the calling thread, which takes part in each of its parallel regions
+    /// on the kernel pool (`tessera_kernels::cpu::pool`).
     pub fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ForwardError> {
-        self.forward_with(batch, None)
+        self.forward_pass(batch, None)
     }
 
     /// [`Self::forward`], showing `observer` the input of every dense linear layer and every
     /// layer's post-RoPE queries and keys.
     pub fn forward_observed(&self, batch: &mut [SeqInput<'_>], observer: &mut dyn ActivationObserver) -> Result<Vec<Vec<f32>>, ForwardError> {
-        self.forward_with(batch, Some(observer))
+        self.forward_pass(batch, Some(observer))
     }
 
-    fn forward_with(&self, batch: &mut [SeqInput<'_>], observer: Option<&mut dyn ActivationObserver>) -> Result<Vec<Vec<f32>>, ForwardError> {
-        if rayon::current_thread_index().is_some() {
-            return self.forward_in_pool(batch, observer);
-        }
-        let mut out = None;
-        rayon::scope(|_| out = Some(self.forward_in_pool(batch, observer)));
-        out.expect("scope ran the forward pass")
-    }
-
-    fn forward_in_pool(&self, batch: &mut [SeqInput<'_>], mut observer: Option<&mut dyn ActivationObserver>) -> Result<Vec<Vec<f32>>, ForwardError> {
+    fn forward_pass(&self, batch: &mut [SeqInput<'_>], mut observer: Option<&mut dyn ActivationObserver>) -> Result<Vec<Vec<f32>>, ForwardError> {
         let c = &self.config;
         let (h, hd, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
         let (qw, kw) = (self.shape.q_width(), self.shape.kv_width());

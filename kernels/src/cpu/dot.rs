@@ -1,5 +1,6 @@
-//! f32 row kernels: dot product and axpy, each with a scalar reference and an AVX2 version
-//! (tests compare them on random data). The integer kernels of quantized weights live in
+//! f32 row kernels: dot product and axpy, and their many-row forms for attention (every
+//! query against every key, weighted sums of value rows), each with a scalar reference and
+//! an AVX2 version (tests compare them on random data). The integer kernels of quantized weights live in
 //! [`super::interleaved`].
 
 use super::caps::Isa;
@@ -40,10 +41,159 @@ pub fn axpy_f32(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `out[i * n + j] = q_i · k_j` for the rows `q_i` of `q` and `k_j` of `k`, each `d` wide
+/// (`n = k.len() / d`): attention scores of a few queries against a run of keys.
+///
+/// With AVX2 and `d` a multiple of 8, eight keys are scored at a time against one query
+/// load and their eight sums reduced together, instead of one reduction per key.
+pub fn dots_f32(isa: Isa, q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
+    assert!(d > 0 && q.len().is_multiple_of(d) && k.len().is_multiple_of(d), "rows of {d}");
+    let n = k.len() / d;
+    assert_eq!(out.len(), q.len() / d * n, "output shape");
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && d.is_multiple_of(8) {
+        assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+        // SAFETY: AVX2+FMA present (checked); shapes checked above.
+        unsafe { avx2::dots(q, k, d, out) };
+        return;
+    }
+    for (qi, o) in q.chunks_exact(d).zip(out.chunks_exact_mut(n.max(1))) {
+        for (kj, o) in k.chunks_exact(d).zip(o) {
+            *o = dot_f32(isa, qi, kj);
+        }
+    }
+}
+
+/// `acc_i += Σ_j w[i * n + j] · v_j` for the rows `acc_i` of `acc` and `v_j` of `v`, each `d`
+/// wide (`n = v.len() / d`): the value side of attention. Zero weights (masked keys) are
+/// skipped.
+///
+/// With AVX2 and `d` a multiple of 8, each row's sums stay in registers across the keys
+/// (64 columns at a time) instead of being loaded and stored once per key.
+pub fn weighted_sum_f32(isa: Isa, w: &[f32], v: &[f32], d: usize, acc: &mut [f32]) {
+    assert!(d > 0 && acc.len().is_multiple_of(d) && v.len().is_multiple_of(d), "rows of {d}");
+    let n = v.len() / d;
+    assert_eq!(w.len(), acc.len() / d * n, "weight shape");
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && d.is_multiple_of(8) {
+        assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+        // SAFETY: AVX2+FMA present (checked); shapes checked above.
+        unsafe { avx2::weighted_sum(w, v, d, acc) };
+        return;
+    }
+    for (a, wi) in acc.chunks_exact_mut(d).zip(w.chunks_exact(n.max(1))) {
+        for (&wj, vj) in wi.iter().zip(v.chunks_exact(d)) {
+            if wj != 0.0 {
+                axpy_f32(isa, wj, vj, a);
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::super::simd::hsum;
     use std::arch::x86_64::*;
+
+    /// The sums of eight vectors' lanes, in order, in one vector.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn hsum8(a: &[__m256; 8]) -> __m256 {
+        let t = [_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]), _mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7])];
+        let (u0, u1) = (_mm256_hadd_ps(t[0], t[1]), _mm256_hadd_ps(t[2], t[3]));
+        _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(u0, u1), _mm256_permute2f128_ps::<0x31>(u0, u1))
+    }
+
+    /// See [`super::dots_f32`]; `d` is a multiple of 8.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; shapes as [`super::dots_f32`] checks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dots(q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
+        let n = k.len() / d;
+        let body = n - n % 8;
+        let (pq, pk) = (q.as_ptr(), k.as_ptr());
+        for (i, o) in out.chunks_exact_mut(n.max(1)).enumerate().take(q.len() / d) {
+            for j0 in (0..body).step_by(8) {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for c in (0..d).step_by(8) {
+                    // SAFETY: query i and keys j0..j0 + 8 have d floats each (shapes checked).
+                    unsafe {
+                        let qv = _mm256_loadu_ps(pq.add(i * d + c));
+                        for (u, a) in acc.iter_mut().enumerate() {
+                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(pk.add((j0 + u) * d + c)), *a);
+                        }
+                    }
+                }
+                let dst: &mut [f32; 8] = (&mut o[j0..j0 + 8]).try_into().expect("8 scores");
+                // SAFETY: `dst` is 8 writable floats.
+                unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), hsum8(&acc)) };
+            }
+            for (j, o) in o.iter_mut().enumerate().skip(body) {
+                let mut a = _mm256_setzero_ps();
+                for c in (0..d).step_by(8) {
+                    // SAFETY: as above, for key j.
+                    a = unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i * d + c)), _mm256_loadu_ps(pk.add(j * d + c)), a) };
+                }
+                // SAFETY: AVX present.
+                *o = unsafe { hsum(a) };
+            }
+        }
+    }
+
+    /// Columns `c0..c0 + 8U` of one accumulator row `a` += Σ_j w_j · v_j.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; `a` has `c0 + 8U` floats and each value row (`d` apart) too.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn wsum_columns<const U: usize>(w: &[f32], v: &[f32], d: usize, c0: usize, a: &mut [f32]) {
+        let pa = a.as_mut_ptr();
+        let mut acc = [_mm256_setzero_ps(); U];
+        // SAFETY: columns c0..c0 + 8U of `a` (caller's contract).
+        unsafe {
+            for (u, x) in acc.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(pa.add(c0 + 8 * u));
+            }
+        }
+        for (j, &wj) in w.iter().enumerate() {
+            if wj == 0.0 {
+                continue;
+            }
+            let wv = _mm256_set1_ps(wj);
+            for (u, x) in acc.iter_mut().enumerate() {
+                // SAFETY: value row j has d >= c0 + 8U floats (caller's contract).
+                *x = unsafe { _mm256_fmadd_ps(wv, _mm256_loadu_ps(v.as_ptr().add(j * d + c0 + 8 * u)), *x) };
+            }
+        }
+        // SAFETY: as the loads above.
+        unsafe {
+            for (u, x) in acc.iter().enumerate() {
+                _mm256_storeu_ps(pa.add(c0 + 8 * u), *x);
+            }
+        }
+    }
+
+    /// See [`super::weighted_sum_f32`]; `d` is a multiple of 8.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; shapes as [`super::weighted_sum_f32`] checks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sum(w: &[f32], v: &[f32], d: usize, acc: &mut [f32]) {
+        let n = v.len() / d;
+        for (a, wi) in acc.chunks_exact_mut(d).zip(w.chunks_exact(n.max(1))) {
+            let mut c0 = 0;
+            // SAFETY (both calls): columns c0..c0 + 64 (or + 8) lie inside rows of d floats.
+            while c0 + 64 <= d {
+                unsafe { wsum_columns::<8>(wi, v, d, c0, a) };
+                c0 += 64;
+            }
+            while c0 < d {
+                unsafe { wsum_columns::<1>(wi, v, d, c0, a) };
+                c0 += 8;
+            }
+        }
+    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f32_axpy(a: f32, x: &[f32], y: &mut [f32]) {

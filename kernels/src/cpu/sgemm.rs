@@ -6,9 +6,8 @@
 //! broadcasts per step) sweeps the activation rows over each group of slivers, so a packed
 //! group is reused by every token while it sits in L2.
 
-use crate::cpu::SyncPtr;
+use crate::cpu::{pool, SyncPtr};
 use crate::linear::Weight;
-use rayon::prelude::*;
 use std::arch::x86_64::*;
 
 /// Columns (weight rows) per packed sliver.
@@ -103,40 +102,38 @@ pub fn dequant_sgemm(w: &Weight<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: us
     let by_cache = ((256 << 10) / (k * NR * 4)).max(1);
     let group = slivers.div_ceil(rayon::current_num_threads() * 4).clamp(1, by_cache);
     let out = SyncPtr::new(y.as_mut_ptr());
-    (0..slivers.div_ceil(group)).into_par_iter().for_each_init(
-        || (vec![0f32; k], vec![0f32; group * k * NR]),
-        |(row, packed), t| {
-            let s0 = t * group;
-            let s1 = (s0 + group).min(slivers);
+    pool::for_each(slivers.div_ceil(group), |t| {
+        let (mut row, mut packed) = (vec![0f32; k], vec![0f32; group * k * NR]);
+        let s0 = t * group;
+        let s1 = (s0 + group).min(slivers);
+        for s in s0..s1 {
+            let r0 = s * NR;
+            let n = NR.min(n_rows - r0);
+            pack_sliver(w, r0, n, &mut row, &mut packed[(s - s0) * k * NR..(s - s0 + 1) * k * NR]);
+        }
+        let mut i0 = 0;
+        while i0 < m {
+            let rows = MR.min(m - i0);
             for s in s0..s1 {
                 let r0 = s * NR;
                 let n = NR.min(n_rows - r0);
-                pack_sliver(w, r0, n, row, &mut packed[(s - s0) * k * NR..(s - s0 + 1) * k * NR]);
-            }
-            let mut i0 = 0;
-            while i0 < m {
-                let rows = MR.min(m - i0);
-                for s in s0..s1 {
-                    let r0 = s * NR;
-                    let n = NR.min(n_rows - r0);
-                    // SAFETY: AVX2+FMA asserted; x rows i0..i0+rows exist (k floats each); the
-                    // sliver holds k*16 floats; y rows i0.. have n writable columns at r0 (checked
-                    // above), and this task alone writes columns of slivers s0..s1.
-                    unsafe {
-                        micro_rows(
-                            rows,
-                            x.as_ptr().add(i0 * k),
-                            k,
-                            packed.as_ptr().add((s - s0) * k * NR),
-                            k,
-                            out.get().add(i0 * ldy + r0),
-                            ldy,
-                            n,
-                        );
-                    }
+                // SAFETY: AVX2+FMA asserted; x rows i0..i0+rows exist (k floats each); the
+                // sliver holds k*16 floats; y rows i0.. have n writable columns at r0 (checked
+                // above), and this task alone writes columns of slivers s0..s1.
+                unsafe {
+                    micro_rows(
+                        rows,
+                        x.as_ptr().add(i0 * k),
+                        k,
+                        packed.as_ptr().add((s - s0) * k * NR),
+                        k,
+                        out.get().add(i0 * ldy + r0),
+                        ldy,
+                        n,
+                    );
                 }
-                i0 += rows;
             }
-        },
-    );
+            i0 += rows;
+        }
+    });
 }

@@ -22,7 +22,7 @@ pub mod tq3;
 
 pub use format::{HqmqParams, KvFormat, KvFormatError};
 
-use crate::cpu::dot::{axpy_f32, dot_f32};
+use crate::cpu::dot::{dots_f32, weighted_sum_f32};
 use crate::cpu::{CpuCaps, Isa};
 use std::sync::OnceLock;
 use std::ops::Range;
@@ -110,11 +110,7 @@ pub trait KvCodec: Send + Sync {
         let (hd, n, isa) = (self.head_dim(), slots.len(), isa());
         let mut scratch = Vec::new();
         let keys = dense(self, head, page, slots, &mut scratch);
-        for (qi, q) in queries.chunks_exact(hd).enumerate() {
-            for (j, k) in keys.chunks_exact(hd).enumerate() {
-                out[qi * n + j] = dot_f32(isa, q, k);
-            }
-        }
+        dots_f32(isa, queries, keys, hd, &mut out[..queries.len() / hd * n]);
     }
     /// `acc[i] += sum_j weights[i * n + j] * value(slot slots.start + j)` for `nq` rows
     /// (`acc` is `nq × head_dim`).
@@ -122,14 +118,7 @@ pub trait KvCodec: Send + Sync {
         let (hd, n, isa) = (self.head_dim(), slots.len(), isa());
         let mut scratch = Vec::new();
         let values = dense(self, head, page, slots, &mut scratch);
-        for (qi, a) in acc.chunks_exact_mut(hd).enumerate() {
-            for (j, v) in values.chunks_exact(hd).enumerate() {
-                let w = weights[qi * n + j];
-                if w != 0.0 {
-                    axpy_f32(isa, w, v, a);
-                }
-            }
-        }
+        weighted_sum_f32(isa, &weights[..acc.len() / hd * n], values, hd, acc);
     }
     /// The page as `tokens × head_dim` f32 when that is its layout (no decoding needed).
     fn as_f32<'a>(&self, page: KvPage<'a>) -> Option<&'a [f32]> {
