@@ -117,7 +117,8 @@ fn interleaved_rows_dequantize_like_ggml() {
 
 /// Every integer GEMM level this CPU has (scalar, AVX2, AVX-512 VNNI) equals the independent
 /// per-block reference computed from the original GGML rows bit for bit, for token counts
-/// that fill tiles of 4 and leave partial ones of 1, 2 and 3, and a token run alone over one
+/// that fill tiles (4 tokens for AVX2, 8 for AVX-512) and leave every partial size, over
+/// group counts that pair up (AVX-512 takes two groups at once) and leave one over; a token run alone over one
 /// group equals the same token in the batch: the property that makes batched decode give the
 /// same tokens as decode alone.
 #[test]
@@ -134,7 +135,7 @@ fn interleaved_gemm_is_bit_exact_and_batch_invariant() {
             let packed = Interleaved::pack(&view).unwrap();
             let groups = rows.div_ceil(GROUP);
             let nb = k / 32;
-            for tokens in [9, 6, 7] {
+            for tokens in [6, 7, 9, 10, 11, 12, 13] {
                 let (_, acts) = q8_acts(&mut r, k, tokens);
                 for &level in &levels {
                     let mut all = vec![f32::NAN; tokens * groups * GROUP];

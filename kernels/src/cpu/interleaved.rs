@@ -25,9 +25,13 @@ use half::f16;
 /// Weight rows per interleaved group (one per 32-bit lane of a 256-bit register).
 pub const GROUP: usize = 8;
 
-/// Most tokens one pass over a group's blocks serves; more tokens take further passes while
-/// the group is still in L1.
+/// Most tokens one pass over a group's blocks serves with 16 vector registers (AVX2); more
+/// tokens take further passes while the group is still in L1.
 const TILE: usize = 4;
+
+/// [`TILE`] with AVX-512's 32 registers: the weight side of a block (loads, nibble masks,
+/// f16 scales) is paid once per eight tokens.
+const TILE_512: usize = 8;
 
 /// Tokens whose activations (48 bytes per 32 values) are reused across all groups of a call
 /// before the next tokens are read: 32 tokens of 576 values are 27 KiB.
@@ -213,8 +217,13 @@ impl Interleaved {
 
     /// The records of group `g`.
     fn group(&self, g: usize) -> &[u8] {
+        self.groups(g, 1)
+    }
+
+    /// The records of groups `g..g + k`, one group after the other.
+    fn groups(&self, g: usize, k: usize) -> &[u8] {
         let len = self.cols / Q8_BLOCK * self.record().bytes();
-        &self.data[g * len..(g + 1) * len]
+        &self.data[g * len..(g + k) * len]
     }
 
     /// Row `r` as f32, exactly as GGML's dequantization of the original row.
@@ -285,9 +294,9 @@ impl Interleaved {
             GemmLevel::Scalar => self.gemm_scalar(g0, g1, acts, tokens, out),
             // SAFETY: the level's features are present (checked); lengths checked above.
             #[cfg(target_arch = "x86_64")]
-            GemmLevel::Avx2 => unsafe { avx2::gemm::<avx2::Avx2>(self, g0, g1, acts, tokens, out) },
+            GemmLevel::Avx2 => unsafe { avx2::gemm::<avx2::Avx2, 1, TILE>(self, g0, g1, acts, tokens, out) },
             #[cfg(target_arch = "x86_64")]
-            GemmLevel::Avx512Vnni => unsafe { avx2::gemm::<avx512::Vnni>(self, g0, g1, acts, tokens, out) },
+            GemmLevel::Avx512Vnni => unsafe { avx2::gemm::<avx512::Vnni, 2, TILE_512>(self, g0, g1, acts, tokens, out) },
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("checked available"),
         }
@@ -340,12 +349,12 @@ impl Interleaved {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Interleaved, GROUP, TILE, TOKEN_BLOCK};
+    use super::{Interleaved, GROUP, TOKEN_BLOCK};
     use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
     use crate::ggml::GgmlType;
     use std::arch::x86_64::*;
 
-    /// One SIMD level's record kernels: a group's records against up to [`TILE`] tokens.
+    /// One SIMD level's record kernels: a group's (or two groups') records against up to eight tokens.
     pub(super) trait Records {
         /// 4-bit records (Q4_1 when `MIN`, else Q4_0) against T tokens; `dst` gets T rows of
         /// eight outputs at stride `width`.
@@ -360,15 +369,62 @@ mod avx2 {
         /// # Safety
         /// As [`Records::q4`].
         unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+
+        /// [`Records::q4`] over two adjacent groups at once (`recs` holds both, one after the
+        /// other), sixteen outputs per token; levels whose driver takes one group at a time
+        /// never call it.
+        ///
+        /// # Safety
+        /// As [`Records::q4`].
+        unsafe fn q4_pair<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+
+        /// [`Records::q8`] over two adjacent groups, as [`Records::q4_pair`].
+        ///
+        /// # Safety
+        /// As [`Records::q4`].
+        unsafe fn q8_pair<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+    }
+
+    /// Calls the record kernel for type `ty` and `n` tokens (1..=8).
+    macro_rules! tile {
+        ($q4:ident, $q8:ident, $ty:expr, $n:expr, $($arg:expr),*) => {
+            match ($ty, $n) {
+                (GgmlType::Q4_1, 8) => K::$q4::<8, true>($($arg),*),
+                (GgmlType::Q4_1, 7) => K::$q4::<7, true>($($arg),*),
+                (GgmlType::Q4_1, 6) => K::$q4::<6, true>($($arg),*),
+                (GgmlType::Q4_1, 5) => K::$q4::<5, true>($($arg),*),
+                (GgmlType::Q4_1, 4) => K::$q4::<4, true>($($arg),*),
+                (GgmlType::Q4_1, 3) => K::$q4::<3, true>($($arg),*),
+                (GgmlType::Q4_1, 2) => K::$q4::<2, true>($($arg),*),
+                (GgmlType::Q4_1, _) => K::$q4::<1, true>($($arg),*),
+                (GgmlType::Q4_0, 8) => K::$q4::<8, false>($($arg),*),
+                (GgmlType::Q4_0, 7) => K::$q4::<7, false>($($arg),*),
+                (GgmlType::Q4_0, 6) => K::$q4::<6, false>($($arg),*),
+                (GgmlType::Q4_0, 5) => K::$q4::<5, false>($($arg),*),
+                (GgmlType::Q4_0, 4) => K::$q4::<4, false>($($arg),*),
+                (GgmlType::Q4_0, 3) => K::$q4::<3, false>($($arg),*),
+                (GgmlType::Q4_0, 2) => K::$q4::<2, false>($($arg),*),
+                (GgmlType::Q4_0, _) => K::$q4::<1, false>($($arg),*),
+                (_, 8) => K::$q8::<8>($($arg),*),
+                (_, 7) => K::$q8::<7>($($arg),*),
+                (_, 6) => K::$q8::<6>($($arg),*),
+                (_, 5) => K::$q8::<5>($($arg),*),
+                (_, 4) => K::$q8::<4>($($arg),*),
+                (_, 3) => K::$q8::<3>($($arg),*),
+                (_, 2) => K::$q8::<2>($($arg),*),
+                (_, _) => K::$q8::<1>($($arg),*),
+            }
+        };
     }
 
     /// See [`Interleaved::gemm`]: the loops over token blocks, groups and tiles, each tile
-    /// handed to `K`'s record kernels.
+    /// handed to `K`'s record kernels, `G` (1 or 2) groups at a time (a last odd group alone)
+    /// and up to `TN` (at most 8) tokens at a time.
     ///
     /// # Safety
     /// AVX2, FMA, F16C and `K`'s features available; lengths as [`Interleaved::gemm`] checks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm<K: Records>(
+    pub unsafe fn gemm<K: Records, const G: usize, const TN: usize>(
         w: &Interleaved,
         g0: usize,
         g1: usize,
@@ -380,33 +436,28 @@ mod avx2 {
         let width = (g1 - g0) * GROUP;
         // Blocks of tokens whose activations stay in L1/L2 while every group passes over them.
         for tb in (0..tokens).step_by(TOKEN_BLOCK) {
-            for g in g0..g1 {
-                let recs = w.group(g);
+            let tend = tokens.min(tb + TOKEN_BLOCK);
+            let mut g = g0;
+            while g < g1 {
+                let k = if g + G <= g1 { G } else { 1 };
+                let recs = w.groups(g, k);
                 let mut t0 = tb;
-                while t0 < tokens.min(tb + TOKEN_BLOCK) {
-                    let n = TILE.min(tokens.min(tb + TOKEN_BLOCK) - t0);
+                while t0 < tend {
+                    let n = TN.min(tend - t0);
                     let a = &acts[t0 * nb..(t0 + n) * nb];
                     let dst = &mut out[t0 * width + (g - g0) * GROUP..];
                     // SAFETY: forwarded contract; `a` holds n token rows of nb blocks and `dst` n
-                    // output rows of stride `width` with GROUP columns each.
+                    // output rows of stride `width` with k * GROUP columns each.
                     unsafe {
-                        match (w.ty, n) {
-                            (GgmlType::Q4_1, 4) => K::q4::<4, true>(recs, a, dst, width),
-                            (GgmlType::Q4_1, 3) => K::q4::<3, true>(recs, a, dst, width),
-                            (GgmlType::Q4_1, 2) => K::q4::<2, true>(recs, a, dst, width),
-                            (GgmlType::Q4_1, _) => K::q4::<1, true>(recs, a, dst, width),
-                            (GgmlType::Q4_0, 4) => K::q4::<4, false>(recs, a, dst, width),
-                            (GgmlType::Q4_0, 3) => K::q4::<3, false>(recs, a, dst, width),
-                            (GgmlType::Q4_0, 2) => K::q4::<2, false>(recs, a, dst, width),
-                            (GgmlType::Q4_0, _) => K::q4::<1, false>(recs, a, dst, width),
-                            (_, 4) => K::q8::<4>(recs, a, dst, width),
-                            (_, 3) => K::q8::<3>(recs, a, dst, width),
-                            (_, 2) => K::q8::<2>(recs, a, dst, width),
-                            (_, _) => K::q8::<1>(recs, a, dst, width),
+                        if k == 2 {
+                            tile!(q4_pair, q8_pair, w.ty, n, recs, a, dst, width)
+                        } else {
+                            tile!(q4, q8, w.ty, n, recs, a, dst, width)
                         }
                     }
                     t0 += n;
                 }
+                g += k;
             }
         }
     }
@@ -535,6 +586,14 @@ mod avx2 {
             }
             store::<T>(&acc, dst, width);
         }
+
+        unsafe fn q4_pair<const T: usize, const MIN: bool>(_: &[u8], _: &[Q8Block], _: &mut [f32], _: usize) {
+            unreachable!("the AVX2 driver takes one group at a time")
+        }
+
+        unsafe fn q8_pair<const T: usize>(_: &[u8], _: &[Q8Block], _: &mut [f32], _: usize) {
+            unreachable!("the AVX2 driver takes one group at a time")
+        }
     }
 }
 
@@ -582,6 +641,65 @@ mod avx512 {
         let c: &[u8; 64] = rec[at..at + 64].try_into().expect("64 bytes");
         // SAFETY: `c` is 64 readable bytes.
         unsafe { _mm512_loadu_si512(c.as_ptr() as *const __m512i) }
+    }
+
+    /// Sixteen f16 values, eight at `p0` and eight at `p1`, as f32.
+    ///
+    /// # Safety
+    /// `p0` and `p1` point to 16 readable bytes each.
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    #[inline]
+    unsafe fn f16x16(p0: *const u8, p1: *const u8) -> __m512 {
+        // SAFETY: caller's contract.
+        unsafe {
+            let lo = _mm256_castsi128_si256(_mm_loadu_si128(p0 as *const __m128i));
+            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(p1 as *const __m128i)))
+        }
+    }
+
+    /// Code chunk bytes `at..at + 32` of two records: the first group's eight rows in the low
+    /// half, the second group's in the high half.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn join(r0: &[u8], r1: &[u8], at: usize) -> __m512i {
+        let (c0, c1): (&[u8; 32], &[u8; 32]) = (r0[at..at + 32].try_into().expect("32 bytes"), r1[at..at + 32].try_into().expect("32 bytes"));
+        // SAFETY: `c0` and `c1` are 32 readable bytes each.
+        unsafe {
+            let lo = _mm512_castsi256_si512(_mm256_loadu_si256(c0.as_ptr() as *const __m256i));
+            _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(c1.as_ptr() as *const __m256i))
+        }
+    }
+
+    /// Four activation bytes `4i..4i + 4` of a block, broadcast to all sixteen lanes.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn bcast16(a: &Q8Block, i: usize) -> __m512i {
+        assert!(i < 8);
+        // SAFETY: bytes 4i..4i + 4 of the 32 activation bytes.
+        _mm512_set1_epi32(unsafe { (a.qs.as_ptr().add(4 * i) as *const i32).read_unaligned() })
+    }
+
+    /// Writes T accumulators (sixteen rows each) to rows of `dst` at stride `width`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn store16<const T: usize>(acc: &[__m512; T], dst: &mut [f32], width: usize) {
+        for (t, v) in acc.iter().enumerate() {
+            let d: &mut [f32; 16] = (&mut dst[t * width..t * width + 2 * GROUP]).try_into().expect("16 outputs");
+            // SAFETY: `d` is 16 writable floats.
+            unsafe { _mm512_storeu_ps(d.as_mut_ptr(), *v) };
+        }
+    }
+
+    /// The per-block epilogue of [`accumulate`] on sixteen rows: the same operations per lane.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn accumulate16<const MIN: bool>(acc: __m512, isum: __m512i, d: __m512, m: __m512, ab: &Q8Block) -> __m512 {
+        let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(ab.d)), acc);
+        if MIN {
+            _mm512_fmadd_ps(m, _mm512_set1_ps(ab.s), acc)
+        } else {
+            acc
+        }
     }
 
     impl Records for Vnni {
@@ -649,6 +767,65 @@ mod avx512 {
                 }
             }
             store::<T>(&acc, dst, width);
+        }
+
+        /// Two groups in one register: code chunk `i` of both (eight rows each) meets
+        /// activation dword `i` broadcast to all lanes, so no `vpermd` and no folding of
+        /// halves, and the epilogue runs on sixteen rows at once.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        unsafe fn q4_pair<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            let rb = if MIN { 160 } else { 144 };
+            let nb = recs.len() / (2 * rb);
+            let codes = if MIN { 32 } else { 16 };
+            let mask = _mm512_set1_epi8(0x0F);
+            let mut acc = [_mm512_setzero_ps(); T];
+            for b in 0..nb {
+                let (r0, r1) = (&recs[b * rb..(b + 1) * rb], &recs[(nb + b) * rb..(nb + b + 1) * rb]);
+                // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
+                let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
+                let m = if MIN { unsafe { f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16)) } } else { _mm512_setzero_ps() };
+                let c: [__m512i; 4] = std::array::from_fn(|i| join(r0, r1, codes + 32 * i));
+                let lo = c.map(|c| _mm512_and_si512(c, mask));
+                let hi = c.map(|c| _mm512_and_si512(_mm512_srli_epi16::<4>(c), mask));
+                for t in 0..T {
+                    let ab = &a[t * nb + b];
+                    let mut s = _mm512_setzero_si512();
+                    for i in 0..4 {
+                        s = _mm512_dpbusd_epi32(s, lo[i], bcast16(ab, i));
+                        s = _mm512_dpbusd_epi32(s, hi[i], bcast16(ab, 4 + i));
+                    }
+                    if !MIN {
+                        s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * ab.sum));
+                    }
+                    acc[t] = accumulate16::<MIN>(acc[t], s, d, m, ab);
+                }
+            }
+            store16::<T>(&acc, dst, width);
+        }
+
+        /// Q8_0 over two groups, as [`Records::q4_pair`] (codes biased by 128 as in `q8`).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        unsafe fn q8_pair<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            const RB: usize = 16 + 32 * GROUP;
+            let nb = recs.len() / (2 * RB);
+            let bias = _mm512_set1_epi8(-128);
+            let mut acc = [_mm512_setzero_ps(); T];
+            for b in 0..nb {
+                let (r0, r1) = (&recs[b * RB..(b + 1) * RB], &recs[(nb + b) * RB..(nb + b + 1) * RB]);
+                // SAFETY: a record starts with 16 bytes of scales.
+                let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
+                let w: [__m512i; 8] = std::array::from_fn(|i| _mm512_xor_si512(join(r0, r1, 16 + 32 * i), bias));
+                for t in 0..T {
+                    let ab = &a[t * nb + b];
+                    let mut s = _mm512_setzero_si512();
+                    for (i, wi) in w.iter().enumerate() {
+                        s = _mm512_dpbusd_epi32(s, *wi, bcast16(ab, i));
+                    }
+                    let isum = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * ab.sum));
+                    acc[t] = accumulate16::<false>(acc[t], isum, d, d, ab);
+                }
+            }
+            store16::<T>(&acc, dst, width);
         }
     }
 }
