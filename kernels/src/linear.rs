@@ -330,7 +330,8 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
     // Tasks are (part, weight-row range) pairs over all parts, sized to balance the pool and
     // aligned to whole interleaved groups.
     let total: usize = parts.iter().map(|(_, w, _)| w.rows()).sum();
-    let chunk = rows_per_task(total, GROUP);
+    // Whole pairs of groups: the AVX-512 kernel takes two at a time.
+    let chunk = rows_per_task(total, 2 * GROUP);
     let tasks: Vec<(usize, usize, usize)> = parts
         .iter()
         .enumerate()

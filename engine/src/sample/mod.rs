@@ -195,15 +195,27 @@ impl Sampler {
     }
 }
 
-/// Index of the largest logit (lowest index on ties).
+/// Index of the largest logit (lowest index on ties; NaNs are skipped, and a leading NaN
+/// gives 0, as a scan keeping the first strict maximum does).
+///
+/// Two passes: the maximum eight lanes at a time (the compiler vectorizes it), then its
+/// first index. A one-pass scan compares against the best so far, a dependency chain that
+/// cost ~50 µs per 49k-token vocabulary, serial on the engine thread once per sequence per
+/// step.
 pub fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
+    let Some(&first) = l.first() else { return 0 };
+    let mut lanes = [first; 8];
+    let chunks = l.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            if v > *m {
+                *m = v;
+            }
         }
     }
-    best as u32
+    let max = lanes.iter().chain(tail).fold(first, |m, &v| if v > m { v } else { m });
+    l.iter().position(|&v| v == max).unwrap_or(0) as u32
 }
 
 #[cfg(test)]
@@ -233,6 +245,29 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax() {
         assert_eq!(draws(SamplingParams::greedy(), 5), vec![7; 5]);
+    }
+
+    /// The two-pass argmax equals a one-pass scan keeping the first strict maximum, on random
+    /// rows of every length up to 40 with ties, NaNs (leading ones too), infinities and
+    /// signed zeros drawn from a small value set.
+    #[test]
+    fn argmax_equals_the_first_strict_maximum() {
+        let scan = |l: &[f32]| (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32;
+        let values = [f32::NAN, f32::NEG_INFINITY, -1.5, -0.0, 0.0, 2.0, 3.0, f32::INFINITY];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for n in 0..=40 {
+            for _ in 0..200 {
+                let l: Vec<f32> = (0..n)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        values[(state % values.len() as u64) as usize]
+                    })
+                    .collect();
+                assert_eq!(argmax(&l), scan(&l), "{l:?}");
+            }
+        }
     }
 
     #[test]
