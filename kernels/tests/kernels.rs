@@ -117,8 +117,9 @@ fn interleaved_rows_dequantize_like_ggml() {
 
 /// Every integer GEMM level this CPU has (scalar, AVX2, AVX-512 VNNI) equals the independent
 /// per-block reference computed from the original GGML rows bit for bit, for token counts
-/// that fill tiles (4 tokens for AVX2, 8 for AVX-512) and leave every partial size, over
-/// group counts that pair up (AVX-512 takes two groups at once) and leave one over; a token run alone over one
+/// that fill tiles (4 tokens for AVX2, 8 for AVX-512) and leave every partial size or span
+/// two token blocks (37), over group counts that pair up (AVX-512 takes two groups at once,
+/// including a zero-padded last group: 30 rows) and leave one over; a token run alone over one
 /// group equals the same token in the batch: the property that makes batched decode give the
 /// same tokens as decode alone.
 #[test]
@@ -129,13 +130,13 @@ fn interleaved_gemm_is_bit_exact_and_batch_invariant() {
     }
     let mut r = rng(8);
     for ty in INTEGER_TYPES {
-        for (rows, k) in [(8, 32), (21, 64), (40, 576)] {
+        for (rows, k) in [(8, 32), (21, 64), (30, 64), (40, 576)] {
             let w = random_weights(&mut r, ty, rows, k);
             let view = WeightView::new(ty, rows, k, &w).unwrap();
             let packed = Interleaved::pack(&view).unwrap();
             let groups = rows.div_ceil(GROUP);
             let nb = k / 32;
-            for tokens in [6, 7, 9, 10, 11, 12, 13] {
+            for tokens in [6, 7, 9, 10, 11, 12, 13, 37] {
                 let (_, acts) = q8_acts(&mut r, k, tokens);
                 for &level in &levels {
                     let mut all = vec![f32::NAN; tokens * groups * GROUP];
@@ -209,7 +210,8 @@ fn f32_axpy_simd_matches_scalar() {
 /// The many-row attention kernels against f64 sums, at every ISA level: head widths that take
 /// the SIMD path (64, 128, 8) and one that does not (20), key counts that fill blocks of eight
 /// and leave a tail, and zero (masked) weights. Bound: 1e-5 of the sum of |products|, a few
-/// f32 roundings of each sum in any order.
+/// f32 roundings of each sum in any order. A score does not depend on the key's place in the
+/// run: each key scored alone gives the same bits.
 #[test]
 fn attention_row_kernels_match_f64() {
     let mut r = rng(12);
@@ -222,6 +224,14 @@ fn attention_row_kernels_match_f64() {
         for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
             let mut scores = vec![f32::NAN; rows * n];
             dots_f32(isa, &q, &k, d, &mut scores);
+            // A key scored alone gets the bits it gets inside the run.
+            for (j, kj) in k.chunks_exact(d).enumerate() {
+                let mut alone = vec![f32::NAN; rows];
+                dots_f32(isa, &q, kj, d, &mut alone);
+                for (i, a) in alone.iter().enumerate() {
+                    assert_eq!(a.to_bits(), scores[i * n + j].to_bits(), "{isa:?} {rows}x{n}x{d}: key {j} alone");
+                }
+            }
             let mut acc = acc0.clone();
             weighted_sum_f32(isa, &w, &k, d, &mut acc);
             for i in 0..rows {

@@ -43,8 +43,8 @@ enum Command {
 /// the KV cache. Only blocks under 1 MiB then come from the heap, and with the default 128 KiB
 /// trim threshold every decode step handed the top of each thread's heap back with `madvise`
 /// and faulted it in again on the next: TLB-shootdown interrupts and page faults that cost
-/// batch-8 decode 12% (`perf`; `tessera bench -b 8` 385 -> 435 tok/s side by side). The heap
-/// keeps at most what the sub-MiB buffers of one step ever held at once.
+/// batch-8 decode 12% (`perf`; `tessera bench -b 8` 385 -> 435 tok/s side by side). Each
+/// thread's heap (arena) keeps at most the 32 MiB, and only what its sub-MiB buffers once held.
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt is called once, before any other thread exists.

@@ -14,8 +14,7 @@ use super::linear::{Linear, PlanEntry};
 use super::mlp::Mlp;
 use super::routing::Routing;
 use crate::checkpoint::{names, Checkpoint, LoadError, ModelConfig, MoeConfig};
-use std::sync::Mutex;
-use tessera_kernels::cpu::{pool, CpuCaps};
+use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::dequantize_row;
 use tessera_kernels::linear::LinearPolicy;
 
@@ -126,29 +125,20 @@ impl MoeLayer {
         }
         let mut yg = vec![0f32; rows * h];
         let mut shared_out = vec![0f32; if self.shared.is_some() { m * h } else { 0 }];
-        // One region: a task per routed expert (its group of rows) and one for the shared
-        // expert; the projections inside each task run inline on its thread.
-        let mut jobs = Vec::new();
+        // Experts one after another, each projection a parallel region of its own: with few
+        // rows per expert (decode) a task per expert would leave threads idle.
         let mut rest = &mut yg[..];
         for (e, w) in g.offsets.windows(2).enumerate() {
             let (y, tail) = rest.split_at_mut((w[1] - w[0]) * h);
             rest = tail;
             if w[1] > w[0] {
-                jobs.push(Mutex::new((e, w[0]..w[1], y)));
+                let segs = runs(&g.tokens[w[0]..w[1]], &seq_of);
+                self.experts[e].forward(&xg[w[0] * h..w[1] * h], &segs, y);
             }
         }
-        let shared_slot = Mutex::new(&mut shared_out[..]);
-        pool::for_each(jobs.len() + 1, |j| {
-            let Some(job) = jobs.get(j) else {
-                if let Some(s) = &self.shared {
-                    s.forward(x, segments, &mut shared_slot.lock().unwrap_or_else(|e| e.into_inner()));
-                }
-                return;
-            };
-            let (e, r, y) = &mut *job.lock().unwrap_or_else(|e| e.into_inner());
-            let segs = runs(&g.tokens[r.clone()], &seq_of);
-            self.experts[*e].forward(&xg[r.start * h..r.end * h], &segs, y);
-        });
+        if let Some(s) = &self.shared {
+            s.forward(x, segments, &mut shared_out);
+        }
         let k = self.routing.top_k;
         for (t, o) in out.chunks_exact_mut(h).enumerate() {
             o.fill(0.0);

@@ -45,7 +45,9 @@ pub fn axpy_f32(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
 /// (`n = k.len() / d`): attention scores of a few queries against a run of keys.
 ///
 /// With AVX2 and `d` a multiple of 8, eight keys are scored at a time against one query
-/// load and their eight sums reduced together, instead of one reduction per key.
+/// load and their eight sums reduced together, instead of one reduction per key. Each
+/// score's bits depend only on its query and key, not on where the key sits in `k` (tile and
+/// block boundaries must not change attention).
 pub fn dots_f32(isa: Isa, q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
     assert!(d > 0 && q.len().is_multiple_of(d) && k.len().is_multiple_of(d), "rows of {d}");
     let n = k.len() / d;
@@ -111,32 +113,26 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dots(q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
         let n = k.len() / d;
-        let body = n - n % 8;
         let (pq, pk) = (q.as_ptr(), k.as_ptr());
         for (i, o) in out.chunks_exact_mut(n.max(1)).enumerate().take(q.len() / d) {
-            for j0 in (0..body).step_by(8) {
+            // Keys eight at a time; a last partial block is reduced the same way with empty
+            // lanes, so a key's score has the same bits wherever it falls in the run.
+            for j0 in (0..n).step_by(8) {
+                let kn = 8.min(n - j0);
                 let mut acc = [_mm256_setzero_ps(); 8];
                 for c in (0..d).step_by(8) {
-                    // SAFETY: query i and keys j0..j0 + 8 have d floats each (shapes checked).
+                    // SAFETY: query i and keys j0..j0 + kn have d floats each (shapes checked).
                     unsafe {
                         let qv = _mm256_loadu_ps(pq.add(i * d + c));
-                        for (u, a) in acc.iter_mut().enumerate() {
+                        for (u, a) in acc.iter_mut().enumerate().take(kn) {
                             *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(pk.add((j0 + u) * d + c)), *a);
                         }
                     }
                 }
-                let dst: &mut [f32; 8] = (&mut o[j0..j0 + 8]).try_into().expect("8 scores");
-                // SAFETY: `dst` is 8 writable floats.
-                unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), hsum8(&acc)) };
-            }
-            for (j, o) in o.iter_mut().enumerate().skip(body) {
-                let mut a = _mm256_setzero_ps();
-                for c in (0..d).step_by(8) {
-                    // SAFETY: as above, for key j.
-                    a = unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i * d + c)), _mm256_loadu_ps(pk.add(j * d + c)), a) };
-                }
-                // SAFETY: AVX present.
-                *o = unsafe { hsum(a) };
+                let mut sums = [0f32; 8];
+                // SAFETY: `sums` is 8 writable floats.
+                unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), hsum8(&acc)) };
+                o[j0..j0 + kn].copy_from_slice(&sums[..kn]);
             }
         }
     }

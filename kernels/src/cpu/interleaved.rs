@@ -7,14 +7,15 @@
 //! row `j`'s code bytes `4i..4i + 4`). A 256-bit load of a chunk puts one row in each 32-bit
 //! lane, so `vpmaddubsw` against four broadcast activation bytes makes partial sums for eight
 //! rows at once, and the per-block scale epilogue runs once per eight rows instead of once per
-//! row. A group's records are contiguous: while the tokens pass over a group, its weights
-//! (18 records, 2.9 KiB of Q4_1 at 576 columns) stay in L1. The repacked matrix has the same
-//! size as the GGML rows.
+//! row. With AVX-512 VNNI, chunk `i` of two adjacent groups fills one 512-bit register and
+//! one `vpdpbusd` against the broadcast dword serves sixteen rows. A group's records are
+//! contiguous: while the tokens pass over a group, its weights (18 records, 2.9 KiB of Q4_1
+//! at 576 columns) stay in L1. The repacked matrix has the same size as the GGML rows.
 //!
 //! Numerics, per (row, token), block by block in order: `acc = fma(isum as f32, d_w * d_a, acc)`,
 //! then for Q4_1 `acc = fma(m_w, s_a, acc)`, with `isum` the exact integer dot product. The
-//! scalar and AVX2 kernels perform exactly these operations, so they agree bit for bit, and a
-//! token's result never depends on which other tokens share the call.
+//! scalar, AVX2 and AVX-512 VNNI kernels perform exactly these operations, so they agree bit
+//! for bit, and a token's result never depends on which other tokens share the call.
 
 use super::caps::Isa;
 use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
@@ -44,8 +45,8 @@ pub enum GemmLevel {
     Scalar,
     /// 256-bit `vpmaddubsw` / `vpmaddwd` (AVX2, FMA, F16C).
     Avx2,
-    /// 512-bit `vpdpbusd` (AVX-512 F/BW/VNNI, plus the AVX2 set): two of a record's 32-byte
-    /// code chunks per instruction, with the four-byte sums accumulated in i32 directly.
+    /// 512-bit `vpdpbusd` (AVX-512 F/BW/VNNI, plus the AVX2 set): a code chunk of two groups
+    /// (sixteen rows) per instruction, with the four-byte sums accumulated in i32 directly.
     Avx512Vnni,
 }
 
@@ -302,7 +303,7 @@ impl Interleaved {
         }
     }
 
-    /// The scalar kernel: the reference the AVX2 kernel must equal bit for bit.
+    /// The scalar kernel: the reference the SIMD kernels must equal bit for bit.
     fn gemm_scalar(&self, g0: usize, g1: usize, acts: &[Q8Block], tokens: usize, out: &mut [f32]) {
         let rec = self.record();
         let nb = self.cols / Q8_BLOCK;
@@ -432,6 +433,7 @@ mod avx2 {
         tokens: usize,
         out: &mut [f32],
     ) {
+        const { assert!(TN >= 1 && TN <= 8 && (G == 1 || G == 2), "tile! covers 1..=8 tokens, 1 or 2 groups") };
         let nb = w.cols / Q8_BLOCK;
         let width = (g1 - g0) * GROUP;
         // Blocks of tokens whose activations stay in L1/L2 while every group passes over them.
@@ -604,12 +606,13 @@ mod avx512 {
     use crate::ggml::act_quant::Q8Block;
     use std::arch::x86_64::*;
 
-    /// The AVX-512 VNNI record kernels. A 512-bit load takes two consecutive code chunks of a
-    /// record (eight rows x four bytes each), and `vpdpbusd` multiplies them, unsigned codes
-    /// by signed activations, against the two matching activation dwords (lanes 0-7 and 8-15,
-    /// placed by `vpermd`), adding four products per lane straight into i32. The two halves'
-    /// sums are added in integers, so each row's block sum is the exact `isum` of the scalar
-    /// kernel and the shared epilogue gives the same bits.
+    /// The AVX-512 VNNI record kernels, `vpdpbusd` multiplying unsigned codes by signed
+    /// activations with four products per lane added straight into i32. The main kernels
+    /// (`q4_pair`, `q8_pair`) put code chunk `i` of two adjacent groups in one register against
+    /// activation dword `i` broadcast. A lone last group (`q4`, `q8`) puts two consecutive
+    /// chunks of its record in one register against the two matching dwords (placed by
+    /// `vpermd`), and adds the halves' sums in integers. Either way each row's block sum is
+    /// the exact `isum` of the scalar kernel and the epilogue is the same, so are the bits.
     pub(super) struct Vnni;
 
     /// `vpermd` indices putting activation dwords `i` and `j` in the low and high halves.

@@ -43,7 +43,14 @@ impl Job<'_> {
                 return;
             }
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| (self.f)(i))) {
-                self.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(p);
+                let mut first = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                if first.is_none() {
+                    *first = Some(p);
+                } else {
+                    // Dropping a payload runs foreign code that may panic again, which would
+                    // unwind out of the region while other threads still use the job.
+                    std::mem::forget(p);
+                }
             }
             self.done.fetch_add(1, SeqCst);
         }
