@@ -72,10 +72,14 @@ impl GemmLevel {
             GemmLevel::Avx2 => Isa::Avx2.available(),
             #[cfg(target_arch = "x86_64")]
             GemmLevel::Avx512Vnni => {
-                Isa::Avx2.available()
-                    && is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vnni")
+                // Asked per GEMM task: detected once.
+                static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                *VNNI.get_or_init(|| {
+                    Isa::Avx2.available()
+                        && is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vnni")
+                })
             }
             #[cfg(not(target_arch = "x86_64"))]
             GemmLevel::Avx512Vnni => false,
@@ -295,9 +299,9 @@ impl Interleaved {
             GemmLevel::Scalar => self.gemm_scalar(g0, g1, acts, tokens, out),
             // SAFETY: the level's features are present (checked); lengths checked above.
             #[cfg(target_arch = "x86_64")]
-            GemmLevel::Avx2 => unsafe { avx2::gemm::<avx2::Avx2, 1, TILE>(self, g0, g1, acts, tokens, out) },
+            GemmLevel::Avx2 => unsafe { avx2::gemm::<avx2::Avx2, TILE>(self, g0, g1, acts, tokens, out) },
             #[cfg(target_arch = "x86_64")]
-            GemmLevel::Avx512Vnni => unsafe { avx2::gemm::<avx512::Vnni, 2, TILE_512>(self, g0, g1, acts, tokens, out) },
+            GemmLevel::Avx512Vnni => unsafe { avx2::gemm::<avx512::Vnni, TILE_512>(self, g0, g1, acts, tokens, out) },
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("checked available"),
         }
@@ -355,14 +359,18 @@ mod avx2 {
     use crate::ggml::GgmlType;
     use std::arch::x86_64::*;
 
-    /// One SIMD level's record kernels: a group's (or two groups') records against up to eight tokens.
+    /// One SIMD level's record kernels: the records of `GROUPS` adjacent groups (one after the
+    /// other in `recs`) against up to eight tokens, `8 * GROUPS` outputs per token.
     pub(super) trait Records {
+        /// Groups per call.
+        const GROUPS: usize;
+
         /// 4-bit records (Q4_1 when `MIN`, else Q4_0) against T tokens; `dst` gets T rows of
-        /// eight outputs at stride `width`.
+        /// `8 * GROUPS` outputs at stride `width`.
         ///
         /// # Safety
-        /// The level's CPU features are present; `recs` holds whole records of the type and
-        /// `a` holds T rows of as many blocks.
+        /// The level's CPU features are present; `recs` holds `GROUPS` groups' whole records
+        /// of the type and `a` holds T rows of as many blocks as a group has records.
         unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
 
         /// Q8_0 records against T tokens, as [`Records::q4`].
@@ -370,62 +378,49 @@ mod avx2 {
         /// # Safety
         /// As [`Records::q4`].
         unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
-
-        /// [`Records::q4`] over two adjacent groups at once (`recs` holds both, one after the
-        /// other), sixteen outputs per token; levels whose driver takes one group at a time
-        /// never call it.
-        ///
-        /// # Safety
-        /// As [`Records::q4`].
-        unsafe fn q4_pair<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
-
-        /// [`Records::q8`] over two adjacent groups, as [`Records::q4_pair`].
-        ///
-        /// # Safety
-        /// As [`Records::q4`].
-        unsafe fn q8_pair<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
     }
 
-    /// Calls the record kernel for type `ty` and `n` tokens (1..=8).
+    /// Calls kernel set `$k`'s record kernel for type `ty` and `n` tokens (1..=8).
     macro_rules! tile {
-        ($q4:ident, $q8:ident, $ty:expr, $n:expr, $($arg:expr),*) => {
+        ($k:ty, $ty:expr, $n:expr, $($arg:expr),*) => {
             match ($ty, $n) {
-                (GgmlType::Q4_1, 8) => K::$q4::<8, true>($($arg),*),
-                (GgmlType::Q4_1, 7) => K::$q4::<7, true>($($arg),*),
-                (GgmlType::Q4_1, 6) => K::$q4::<6, true>($($arg),*),
-                (GgmlType::Q4_1, 5) => K::$q4::<5, true>($($arg),*),
-                (GgmlType::Q4_1, 4) => K::$q4::<4, true>($($arg),*),
-                (GgmlType::Q4_1, 3) => K::$q4::<3, true>($($arg),*),
-                (GgmlType::Q4_1, 2) => K::$q4::<2, true>($($arg),*),
-                (GgmlType::Q4_1, _) => K::$q4::<1, true>($($arg),*),
-                (GgmlType::Q4_0, 8) => K::$q4::<8, false>($($arg),*),
-                (GgmlType::Q4_0, 7) => K::$q4::<7, false>($($arg),*),
-                (GgmlType::Q4_0, 6) => K::$q4::<6, false>($($arg),*),
-                (GgmlType::Q4_0, 5) => K::$q4::<5, false>($($arg),*),
-                (GgmlType::Q4_0, 4) => K::$q4::<4, false>($($arg),*),
-                (GgmlType::Q4_0, 3) => K::$q4::<3, false>($($arg),*),
-                (GgmlType::Q4_0, 2) => K::$q4::<2, false>($($arg),*),
-                (GgmlType::Q4_0, _) => K::$q4::<1, false>($($arg),*),
-                (_, 8) => K::$q8::<8>($($arg),*),
-                (_, 7) => K::$q8::<7>($($arg),*),
-                (_, 6) => K::$q8::<6>($($arg),*),
-                (_, 5) => K::$q8::<5>($($arg),*),
-                (_, 4) => K::$q8::<4>($($arg),*),
-                (_, 3) => K::$q8::<3>($($arg),*),
-                (_, 2) => K::$q8::<2>($($arg),*),
-                (_, _) => K::$q8::<1>($($arg),*),
+                (GgmlType::Q4_1, 8) => <$k>::q4::<8, true>($($arg),*),
+                (GgmlType::Q4_1, 7) => <$k>::q4::<7, true>($($arg),*),
+                (GgmlType::Q4_1, 6) => <$k>::q4::<6, true>($($arg),*),
+                (GgmlType::Q4_1, 5) => <$k>::q4::<5, true>($($arg),*),
+                (GgmlType::Q4_1, 4) => <$k>::q4::<4, true>($($arg),*),
+                (GgmlType::Q4_1, 3) => <$k>::q4::<3, true>($($arg),*),
+                (GgmlType::Q4_1, 2) => <$k>::q4::<2, true>($($arg),*),
+                (GgmlType::Q4_1, _) => <$k>::q4::<1, true>($($arg),*),
+                (GgmlType::Q4_0, 8) => <$k>::q4::<8, false>($($arg),*),
+                (GgmlType::Q4_0, 7) => <$k>::q4::<7, false>($($arg),*),
+                (GgmlType::Q4_0, 6) => <$k>::q4::<6, false>($($arg),*),
+                (GgmlType::Q4_0, 5) => <$k>::q4::<5, false>($($arg),*),
+                (GgmlType::Q4_0, 4) => <$k>::q4::<4, false>($($arg),*),
+                (GgmlType::Q4_0, 3) => <$k>::q4::<3, false>($($arg),*),
+                (GgmlType::Q4_0, 2) => <$k>::q4::<2, false>($($arg),*),
+                (GgmlType::Q4_0, _) => <$k>::q4::<1, false>($($arg),*),
+                (_, 8) => <$k>::q8::<8>($($arg),*),
+                (_, 7) => <$k>::q8::<7>($($arg),*),
+                (_, 6) => <$k>::q8::<6>($($arg),*),
+                (_, 5) => <$k>::q8::<5>($($arg),*),
+                (_, 4) => <$k>::q8::<4>($($arg),*),
+                (_, 3) => <$k>::q8::<3>($($arg),*),
+                (_, 2) => <$k>::q8::<2>($($arg),*),
+                (_, _) => <$k>::q8::<1>($($arg),*),
             }
         };
     }
 
     /// See [`Interleaved::gemm`]: the loops over token blocks, groups and tiles, each tile
-    /// handed to `K`'s record kernels, `G` (1 or 2) groups at a time (a last odd group alone)
-    /// and up to `TN` (at most 8) tokens at a time.
+    /// handed to `K`'s record kernels `K::GROUPS` groups at a time and up to `TN` (at most 8)
+    /// tokens at a time. Groups left over at the end (fewer than `K::GROUPS`) take the AVX2
+    /// kernels, which every level includes and which give the same bits.
     ///
     /// # Safety
     /// AVX2, FMA, F16C and `K`'s features available; lengths as [`Interleaved::gemm`] checks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm<K: Records, const G: usize, const TN: usize>(
+    pub unsafe fn gemm<K: Records, const TN: usize>(
         w: &Interleaved,
         g0: usize,
         g1: usize,
@@ -433,7 +428,7 @@ mod avx2 {
         tokens: usize,
         out: &mut [f32],
     ) {
-        const { assert!(TN >= 1 && TN <= 8 && (G == 1 || G == 2), "tile! covers 1..=8 tokens, 1 or 2 groups") };
+        const { assert!(TN >= 1 && TN <= 8, "tile! covers 1..=8 tokens") };
         let nb = w.cols / Q8_BLOCK;
         let width = (g1 - g0) * GROUP;
         // Blocks of tokens whose activations stay in L1/L2 while every group passes over them.
@@ -441,7 +436,7 @@ mod avx2 {
             let tend = tokens.min(tb + TOKEN_BLOCK);
             let mut g = g0;
             while g < g1 {
-                let k = if g + G <= g1 { G } else { 1 };
+                let k = if g + K::GROUPS <= g1 { K::GROUPS } else { 1 };
                 let recs = w.groups(g, k);
                 let mut t0 = tb;
                 while t0 < tend {
@@ -451,10 +446,10 @@ mod avx2 {
                     // SAFETY: forwarded contract; `a` holds n token rows of nb blocks and `dst` n
                     // output rows of stride `width` with k * GROUP columns each.
                     unsafe {
-                        if k == 2 {
-                            tile!(q4_pair, q8_pair, w.ty, n, recs, a, dst, width)
+                        if k == K::GROUPS {
+                            tile!(K, w.ty, n, recs, a, dst, width)
                         } else {
-                            tile!(q4, q8, w.ty, n, recs, a, dst, width)
+                            tile!(Avx2, w.ty, n, recs, a, dst, width)
                         }
                     }
                     t0 += n;
@@ -515,6 +510,8 @@ mod avx2 {
     pub(super) struct Avx2;
 
     impl Records for Avx2 {
+        const GROUPS: usize = 1;
+
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
             let rb = if MIN { 160 } else { 144 };
@@ -588,63 +585,22 @@ mod avx2 {
             }
             store::<T>(&acc, dst, width);
         }
-
-        unsafe fn q4_pair<const T: usize, const MIN: bool>(_: &[u8], _: &[Q8Block], _: &mut [f32], _: usize) {
-            unreachable!("the AVX2 driver takes one group at a time")
-        }
-
-        unsafe fn q8_pair<const T: usize>(_: &[u8], _: &[Q8Block], _: &mut [f32], _: usize) {
-            unreachable!("the AVX2 driver takes one group at a time")
-        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::avx2::{accumulate, f16x8, store, Records};
+    use super::avx2::Records;
     use super::GROUP;
     use crate::ggml::act_quant::Q8Block;
     use std::arch::x86_64::*;
 
-    /// The AVX-512 VNNI record kernels, `vpdpbusd` multiplying unsigned codes by signed
-    /// activations with four products per lane added straight into i32. The main kernels
-    /// (`q4_pair`, `q8_pair`) put code chunk `i` of two adjacent groups in one register against
-    /// activation dword `i` broadcast. A lone last group (`q4`, `q8`) puts two consecutive
-    /// chunks of its record in one register against the two matching dwords (placed by
-    /// `vpermd`), and adds the halves' sums in integers. Either way each row's block sum is
-    /// the exact `isum` of the scalar kernel and the epilogue is the same, so are the bits.
+    /// The AVX-512 VNNI record kernels over two adjacent groups: code chunk `i` of both
+    /// (sixteen rows) in one register against activation dword `i` broadcast, `vpdpbusd`
+    /// multiplying unsigned codes by signed activations with four products per lane added
+    /// straight into i32. Each row's block sum is the exact `isum` of the scalar kernel and
+    /// the epilogue does the same operations per lane, so the bits are the same.
     pub(super) struct Vnni;
-
-    /// `vpermd` indices putting activation dwords `i` and `j` in the low and high halves.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn pair(i: i32, j: i32) -> __m512i {
-        _mm512_set_epi32(j, j, j, j, j, j, j, j, i, i, i, i, i, i, i, i)
-    }
-
-    /// A token block's 32 activation bytes in the low half of a register.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn acts(ab: &Q8Block) -> __m512i {
-        // SAFETY: `qs` is 32 readable bytes.
-        _mm512_zextsi256_si512(unsafe { _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i) })
-    }
-
-    /// The low and high halves of `s` added: eight rows' sums.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn fold(s: __m512i) -> __m256i {
-        _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
-    }
-
-    /// 64 code bytes at `rec[at..]`.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn load64(rec: &[u8], at: usize) -> __m512i {
-        let c: &[u8; 64] = rec[at..at + 64].try_into().expect("64 bytes");
-        // SAFETY: `c` is 64 readable bytes.
-        unsafe { _mm512_loadu_si512(c.as_ptr() as *const __m512i) }
-    }
 
     /// Sixteen f16 values, eight at `p0` and eight at `p1`, as f32.
     ///
@@ -706,77 +662,13 @@ mod avx512 {
     }
 
     impl Records for Vnni {
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            let rb = if MIN { 160 } else { 144 };
-            let nb = recs.len() / rb;
-            let codes = if MIN { 32 } else { 16 };
-            let mask = _mm512_set1_epi8(0x0F);
-            // Chunks (0, 1) and (2, 3): low nibbles are values 4i.., high nibbles 16 + 4i...
-            let idx = [pair(0, 1), pair(2, 3), pair(4, 5), pair(6, 7)];
-            let mut acc = [_mm256_setzero_ps(); T];
-            for b in 0..nb {
-                let rec = &recs[b * rb..(b + 1) * rb];
-                // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
-                let d = unsafe { f16x8(rec.as_ptr()) };
-                let m = if MIN { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
-                let (c01, c23) = (load64(rec, codes), load64(rec, codes + 64));
-                let w = [
-                    _mm512_and_si512(c01, mask),
-                    _mm512_and_si512(c23, mask),
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(c01), mask),
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(c23), mask),
-                ];
-                for t in 0..T {
-                    let ab = &a[t * nb + b];
-                    let av = acts(ab);
-                    let mut s = _mm512_setzero_si512();
-                    for (wi, ix) in w.iter().zip(&idx) {
-                        s = _mm512_dpbusd_epi32(s, *wi, _mm512_permutexvar_epi32(*ix, av));
-                    }
-                    let mut isum = fold(s);
-                    if !MIN {
-                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * ab.sum));
-                    }
-                    acc[t] = accumulate::<MIN>(acc[t], isum, d, m, ab);
-                }
-            }
-            store::<T>(&acc, dst, width);
-        }
-
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            const RB: usize = 16 + 32 * GROUP;
-            let nb = recs.len() / RB;
-            // vpdpbusd multiplies unsigned by signed bytes: codes are stored signed, so they
-            // go in biased by 128 (xor 0x80) and 128 * Σa comes off the sum.
-            let bias = _mm512_set1_epi8(-128);
-            let idx = [pair(0, 1), pair(2, 3), pair(4, 5), pair(6, 7)];
-            let mut acc = [_mm256_setzero_ps(); T];
-            for b in 0..nb {
-                let rec = &recs[b * RB..(b + 1) * RB];
-                // SAFETY: a record starts with 16 bytes of scales.
-                let d = unsafe { f16x8(rec.as_ptr()) };
-                let w: [__m512i; 4] = std::array::from_fn(|i| _mm512_xor_si512(load64(rec, 16 + 64 * i), bias));
-                for t in 0..T {
-                    let ab = &a[t * nb + b];
-                    let av = acts(ab);
-                    let mut s = _mm512_setzero_si512();
-                    for (wi, ix) in w.iter().zip(&idx) {
-                        s = _mm512_dpbusd_epi32(s, *wi, _mm512_permutexvar_epi32(*ix, av));
-                    }
-                    let isum = _mm256_sub_epi32(fold(s), _mm256_set1_epi32(128 * ab.sum));
-                    acc[t] = accumulate::<false>(acc[t], isum, d, d, ab);
-                }
-            }
-            store::<T>(&acc, dst, width);
-        }
+        const GROUPS: usize = 2;
 
         /// Two groups in one register: code chunk `i` of both (eight rows each) meets
         /// activation dword `i` broadcast to all lanes, so no `vpermd` and no folding of
         /// halves, and the epilogue runs on sixteen rows at once.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q4_pair<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
             let rb = if MIN { 160 } else { 144 };
             let nb = recs.len() / (2 * rb);
             let codes = if MIN { 32 } else { 16 };
@@ -806,9 +698,11 @@ mod avx512 {
             store16::<T>(&acc, dst, width);
         }
 
-        /// Q8_0 over two groups, as [`Records::q4_pair`] (codes biased by 128 as in `q8`).
+        /// Q8_0 over two groups, as `q4`. `vpdpbusd` multiplies unsigned by signed bytes: the
+        /// codes are stored signed, so they go in biased by 128 (xor 0x80) and 128 * Σa comes
+        /// off the sum.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q8_pair<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
             const RB: usize = 16 + 32 * GROUP;
             let nb = recs.len() / (2 * RB);
             let bias = _mm512_set1_epi8(-128);

@@ -1,6 +1,6 @@
 //! Activation functions.
 
-use crate::cpu::{pool, Isa, SyncPtr};
+use crate::cpu::{pool, SyncPtr};
 
 /// SwiGLU over rows of `[gate | up]` (each `2 * n` wide): `out[i] = silu(gate[i]) * up[i]`.
 ///
@@ -12,7 +12,8 @@ pub fn silu_mul(gate_up: &[f32], n: usize, out: &mut [f32]) {
     assert_eq!(gate_up.len(), 2 * out.len());
     assert!(n > 0 && out.len().is_multiple_of(n), "rows of {n}");
     let rows = out.len() / n;
-    let simd = Isa::Avx2.available();
+    #[cfg(target_arch = "x86_64")]
+    let simd = crate::cpu::Isa::Avx2.available();
     let dst = SyncPtr::new(out.as_mut_ptr());
     pool::for_each(rows, |r| {
         let (g, u) = gate_up[2 * r * n..2 * (r + 1) * n].split_at(n);
@@ -24,7 +25,6 @@ pub fn silu_mul(gate_up: &[f32], n: usize, out: &mut [f32]) {
             unsafe { avx2::silu_mul_row(g, u, o) };
             return;
         }
-        let _ = simd;
         silu_mul_scalar(g, u, o);
     });
 }
