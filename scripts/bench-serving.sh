@@ -6,7 +6,9 @@
 # Usage: scripts/bench-serving.sh [/path/to/llama-server] [model.gguf]
 # Shapes: prefill-heavy 256 in / 64 out and decode-heavy 32 in / 128 out, at concurrency 1
 # and 8, each run with its own prompts (seed). JSON reports land in target/bench-serving/. llama-server is not built by this
-# project; without it only Tessera runs.
+# project; without it only Tessera runs. LLAMA_SERVER_FLAGS adds flags to llama-server's own
+# (`--no-repack` where the CPU reports AMX that the VM does not let it use: ggml's AMX kernels
+# crash there on the first batched step).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LLAMA_SERVER="${1:-}"
@@ -42,7 +44,8 @@ curl -s http://127.0.0.1:8100/metrics | grep -E '^tessera_step_(overhead|forward
 kill $PID; wait $PID 2>/dev/null || true
 
 if [[ -n "$LLAMA_SERVER" ]]; then
-    "$LLAMA_SERVER" -m "$MODEL" -np 8 -t 2 -c 8192 --port 8090 >/dev/null 2>&1 &
+    # shellcheck disable=SC2086
+    "$LLAMA_SERVER" -m "$MODEL" -np 8 -t 2 -c 8192 --port 8090 ${LLAMA_SERVER_FLAGS:-} >/dev/null 2>&1 &
     PID=$!
     "$ROOT/scripts/wait-ready.sh" 8090
     run_shapes llama-server 8090
