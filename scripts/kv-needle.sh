@@ -4,6 +4,8 @@
 # Prints one line per format: whether the answer contains the fact, and the answer.
 #
 #   scripts/kv-needle.sh [CORPUS_CHARS]   (default 6000 characters of filler, ~1.5k tokens)
+#
+# Environment: ONLY (an extended regex: run only the formats it matches, e.g. ONLY=qjl1).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN=${TESSERA_BIN:-$ROOT/target/release/tessera}
@@ -20,6 +22,7 @@ print(json.dumps({"model": "m", "prompt": prompt, "max_tokens": 8, "temperature"
 PY
 )
 for f in "${FORMATS[@]}"; do
+  [[ -n "${ONLY:-}" ]] && ! grep -Eq -- "$ONLY" <<<"$f" && continue
   if [[ $f == k=* ]]; then
     k=${f%%,*}; v=${f##*,}
     flags=(--kv-cache-dtype-k "${k#k=}" --kv-cache-dtype-v "${v#v=}")
