@@ -12,6 +12,10 @@ BIN=${TESSERA_BIN:-$ROOT/target/release/tessera}
 CORPUS=${CORPUS:-$ROOT/../shared/data/pride_and_prejudice.txt}
 CHARS=${1:-6000}
 PORT=8131
+if [[ -n "${ONLY:-}" ]]; then
+  rc=0; grep -Eq -- "$ONLY" </dev/null || rc=$?
+  (( rc <= 1 )) || { echo "ONLY is not a valid extended regex: $ONLY" >&2; exit 2; }
+fi
 FORMATS=(f32 bf16 fp8_e4m3 int8 "k=qjl1,v=bf16" tq3_0 "k=bf16,v=tq3_0" hqmq-s96-r4 hqmq-s192-r6-med3)
 PROMPT=$(python3 - "$CORPUS" "$CHARS" <<'PY'
 import json, sys

@@ -9,7 +9,7 @@
 //! - [`ops`]: RMSNorm, RoPE, SwiGLU;
 //! - [`quant`]: linear layers over checkpoint-quantized weights (W4A16, W4A8, W8A8);
 //! - [`cuda`]: the CUDA backend (NVRTC-compiled sources, launched through `cudarc`);
-//! - [`reference`]: scalar references the optimized kernels are tested against.
+//! - [`reference`](mod@reference): scalar references the optimized kernels are tested against.
 
 pub mod attention;
 pub mod kv;

@@ -4,7 +4,7 @@
 //! attention call, ...). Rayon puts an idle worker to sleep on a futex after about 30 µs of
 //! yielding, so nearly every region paid a wake-up: `perf` at batch 8 put 10% of all cycles in
 //! `futex_wake` and the woken thread's scheduling, and two threads ran batch-8 decode only
-//! 1.26x faster than one. Here the helper threads spin on an epoch counter for [`SPIN`] after
+//! 1.26x faster than one. Here the helper threads spin on an epoch counter for `SPIN` (2 ms) after
 //! their last task before they park, as OpenMP runtimes and llama.cpp's thread pool do, so
 //! back-to-back regions hand work over through shared memory alone.
 //!

@@ -5,7 +5,7 @@ use crate::cpu::{pool, SyncPtr};
 /// SwiGLU over rows of `[gate | up]` (each `2 * n` wide): `out[i] = silu(gate[i]) * up[i]`.
 ///
 /// Rows run in parallel on the kernel pool, and with AVX2 eight values at a time with a
-/// polynomial `exp` ([`avx2::exp`], within 2e-7 relative of the exact one): between the
+/// polynomial `exp` (`avx2::exp`, within 2e-7 relative of the exact one): between the
 /// gate/up and down projections of a decode step this was serial `expf` work, 6% of a
 /// batch-8 step.
 pub fn silu_mul(gate_up: &[f32], n: usize, out: &mut [f32]) {
