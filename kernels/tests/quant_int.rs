@@ -192,6 +192,59 @@ fn kernels_match_f64_reference_and_scalar() {
     }
 }
 
+/// Every W4A8 integer level this CPU runs (the other tests reach only the fastest one behind
+/// `Isa::Avx2`) gives the scalar kernel's bits on every int4 shape, at m = 1, 8 and 13 (the
+/// one-token path, a full token block, a block of 8 and one of 5) and on a row range that
+/// starts and ends inside the matrix.
+#[test]
+fn w4a8_levels_equal_scalar_bits() {
+    use tessera_kernels::cpu::interleaved::GemmLevel;
+    let mut r = rng(16);
+    let levels: Vec<GemmLevel> = GemmLevel::ALL.into_iter().filter(|l| l.available()).collect();
+    if levels.len() < GemmLevel::ALL.len() {
+        eprintln!("note: W4A8 levels {:?} are not available on this CPU and were not tested", GemmLevel::ALL.iter().filter(|l| !levels.contains(l)).collect::<Vec<_>>());
+    }
+    for &(rows, cols, group, asym) in INT4_CASES {
+        let w = common::int4(&mut r, rows, cols, group, asym);
+        for m in [1usize, 8, 13] {
+            let x = randn(&mut r, m * cols);
+            let mut xq = vec![0i8; m * cols];
+            let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(row, q)| quantize_int8_row(row, q)).collect();
+            let (r0, r1) = (rows / 5, rows - rows / 7);
+            let mut want = vec![0f32; (r1 - r0) * m];
+            w.rows_int8_scalar(r0, r1, &xq, &xs, m, &mut want);
+            for &level in &levels {
+                let mut got = vec![f32::NAN; (r1 - r0) * m];
+                w.rows_int8_at(level, r0, r1, &xq, &xs, m, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{level:?} {rows}x{cols}/{group} asym {asym} m={m} rows {r0}..{r1}");
+            }
+        }
+    }
+}
+
+/// Every W8A8 int8 level this CPU runs gives the scalar kernel's bits, on widths with and
+/// without a last odd 32-column run (AVX-512 takes 64 columns a step), at m = 1, 8 and 13.
+#[test]
+fn w8a8_levels_equal_scalar_bits() {
+    use tessera_kernels::cpu::interleaved::GemmLevel;
+    let mut r = rng(17);
+    for (rows, cols) in [(37, 576), (45, 1536), (19, 544), (16, 32)] {
+        let w = int8(&mut r, rows, cols);
+        for m in [1usize, 8, 13] {
+            let x = randn(&mut r, m * cols);
+            let mut xq = vec![0i8; m * cols];
+            let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(row, q)| quantize_int8_row(row, q)).collect();
+            let mut want = vec![0f32; rows * m];
+            w.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
+            for level in GemmLevel::ALL.into_iter().filter(|l| l.available()) {
+                let mut got = vec![f32::NAN; rows * m];
+                w.rows_int8_at(level, 0, rows, &xq, &xs, m, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{level:?} {rows}x{cols} m={m}");
+            }
+        }
+    }
+}
+
 /// A token's result is bit-identical whatever else is in the batch: `m` tokens at once equal
 /// each token alone, for every ISA and scheme.
 #[test]

@@ -1,4 +1,6 @@
-//! AVX2 + FMA kernels for the int4 / int8 linear layers (W4A16, W4A8, W8A8 int8).
+//! AVX2 + FMA kernels for the int4 / int8 linear layers (W4A16, W4A8, W8A8 int8), with an
+//! AVX-512 VNNI level of the W4A8 and W8A8 int8 integer sums (chosen by
+//! [`crate::cpu::interleaved::GemmLevel`], as the GGUF integer GEMM's is).
 //!
 //! Every kernel fills `out[(r - r0) * m + i]` like the scalar ones in [`super::int4`] and
 //! [`super::int8`], walking the tokens in blocks of up to 8 and, per block, every weight row
@@ -264,8 +266,12 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
 /// # Safety
 /// AVX2+FMA available; `r0 <= r1 <= w.rows()`, `xq.len() == m * w.cols()`, `xs.len() == m`,
 /// `out.len() >= (r1 - r0) * m`.
+///
+/// With `VNNI` (the CPU must have AVX-512 F/BW/VNNI) the integer sums come from
+/// [`int4_micro_vnni`]: the same integers, so the same bits.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn int4_int8(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)] // the row-kernel signature
+pub(super) unsafe fn int4_int8<const VNNI: bool>(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
     let asum = group_sums(xq, w.cols(), w.group());
     let mut t0 = 0;
     while t0 < m {
@@ -273,14 +279,14 @@ pub(super) unsafe fn int4_int8(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], 
         // SAFETY: forwarded contract; tokens t0..t0 + t exist.
         unsafe {
             match t {
-                1 => int4_block::<8, 1>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                2 => int4_block::<4, 2>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                3 => int4_block::<2, 3>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                4 => int4_block::<2, 4>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                5 => int4_block::<1, 5>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                6 => int4_block::<1, 6>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                7 => int4_block::<1, 7>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                _ => int4_block::<1, 8>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                1 => int4_block::<VNNI, 8, 1>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                2 => int4_block::<VNNI, 4, 2>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                3 => int4_block::<VNNI, 2, 3>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                4 => int4_block::<VNNI, 2, 4>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                5 => int4_block::<VNNI, 1, 5>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                6 => int4_block::<VNNI, 1, 6>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                7 => int4_block::<VNNI, 1, 7>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                _ => int4_block::<VNNI, 1, 8>(w, r0, r1, xq, xs, &asum, m, t0, out),
             }
         }
         t0 += t;
@@ -318,7 +324,7 @@ fn group_sums(xq: &[i8], k: usize, group: usize) -> Vec<i32> {
 /// As [`int4_int8`], with `t0 + T <= m` and `asum` from [`group_sums`].
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)] // the row-kernel signature plus the token block and sums
-unsafe fn int4_block<const R: usize, const T: usize>(
+unsafe fn int4_block<const VNNI: bool, const R: usize, const T: usize>(
     w: &Int4Matrix,
     r0: usize,
     r1: usize,
@@ -345,10 +351,11 @@ unsafe fn int4_block<const R: usize, const T: usize>(
         let (l, i) = (&mut lanes[..rows * per_row], &mut isum[..rows * per_row]);
         // SAFETY: rows r..r + rows exist; xt holds T tokens; l holds rows * T * ng vectors.
         unsafe {
-            if rows == R {
-                int4_micro::<R, T>(w, r, xt, l);
-            } else {
-                int4_micro::<1, T>(w, r, xt, l);
+            match (VNNI, rows == R) {
+                (false, true) => int4_micro::<R, T>(w, r, xt, l),
+                (false, false) => int4_micro::<1, T>(w, r, xt, l),
+                (true, true) => int4_micro_vnni::<R, T>(w, r, xt, l),
+                (true, false) => int4_micro_vnni::<1, T>(w, r, xt, l),
             }
         }
         if by_tokens {
@@ -421,6 +428,63 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
                 }
             }
             run = stop;
+        }
+    }
+}
+
+/// [`int4_micro`] with AVX-512 VNNI: two 32-column runs per 512-bit register (each run's 16
+/// bytes in two 128-bit lanes, low nibbles then high ones, against 64 contiguous activation
+/// bytes) and `vpdpbusd` summing four products straight into int32, so no int16 stage. A
+/// group's last odd run goes through [`int4_micro`]'s instructions. The integers, and
+/// `lanes` after its 16 lanes fold to 8, equal [`int4_micro`]'s exactly.
+///
+/// # Safety
+/// As [`int4_micro`], and the CPU has AVX-512 F, BW and VNNI.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+unsafe fn int4_micro_vnni<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, xq: &[i8], lanes: &mut [__m256i]) {
+    let (k, ng) = (w.cols(), w.groups());
+    let runs = w.group() / RUN;
+    let row_runs = k / RUN;
+    let rows: [*const u8; R] = std::array::from_fn(|rr| w.packed_row(r + rr).as_ptr());
+    let nib_mask = _mm512_set1_epi8(0x0F);
+    let shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+    let (nib_mask2, shift2, ones) = (_mm256_set1_epi8(0x0F), _mm256_setr_epi64x(0, 0, 4, 4), _mm256_set1_epi16(1));
+    let xp = xq.as_ptr();
+    for g in 0..ng {
+        let (start, end) = (g * runs, ((g + 1) * runs).min(row_runs));
+        let mut acc = [[_mm512_setzero_si512(); T]; R];
+        let mut j = start;
+        while j + 2 <= end {
+            // SAFETY: token t's columns j*32..j*32+64 lie inside xq (j + 2 <= cols / 32).
+            let a: [__m512i; T] = std::array::from_fn(|t| unsafe { _mm512_loadu_si512(xp.add(t * k + j * RUN).cast()) });
+            for (rr, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row rr's packed bytes j*16..j*16+32 exist (j + 2 <= cols / 32).
+                let b = unsafe {
+                    let lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(rows[rr].add(j * RUN / 2).cast()));
+                    let hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(rows[rr].add((j + 1) * RUN / 2).cast()));
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                };
+                let nib = _mm512_and_si512(_mm512_srlv_epi64(b, shift), nib_mask);
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_dpbusd_epi32(*acc, nib, a[t]);
+                }
+            }
+            j += 2;
+        }
+        for (rr, acc) in acc.iter().enumerate() {
+            for (t, a) in acc.iter().enumerate() {
+                let mut v = _mm256_add_epi32(_mm512_castsi512_si256(*a), _mm512_extracti64x4_epi64::<1>(*a));
+                if j < end {
+                    // SAFETY: as in `int4_micro`, for the group's one remaining run j.
+                    unsafe {
+                        let x = _mm256_loadu_si256(xp.add(t * k + j * RUN).cast());
+                        let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(rows[rr].add(j * RUN / 2).cast()));
+                        let nib = _mm256_and_si256(_mm256_srlv_epi64(b, shift2), nib_mask2);
+                        v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(nib, x), ones));
+                    }
+                }
+                lanes[(rr * T + t) * ng + g] = v;
+            }
         }
     }
 }
@@ -546,21 +610,21 @@ fn int4_epilogue_tokens(s: &[f32], z: Option<&[i8]>, lanes: &[__m256i], asum_gt:
 /// AVX2+FMA available; `r0 <= r1 <= w.rows()`, `xq.len() == m * w.cols()` with no -128,
 /// `xs.len() == m`, `out.len() >= (r1 - r0) * m`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn int8_int8(w: &Int8Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+pub(super) unsafe fn int8_int8<const VNNI: bool>(w: &Int8Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
     let mut t0 = 0;
     while t0 < m {
         let t = (m - t0).min(TOKENS);
         // SAFETY: forwarded contract; tokens t0..t0 + t exist.
         unsafe {
             match t {
-                1 => int8_block::<1>(w, r0, r1, xq, xs, m, t0, out),
-                2 => int8_block::<2>(w, r0, r1, xq, xs, m, t0, out),
-                3 => int8_block::<3>(w, r0, r1, xq, xs, m, t0, out),
-                4 => int8_block::<4>(w, r0, r1, xq, xs, m, t0, out),
-                5 => int8_block::<5>(w, r0, r1, xq, xs, m, t0, out),
-                6 => int8_block::<6>(w, r0, r1, xq, xs, m, t0, out),
-                7 => int8_block::<7>(w, r0, r1, xq, xs, m, t0, out),
-                _ => int8_block::<8>(w, r0, r1, xq, xs, m, t0, out),
+                1 => int8_block::<VNNI, 1>(w, r0, r1, xq, xs, m, t0, out),
+                2 => int8_block::<VNNI, 2>(w, r0, r1, xq, xs, m, t0, out),
+                3 => int8_block::<VNNI, 3>(w, r0, r1, xq, xs, m, t0, out),
+                4 => int8_block::<VNNI, 4>(w, r0, r1, xq, xs, m, t0, out),
+                5 => int8_block::<VNNI, 5>(w, r0, r1, xq, xs, m, t0, out),
+                6 => int8_block::<VNNI, 6>(w, r0, r1, xq, xs, m, t0, out),
+                7 => int8_block::<VNNI, 7>(w, r0, r1, xq, xs, m, t0, out),
+                _ => int8_block::<VNNI, 8>(w, r0, r1, xq, xs, m, t0, out),
             }
         }
         t0 += t;
@@ -573,7 +637,7 @@ pub(super) unsafe fn int8_int8(w: &Int8Matrix, r0: usize, r1: usize, xq: &[i8], 
 /// As [`int8_int8`], with `t0 + T <= m`.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)] // the row-kernel signature plus the token block
-unsafe fn int8_block<const T: usize>(
+unsafe fn int8_block<const VNNI: bool, const T: usize>(
     w: &Int8Matrix,
     r0: usize,
     r1: usize,
@@ -594,7 +658,7 @@ unsafe fn int8_block<const T: usize>(
         // One token: eight rows' sums reduce together and their epilogue runs at once.
         while r + 8 <= r1 {
             // SAFETY: rows r..r + 8 exist; the token's k columns lie inside xq.
-            let rows: [__m256i; 8] = std::array::from_fn(|rr| unsafe { int8_row_lanes::<1>(w.row(r + rr), xp, k) }[0]);
+            let rows: [__m256i; 8] = std::array::from_fn(|rr| unsafe { int8_lanes::<VNNI, 1>(w.row(r + rr), xp, k) }[0]);
             let scales: [f32; 8] = std::array::from_fn(|rr| w.scale(r + rr));
             let mut vals = [0f32; 8];
             // SAFETY: both arrays hold 8 floats.
@@ -610,7 +674,7 @@ unsafe fn int8_block<const T: usize>(
     }
     for r in r..r1 {
         // SAFETY: row r exists; tokens 0..T of the block lie inside xq.
-        lanes[..T].copy_from_slice(&unsafe { int8_row_lanes::<T>(w.row(r), xp, k) });
+        lanes[..T].copy_from_slice(&unsafe { int8_lanes::<VNNI, T>(w.row(r), xp, k) });
         // Scalar order: xs · (s · f32(sum)).
         let sums = _mm256_cvtepi32_ps(reduce8(&lanes));
         let mut vals = [0f32; TOKENS];
@@ -621,6 +685,60 @@ unsafe fn int8_block<const T: usize>(
         }
         out[(r - r0) * m + t0..(r - r0) * m + t0 + T].copy_from_slice(&vals[..T]);
     }
+}
+
+/// [`int8_row_lanes`], or with `VNNI` [`int8_row_lanes_vnni`] (the same integers).
+///
+/// # Safety
+/// As [`int8_row_lanes`], and with `VNNI` the CPU has AVX-512 F, BW and VNNI.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn int8_lanes<const VNNI: bool, const T: usize>(row: &[i8], xp: *const i8, k: usize) -> [__m256i; T] {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if VNNI {
+            int8_row_lanes_vnni::<T>(row, xp, k)
+        } else {
+            int8_row_lanes::<T>(row, xp, k)
+        }
+    }
+}
+
+/// [`int8_row_lanes`] with AVX-512 VNNI, 64 columns per step: the activations take the
+/// weights' signs by a masked `0 - a` where `w < 0`, and `vpdpbusd(|w|, ±a)` adds four
+/// products straight into int32. The 16 lanes fold to 8 at the end, and a last 32-column run
+/// takes [`int8_row_lanes`]' instructions: the same integers.
+///
+/// # Safety
+/// As [`int8_row_lanes`], and the CPU has AVX-512 F, BW and VNNI.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+unsafe fn int8_row_lanes_vnni<const T: usize>(row: &[i8], xp: *const i8, k: usize) -> [__m256i; T] {
+    let mut acc = [_mm512_setzero_si512(); T];
+    let zero = _mm512_setzero_si512();
+    let pairs = k / (2 * RUN);
+    for p in 0..pairs {
+        // SAFETY: columns p*64..p*64+64 lie inside the row (row.len() == k).
+        let wv = unsafe { _mm512_loadu_si512(row.as_ptr().add(p * 2 * RUN).cast()) };
+        let (wa, neg) = (_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv));
+        for (t, a) in acc.iter_mut().enumerate() {
+            // SAFETY: token t < T, same columns, inside the caller's T * k bytes.
+            let x = unsafe { _mm512_loadu_si512(xp.add(t * k + p * 2 * RUN).cast()) };
+            *a = _mm512_dpbusd_epi32(*a, wa, _mm512_mask_sub_epi8(x, neg, zero, x));
+        }
+    }
+    let mut lanes: [__m256i; T] = std::array::from_fn(|t| _mm256_add_epi32(_mm512_castsi512_si256(acc[t]), _mm512_extracti64x4_epi64::<1>(acc[t])));
+    if !k.is_multiple_of(2 * RUN) {
+        let c = pairs * 2 * RUN;
+        // SAFETY: the last run's columns c..c + 32 lie inside the row (k is a multiple of 32).
+        let wv = unsafe { _mm256_loadu_si256(row.as_ptr().add(c).cast()) };
+        let wa = _mm256_abs_epi8(wv);
+        for (t, l) in lanes.iter_mut().enumerate() {
+            // SAFETY: token t < T, same columns, inside the caller's T * k bytes.
+            let x = unsafe { _mm256_loadu_si256(xp.add(t * k + c).cast()) };
+            *l = _mm256_add_epi32(*l, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wv)), _mm256_set1_epi16(1)));
+        }
+    }
+    lanes
 }
 
 /// One int8 row against `T` int8 activation rows at `xp` (stride `k`): 8 int32 lanes of

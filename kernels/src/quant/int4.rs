@@ -7,6 +7,7 @@
 //! holding column `j` in its low nibble and column `j + 16` in its high nibble, as `q + 8`
 //! (0..=15). So a 16-byte load unpacks to 32 consecutive columns with one mask and one shift.
 
+use crate::cpu::interleaved::GemmLevel;
 use crate::cpu::Isa;
 
 /// Columns per packed run.
@@ -211,27 +212,39 @@ impl Int4Matrix {
         }
     }
 
-    /// [`Self::rows_int8_scalar`] on `isa`: the AVX2 kernel (`maddubs` integer products,
-    /// int32 group sums, the scalar epilogue) is bit-identical to the scalar one.
+    /// [`Self::rows_int8_scalar`] on `isa`, at the fastest [`GemmLevel`] it allows here.
     ///
     /// # Panics
     /// If `isa` is not available here, or the shapes disagree.
     #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
     pub fn rows_int8(&self, isa: Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        assert!(isa.available(), "{isa:?} kernel requested on a CPU without it");
+        self.rows_int8_at(GemmLevel::for_isa(isa), r0, r1, xq, xs, m, out);
+    }
+
+    /// [`Self::rows_int8_scalar`] at `level`: the SIMD kernels (AVX2 `maddubs` or AVX-512
+    /// `vpdpbusd` integer products, int32 group sums, the scalar epilogue) are bit-identical to
+    /// the scalar one.
+    ///
+    /// # Panics
+    /// If `level` is not available here, or the shapes disagree.
+    #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
+    pub fn rows_int8_at(&self, level: GemmLevel, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
         assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
         assert_eq!(xq.len(), m * self.cols, "activation shape");
         assert_eq!(xs.len(), m, "activation scales");
         assert!(out.len() >= (r1 - r0) * m, "output tile");
-        match isa {
-            Isa::Scalar => self.rows_int8_scalar(r0, r1, xq, xs, m, out),
-            Isa::Avx2 => {
-                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2+FMA checked above; shapes asserted above.
-                unsafe {
-                    super::avx2_int::int4_int8(self, r0, r1, xq, xs, m, out)
-                }
-            }
+        assert!(level.available(), "{level:?} kernel requested on a CPU without it");
+        match level {
+            GemmLevel::Scalar => self.rows_int8_scalar(r0, r1, xq, xs, m, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the level's features checked above; shapes asserted above.
+            GemmLevel::Avx2 => unsafe { super::avx2_int::int4_int8::<false>(self, r0, r1, xq, xs, m, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            GemmLevel::Avx512Vnni => unsafe { super::avx2_int::int4_int8::<true>(self, r0, r1, xq, xs, m, out) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("only the scalar level is available off x86-64"),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Int8 weight matrices (W8A8 int8): symmetric per-output-channel scales, row-major values.
 
+use crate::cpu::interleaved::GemmLevel;
 use crate::cpu::Isa;
 
 /// An int8 matrix: `W[r, c] = q[r, c] * s[r]`.
@@ -76,28 +77,41 @@ impl Int8Matrix {
         }
     }
 
-    /// [`Self::rows_int8_scalar`] on `isa`: the AVX2 kernel (`maddubs` sign trick, int32 sums,
-    /// the scalar epilogue) is bit-identical to the scalar one. Activations holding -128 (never
-    /// produced by [`super::act::quantize_int8_row`]) take the scalar kernel.
+    /// [`Self::rows_int8_scalar`] on `isa`, at the fastest [`GemmLevel`] it allows here.
     ///
     /// # Panics
     /// If `isa` is not available here, or the shapes disagree.
     #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
     pub fn rows_int8(&self, isa: Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        assert!(isa.available(), "{isa:?} kernel requested on a CPU without it");
+        self.rows_int8_at(GemmLevel::for_isa(isa), r0, r1, xq, xs, m, out);
+    }
+
+    /// [`Self::rows_int8_scalar`] at `level`: the SIMD kernels (sign trick, `maddubs` with
+    /// AVX2 or `vpdpbusd` with AVX-512 VNNI, int32 sums, the scalar epilogue) are
+    /// bit-identical to the scalar one. Activations holding -128 (never produced by
+    /// [`super::act::quantize_int8_row`]) take the scalar kernel.
+    ///
+    /// # Panics
+    /// If `level` is not available here, or the shapes disagree.
+    #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
+    pub fn rows_int8_at(&self, level: GemmLevel, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
         assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
         assert_eq!(xq.len(), m * self.cols, "activation shape");
         assert_eq!(xs.len(), m, "activation scales");
         assert!(out.len() >= (r1 - r0) * m, "output tile");
-        match isa {
-            Isa::Avx2 if !xq.contains(&i8::MIN) => {
-                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2+FMA checked above; shapes asserted above; no -128 in xq.
-                unsafe {
-                    super::avx2_int::int8_int8(self, r0, r1, xq, xs, m, out)
-                }
+        assert!(level.available(), "{level:?} kernel requested on a CPU without it");
+        if level == GemmLevel::Scalar || xq.contains(&i8::MIN) {
+            return self.rows_int8_scalar(r0, r1, xq, xs, m, out);
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level's features checked above; shapes asserted above; no -128 in xq.
+        unsafe {
+            if level == GemmLevel::Avx512Vnni {
+                super::avx2_int::int8_int8::<true>(self, r0, r1, xq, xs, m, out)
+            } else {
+                super::avx2_int::int8_int8::<false>(self, r0, r1, xq, xs, m, out)
             }
-            _ => self.rows_int8_scalar(r0, r1, xq, xs, m, out),
         }
     }
 }

@@ -9,7 +9,8 @@
 //! Numerics (each kernel is tested against the scalar reference in its matrix module):
 //! - W4A16: int4 values dequantized in registers, f32 products and accumulation.
 //! - W4A8 / W8A8 int8: activations quantized per token to int8 ([`act`]), integer products
-//!   summed in int32 per scale group, then `token scale × channel (group) scale` in f32.
+//!   summed in int32 per scale group (AVX2 `maddubs` or AVX-512 `vpdpbusd`, the same
+//!   integers), then `token scale × channel (group) scale` in f32.
 //! - W8A8 FP8: activations rounded to E4M3 per token (per token and column block for block
 //!   scales), products of E4M3 values (exact in f32) summed in f32, scales applied per block.
 
@@ -255,7 +256,11 @@ impl fmt::Display for QuantLinear {
             (QuantMatrix::Int8(_), _) => "w8a8.int8xint8",
             (QuantMatrix::Fp8(_), _) => "w8a8.fp8xfp8",
         };
-        write!(f, "cpu.{scheme}.{}", self.isa.name())?;
+        let level = match (&*self.w, self.act) {
+            (QuantMatrix::Int4(_) | QuantMatrix::Int8(_), ActQuant::Int8PerToken) => crate::cpu::interleaved::GemmLevel::for_isa(self.isa).name(),
+            _ => self.isa.name(),
+        };
+        write!(f, "cpu.{scheme}.{level}")?;
         if self.perm.is_some() {
             f.write_str("+perm")?;
         }
