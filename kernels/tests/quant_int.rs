@@ -1,5 +1,5 @@
-//! Int4 / int8 quantized linear layers (W4A16, W4A8, W8A8 int8): the AVX2 kernels against the
-//! scalar ones and an f64 reference, and batch invariance (a token's result does not depend on
+//! Int4 / int8 quantized linear layers (W4A16, W4A8, W8A8 int8): the SIMD kernels (those behind
+//! `Isa::Avx2`, and every integer level by name) against the scalar ones and an f64 reference, and batch invariance (a token's result does not depend on
 //! the batch, the row range or the task split) on random data. Int4 groups include ragged ones
 //! (`group` not dividing `cols`: the last group of a row is short) and groups wider than the row.
 //!
@@ -20,11 +20,22 @@ use common::{int4, randn, rng, scale};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
+use tessera_kernels::cpu::interleaved::GemmLevel;
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::quant::act::{quantize_int8_row, quantize_int8_row_scalar};
 use tessera_kernels::quant::{ActQuant, Int4Matrix, Int8Matrix, QuantLinear, QuantMatrix};
 
 const EPS: f64 = f32::EPSILON as f64;
+
+/// Integer-kernel levels this machine runs (the scalar one always), with a note naming the
+/// ones it cannot test.
+fn int_levels() -> Vec<GemmLevel> {
+    let levels: Vec<GemmLevel> = GemmLevel::ALL.into_iter().filter(|l| l.available()).collect();
+    if levels.len() < GemmLevel::ALL.len() {
+        eprintln!("note: integer levels {:?} are not available on this CPU and were not tested", GemmLevel::ALL.iter().filter(|l| !levels.contains(l)).collect::<Vec<_>>());
+    }
+    levels
+}
 
 /// ISAs this machine runs (the scalar one always).
 fn isas() -> Vec<Isa> {
@@ -193,20 +204,18 @@ fn kernels_match_f64_reference_and_scalar() {
 }
 
 /// Every W4A8 integer level this CPU runs (the other tests reach only the fastest one behind
-/// `Isa::Avx2`) gives the scalar kernel's bits on every int4 shape, at m = 1, 8 and 13 (the
-/// one-token path, a full token block, a block of 8 and one of 5) and on a row range that
-/// starts and ends inside the matrix.
+/// `Isa::Avx2`) gives the scalar kernel's bits on every int4 shape (groups of one run, of odd
+/// run counts, ragged and wider than the row), at m = 1, 2, 3, 4, 8 and 13 (every row and
+/// token block shape of the kernels) and on a row range that starts and ends inside the
+/// matrix. Without AVX-512 VNNI its level is skipped, with a note.
 #[test]
 fn w4a8_levels_equal_scalar_bits() {
-    use tessera_kernels::cpu::interleaved::GemmLevel;
     let mut r = rng(16);
-    let levels: Vec<GemmLevel> = GemmLevel::ALL.into_iter().filter(|l| l.available()).collect();
-    if levels.len() < GemmLevel::ALL.len() {
-        eprintln!("note: W4A8 levels {:?} are not available on this CPU and were not tested", GemmLevel::ALL.iter().filter(|l| !levels.contains(l)).collect::<Vec<_>>());
-    }
-    for &(rows, cols, group, asym) in INT4_CASES {
+    let levels = int_levels();
+    let odd_runs: &[(usize, usize, usize, bool)] = &[(37, 576, 96, true), (29, 544, 160, false), (19, 544, 544, true)];
+    for &(rows, cols, group, asym) in INT4_CASES.iter().chain(odd_runs) {
         let w = common::int4(&mut r, rows, cols, group, asym);
-        for m in [1usize, 8, 13] {
+        for m in [1usize, 2, 3, 4, 8, 13] {
             let x = randn(&mut r, m * cols);
             let mut xq = vec![0i8; m * cols];
             let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(row, q)| quantize_int8_row(row, q)).collect();
@@ -222,21 +231,24 @@ fn w4a8_levels_equal_scalar_bits() {
     }
 }
 
-/// Every W8A8 int8 level this CPU runs gives the scalar kernel's bits, on widths with and
-/// without a last odd 32-column run (AVX-512 takes 64 columns a step), at m = 1, 8 and 13.
+/// Every W8A8 int8 level this CPU runs gives the scalar kernel's bits, with weights that
+/// include -128, on widths with and without a last odd 32-column run (AVX-512 takes 64
+/// columns a step), at m = 1, 2, 3, 8 and 13. Without AVX-512 VNNI its level is skipped,
+/// with a note.
 #[test]
 fn w8a8_levels_equal_scalar_bits() {
-    use tessera_kernels::cpu::interleaved::GemmLevel;
     let mut r = rng(17);
+    let levels = int_levels();
     for (rows, cols) in [(37, 576), (45, 1536), (19, 544), (16, 32)] {
-        let w = int8(&mut r, rows, cols);
-        for m in [1usize, 8, 13] {
+        let q = (0..rows * cols).map(|_| r.gen_range(-128..=127)).collect();
+        let w = Int8Matrix::new(rows, cols, q, (0..rows).map(|_| scale(&mut r)).collect()).unwrap();
+        for m in [1usize, 2, 3, 8, 13] {
             let x = randn(&mut r, m * cols);
             let mut xq = vec![0i8; m * cols];
             let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(row, q)| quantize_int8_row(row, q)).collect();
             let mut want = vec![0f32; rows * m];
             w.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
-            for level in GemmLevel::ALL.into_iter().filter(|l| l.available()) {
+            for &level in &levels {
                 let mut got = vec![f32::NAN; rows * m];
                 w.rows_int8_at(level, 0, rows, &xq, &xs, m, &mut got);
                 assert_eq!(bits(&got), bits(&want), "{level:?} {rows}x{cols} m={m}");
@@ -363,15 +375,15 @@ fn int8_rows_accept_minus_128() {
     let xs: Vec<f32> = (0..m).map(|_| r.gen_range(0.001..0.1)).collect();
     let w4r = int4(&mut r, rows, cols, 128, true);
     let mut want = vec![0f32; rows * m];
-    for isa in isas() {
+    for level in int_levels() {
         let mut got = vec![0f32; rows * m];
         w8.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
-        w8.rows_int8(isa, 0, rows, &xq, &xs, m, &mut got);
-        assert_eq!(bits(&got), bits(&want), "w8a8 {isa:?}");
+        w8.rows_int8_at(level, 0, rows, &xq, &xs, m, &mut got);
+        assert_eq!(bits(&got), bits(&want), "w8a8 {level:?}");
         for (name, w) in [("w4a8", &w4), ("w4a8 ragged", &w4r)] {
             w.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
-            w.rows_int8(isa, 0, rows, &xq, &xs, m, &mut got);
-            assert_eq!(bits(&got), bits(&want), "{name} {isa:?}");
+            w.rows_int8_at(level, 0, rows, &xq, &xs, m, &mut got);
+            assert_eq!(bits(&got), bits(&want), "{name} {level:?}");
         }
     }
 }
@@ -391,10 +403,10 @@ fn int4_extremes_match_scalar() {
         let xs = vec![0.01f32; m];
         let mut want = vec![0f32; rows * m];
         w.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
-        for isa in isas() {
+        for level in int_levels() {
             let mut got = vec![0f32; rows * m];
-            w.rows_int8(isa, 0, rows, &xq, &xs, m, &mut got);
-            assert_eq!(bits(&got), bits(&want), "group {group} zero {zero} {isa:?}");
+            w.rows_int8_at(level, 0, rows, &xq, &xs, m, &mut got);
+            assert_eq!(bits(&got), bits(&want), "group {group} zero {zero} {level:?}");
         }
     }
 }

@@ -16,9 +16,9 @@
 //!   only choose how many of these independent accumulators run side by side; column blocks
 //!   save and restore them exactly.
 //! - W4A8 and W8A8 sum integer products exactly (int16 partial sums that cannot overflow,
-//!   then int32), so any grouping gives the same integers, and the f32 epilogue repeats the
-//!   scalar kernel's operations in its order. The integer paths are therefore bit-identical to
-//!   the scalar kernels, not just close.
+//!   then int32; or, with `vpdpbusd`, int32 directly), so any grouping gives the same
+//!   integers, and the f32 epilogue repeats the scalar kernel's operations in its order. The
+//!   integer paths are therefore bit-identical to the scalar kernels, not just close.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -270,7 +270,6 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
 /// With `VNNI` (the CPU must have AVX-512 F/BW/VNNI) the integer sums come from
 /// [`int4_micro_vnni`]: the same integers, so the same bits.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)] // the row-kernel signature
 pub(super) unsafe fn int4_int8<const VNNI: bool>(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
     let asum = group_sums(xq, w.cols(), w.group());
     let mut t0 = 0;
@@ -471,17 +470,17 @@ unsafe fn int4_micro_vnni<const R: usize, const T: usize>(w: &Int4Matrix, r: usi
             }
             j += 2;
         }
+        // The group's one remaining run, if its run count is odd, on the AVX2 instructions.
+        // SAFETY: as in `int4_micro`: token t's columns j*32..j*32+32 lie inside xq.
+        let odd: Option<[__m256i; T]> = (j < end).then(|| std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) }));
         for (rr, acc) in acc.iter().enumerate() {
+            // SAFETY: row rr's packed bytes j*16..j*16+16 exist when j < end.
+            let nib = odd.map(|_| unsafe { _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128(rows[rr].add(j * RUN / 2).cast())), shift2), nib_mask2) });
             for (t, a) in acc.iter().enumerate() {
-                let mut v = _mm256_add_epi32(_mm512_castsi512_si256(*a), _mm512_extracti64x4_epi64::<1>(*a));
-                if j < end {
-                    // SAFETY: as in `int4_micro`, for the group's one remaining run j.
-                    unsafe {
-                        let x = _mm256_loadu_si256(xp.add(t * k + j * RUN).cast());
-                        let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(rows[rr].add(j * RUN / 2).cast()));
-                        let nib = _mm256_and_si256(_mm256_srlv_epi64(b, shift2), nib_mask2);
-                        v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(nib, x), ones));
-                    }
+                // A group of one run never filled the 512-bit accumulator.
+                let mut v = if end - start > 1 { _mm256_add_epi32(_mm512_castsi512_si256(*a), _mm512_extracti64x4_epi64::<1>(*a)) } else { _mm256_setzero_si256() };
+                if let (Some(x), Some(nib)) = (&odd, nib) {
+                    v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(nib, x[t]), ones));
                 }
                 lanes[(rr * T + t) * ng + g] = v;
             }
