@@ -383,6 +383,19 @@ unsafe fn int4_block<const VNNI: bool, const R: usize, const T: usize>(
     }
 }
 
+/// The 32 codes `n = q + 8` of the packed run at `p`, in column order: the low 128-bit lane
+/// holds the low nibbles (columns 0..16), the high lane the high ones (columns 16..32).
+///
+/// # Safety
+/// AVX2 available; `p` points to 16 readable bytes.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn run_nibbles(p: *const u8) -> __m256i {
+    // SAFETY: 16 readable bytes (caller's contract).
+    let b = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p.cast()) });
+    _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F))
+}
+
 /// Rows `r..r + R` against `T` int8 activation rows: `lanes[(rr * T + t) * ng + g]` gets 8
 /// int32 partial sums of `Σ n · a` over group `g` (`n = q + 8`; the last group stops at the
 /// row end).
@@ -396,9 +409,6 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
     let runs = w.group() / RUN;
     let row_runs = k / RUN;
     let rows: [*const u8; R] = std::array::from_fn(|rr| w.packed_row(r + rr).as_ptr());
-    let nib_mask = _mm256_set1_epi8(0x0F);
-    // Low 128-bit lane keeps the low nibbles (columns 0..16), high lane takes the high ones.
-    let shift = _mm256_setr_epi64x(0, 0, 4, 4);
     let ones = _mm256_set1_epi16(1);
     let xp = xq.as_ptr();
     for g in 0..ng {
@@ -412,8 +422,7 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
                 let a: [__m256i; T] = std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) });
                 for (rr, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: row rr's packed bytes j*16..j*16+16 exist (j < cols / 32).
-                    let b = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(rows[rr].add(j * RUN / 2).cast()) });
-                    let nib = _mm256_and_si256(_mm256_srlv_epi64(b, shift), nib_mask);
+                    let nib = unsafe { run_nibbles(rows[rr].add(j * RUN / 2)) };
                     for (t, acc) in acc.iter_mut().enumerate() {
                         *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(nib, a[t]));
                     }
@@ -447,7 +456,7 @@ unsafe fn int4_micro_vnni<const R: usize, const T: usize>(w: &Int4Matrix, r: usi
     let rows: [*const u8; R] = std::array::from_fn(|rr| w.packed_row(r + rr).as_ptr());
     let nib_mask = _mm512_set1_epi8(0x0F);
     let shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
-    let (nib_mask2, shift2, ones) = (_mm256_set1_epi8(0x0F), _mm256_setr_epi64x(0, 0, 4, 4), _mm256_set1_epi16(1));
+    let ones = _mm256_set1_epi16(1);
     let xp = xq.as_ptr();
     for g in 0..ng {
         let (start, end) = (g * runs, ((g + 1) * runs).min(row_runs));
@@ -475,7 +484,7 @@ unsafe fn int4_micro_vnni<const R: usize, const T: usize>(w: &Int4Matrix, r: usi
         let odd: Option<[__m256i; T]> = (j < end).then(|| std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) }));
         for (rr, acc) in acc.iter().enumerate() {
             // SAFETY: row rr's packed bytes j*16..j*16+16 exist when j < end.
-            let nib = odd.map(|_| unsafe { _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128(rows[rr].add(j * RUN / 2).cast())), shift2), nib_mask2) });
+            let nib = odd.map(|_| unsafe { run_nibbles(rows[rr].add(j * RUN / 2)) });
             for (t, a) in acc.iter().enumerate() {
                 // A group of one run never filled the 512-bit accumulator.
                 let mut v = if end - start > 1 { _mm256_add_epi32(_mm512_castsi512_si256(*a), _mm512_extracti64x4_epi64::<1>(*a)) } else { _mm256_setzero_si256() };
@@ -698,7 +707,7 @@ unsafe fn int8_lanes<const VNNI: bool, const T: usize>(row: &[i8], xp: *const i8
         if VNNI {
             int8_row_lanes_vnni::<T>(row, xp, k)
         } else {
-            int8_row_lanes::<T>(row, xp, k)
+            int8_row_lanes::<T>(row, xp, k, 0..k / RUN)
         }
     }
 }
@@ -727,30 +736,27 @@ unsafe fn int8_row_lanes_vnni<const T: usize>(row: &[i8], xp: *const i8, k: usiz
     }
     let mut lanes: [__m256i; T] = std::array::from_fn(|t| _mm256_add_epi32(_mm512_castsi512_si256(acc[t]), _mm512_extracti64x4_epi64::<1>(acc[t])));
     if !k.is_multiple_of(2 * RUN) {
-        let c = pairs * 2 * RUN;
-        // SAFETY: the last run's columns c..c + 32 lie inside the row (k is a multiple of 32).
-        let wv = unsafe { _mm256_loadu_si256(row.as_ptr().add(c).cast()) };
-        let wa = _mm256_abs_epi8(wv);
-        for (t, l) in lanes.iter_mut().enumerate() {
-            // SAFETY: token t < T, same columns, inside the caller's T * k bytes.
-            let x = unsafe { _mm256_loadu_si256(xp.add(t * k + c).cast()) };
-            *l = _mm256_add_epi32(*l, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wv)), _mm256_set1_epi16(1)));
+        // SAFETY: the last run lies inside the row and each token's k bytes (forwarded contract).
+        let tail = unsafe { int8_row_lanes::<T>(row, xp, k, 2 * pairs..k / RUN) };
+        for (l, t) in lanes.iter_mut().zip(tail) {
+            *l = _mm256_add_epi32(*l, t);
         }
     }
     lanes
 }
 
-/// One int8 row against `T` int8 activation rows at `xp` (stride `k`): 8 int32 lanes of
-/// `Σ w · a` per token, by the sign trick (`maddubs(|w|, sign(a, w))`, then `madd` to int32).
+/// One int8 row against `T` int8 activation rows at `xp` (stride `k`), over the 32-column
+/// runs `runs`: 8 int32 lanes of `Σ w · a` per token, by the sign trick (`maddubs(|w|,
+/// sign(a, w))`, then `madd` to int32).
 ///
 /// # Safety
-/// AVX2 available; `row.len() == k`, a multiple of 32; `xp` points to `T * k` readable bytes
-/// with no -128.
+/// AVX2 available; `row.len() == k`, a multiple of 32; `runs.end <= k / 32`; `xp` points to
+/// `T * k` readable bytes with no -128.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn int8_row_lanes<const T: usize>(row: &[i8], xp: *const i8, k: usize) -> [__m256i; T] {
+unsafe fn int8_row_lanes<const T: usize>(row: &[i8], xp: *const i8, k: usize, runs: std::ops::Range<usize>) -> [__m256i; T] {
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_si256(); T];
-    for run in 0..k / RUN {
+    for run in runs {
         // SAFETY: columns run*32..run*32+32 lie inside the row (row.len() == k).
         let wv = unsafe { _mm256_loadu_si256(row.as_ptr().add(run * RUN).cast()) };
         let wa = _mm256_abs_epi8(wv);
