@@ -225,6 +225,26 @@ fn prefix_cache_reuses_full_blocks() {
     assert_eq!(third.finish.unwrap().2.cached_tokens, 16);
 }
 
+/// QJL keys with exact sink and window keys under prefix caching: the sink's keys come back
+/// with the cached first block (without them the hit would be dropped), and a hit leaves at
+/// least a window of the prompt to compute, so the last prompt token scores its whole window
+/// exactly.
+#[test]
+fn prefix_hits_with_exact_qjl_keys_leave_a_window_to_compute() {
+    let dtype = KvDtype { k: "qjl1-w64-s4".parse().unwrap(), v: "bf16".parse().unwrap() };
+    let e = engine(EngineConfig { kv_dtype: dtype.into(), ..EngineConfig::default() });
+    let prompt = tokens(&PROMPTS[1].repeat(8));
+    assert!(prompt.len() > 64 + 32, "{}", prompt.len());
+    let first = collect(e.submit(greedy("a", prompt.clone(), 4)).unwrap());
+    let second = collect(e.submit(greedy("b", prompt.clone(), 4)).unwrap());
+    assert_eq!(first.finish.unwrap().2.cached_tokens, 0);
+    let cached = second.finish.unwrap().2.cached_tokens;
+    assert_eq!(cached, (prompt.len() - 64) / 16 * 16, "full blocks up to a window before the end");
+    assert!(cached > 0 && cached < (prompt.len() - 1) / 16 * 16);
+    assert_eq!(second.ids.len(), 4);
+    e.shutdown(Duration::from_secs(1));
+}
+
 /// With too few blocks for everyone, the newest sequences are preempted and recomputed;
 /// every request still completes with its full length and the pool drains.
 #[test]

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 use tessera_kernels::attention::{attention, AttnShape, KvTile, KvView};
-use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvGeometry, KvPageMut, KvRole};
+use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvGeometry, KvPageMut, KvRole, QjlParams};
 
 const SHAPE: AttnShape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
 const BLOCK: usize = 16;
@@ -74,7 +74,7 @@ impl Cache {
                 values: &as_bytes(vp)[..n * self.v.page_bytes(BLOCK)],
             })
             .collect();
-        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles, query_scale: None }
+        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles, query_scale: None, exact: None }
     }
 }
 
@@ -85,8 +85,8 @@ fn formats() -> Vec<(String, KvFormat, KvFormat)> {
         ("bf16".into(), KvFormat::Bf16, KvFormat::Bf16),
         ("fp8_e4m3".into(), KvFormat::Fp8E4m3, KvFormat::Fp8E4m3),
         ("int8".into(), KvFormat::Int8, KvFormat::Int8),
-        ("k=qjl1,v=bf16".into(), KvFormat::Qjl1, KvFormat::Bf16),
-        ("k=qjl1,v=int8".into(), KvFormat::Qjl1, KvFormat::Int8),
+        ("k=qjl1,v=bf16".into(), KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), KvFormat::Bf16),
+        ("k=qjl1,v=int8".into(), KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), KvFormat::Int8),
         ("tq3_0".into(), p("tq3_0"), p("tq3_0")),
         ("hqmq-s96-r4".into(), p("hqmq-s96-r4"), p("hqmq-s96-r4")),
         ("hqmq-s192-r6-med3".into(), p("hqmq-s192-r6-med3"), p("hqmq-s192-r6-med3")),

@@ -8,7 +8,9 @@
 //! streaming (flash-attention) form, so memory stays bounded by the sub-tile size.
 
 use crate::cpu::{pool, SyncPtr};
-use crate::kv::{dense, KvCodec, KvPage};
+use crate::cpu::dot::dots_f32;
+use crate::kv::{dense, isa, KvCodec, KvPage};
+use std::ops::Range;
 
 /// Head geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +65,58 @@ pub struct KvView<'a> {
     /// multiplies every query of the head's group by them, which leaves the scores unchanged
     /// in exact arithmetic. `None`: keys stored as they are.
     pub query_scale: Option<&'a [f32]>,
+    /// Keys scored exactly instead of through the key codec (QJL's sink and recent window);
+    /// `None`: every key through the codec.
+    pub exact: Option<ExactKeys<'a>>,
+}
+
+/// Keys a lossy key format's sequence also keeps exactly, in the space the codec stores keys
+/// in (after the layout's key transform): the first positions (the attention sink) and the
+/// most recent ones. A query at position `t` scores exactly every key it sees that is here
+/// and either in the sink or at a position `> t - window`; the rest go through the codec.
+#[derive(Clone, Copy, Debug)]
+pub struct ExactKeys<'a> {
+    /// How far back from a query its keys are scored exactly (the query's own key included).
+    pub window: usize,
+    /// Per KV head, the keys of positions `0..` (rows of `head_dim`).
+    pub sink: &'a [Vec<f32>],
+    /// Per KV head, the keys of positions `recent_start..` (rows of `head_dim`).
+    pub recent: &'a [Vec<f32>],
+    /// Position of the first row of `recent`.
+    pub recent_start: usize,
+}
+
+impl ExactKeys<'_> {
+    /// Calls `f(positions, rows)` for each run of keys of head `g` in `keys` that a query at
+    /// position `t` scores exactly. Runs may overlap (a key in both the sink and the window);
+    /// both give the same rows.
+    fn runs(&self, g: usize, hd: usize, t: usize, keys: Range<usize>, mut f: impl FnMut(Range<usize>, &[f32])) {
+        let seen = keys.start..keys.end.min(t + 1);
+        let sink = &self.sink[g];
+        let s = seen.start..seen.end.min(sink.len() / hd);
+        if !s.is_empty() {
+            f(s.clone(), &sink[s.start * hd..s.end * hd]);
+        }
+        let recent = &self.recent[g];
+        let lo = seen.start.max((t + 1).saturating_sub(self.window)).max(self.recent_start);
+        let hi = seen.end.min(self.recent_start + recent.len() / hd);
+        if lo < hi {
+            f(lo..hi, &recent[(lo - self.recent_start) * hd..(hi - self.recent_start) * hd]);
+        }
+    }
+}
+
+/// Replaces the scores of `row` (queries' scores against the keys at positions `keys`, one
+/// per key) that the view keeps exactly with `scale · <query, key>`, for a query of KV head
+/// `g` at position `t`.
+fn exact_scores(kv: &KvView<'_>, g: usize, t: usize, query: &[f32], keys: Range<usize>, scale: f32, row: &mut [f32]) {
+    let Some(exact) = &kv.exact else { return };
+    let hd = query.len();
+    exact.runs(g, hd, t, keys.clone(), |run, rows| {
+        let dst = &mut row[run.start - keys.start..run.end - keys.start];
+        dots_f32(isa(), query, rows, hd, dst);
+        dst.iter_mut().for_each(|x| *x *= scale);
+    });
 }
 
 impl<'a> KvView<'a> {
@@ -86,6 +140,10 @@ impl<'a> KvView<'a> {
             assert_eq!(t.values.len(), shape.n_kv_heads * self.v.page_bytes(t.slots), "kv tile value bytes");
         }
         assert!(self.query_scale.is_none_or(|s| s.len() == shape.kv_width()), "kv query scale width");
+        if let Some(e) = &self.exact {
+            let whole = |v: &[Vec<f32>]| v.len() == shape.n_kv_heads && v.iter().all(|r| r.len().is_multiple_of(shape.head_dim));
+            assert!(whole(e.sink) && whole(e.recent), "exact keys: one run of whole rows per KV head");
+        }
     }
 
     /// `q` (rows of `q_width`) as the keys' storage expects it: each query head multiplied by
@@ -178,6 +236,10 @@ pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, kv: &KvView
                             keys.as_ptr(), hd as isize, 1,
                             0.0, scale, false, false, false, gemm::Parallelism::None,
                         );
+                    }
+                    for i in 0..mq {
+                        let query = &qp[i * qw + h * hd..i * qw + (h + 1) * hd];
+                        exact_scores(kv, g, q0 + i, query, start..start + n, scale, &mut s[i * n..(i + 1) * n]);
                     }
                     for i in 0..mq {
                         let row = &mut s[i * n..(i + 1) * n];
@@ -301,16 +363,18 @@ fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: us
     let rows = m * group;
     let pw = kv.k.query_width();
     let mut prepared = vec![0f32; rows * pw];
-    let mut head = vec![0f32; hd];
+    // The queries as the keys are stored (scaled), kept when some keys are scored exactly.
+    let mut scaled = vec![0f32; if kv.exact.is_some() { rows * hd } else { hd }];
     for i in 0..m {
         for hh in 0..group {
             let h = g * group + hh;
             let row = i * group + hh;
             let mut qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
-            if kv.query_scale.is_some() {
+            if kv.query_scale.is_some() || kv.exact.is_some() {
+                let head = if kv.exact.is_some() { &mut scaled[row * hd..(row + 1) * hd] } else { &mut scaled[..] };
                 head.copy_from_slice(qh);
-                kv.scale_query(g, &mut head);
-                qh = &head;
+                kv.scale_query(g, head);
+                qh = head;
             }
             kv.k.prepare_query(g, qh, &mut prepared[row * pw..(row + 1) * pw]);
         }
@@ -323,10 +387,14 @@ fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: us
         let tile = &kv.tiles[ti];
         let block = &mut scores[base * rows..(base + n) * rows];
         kv.k.scores(g, kv.key_page(tile, g), off..off + n, &prepared, block);
+        let first = tile.start + off;
         for (row, r) in block.chunks_exact_mut(n).enumerate() {
             let i = row / group;
-            let visible = (pos0 + i + 1).saturating_sub(tile.start + off).min(n);
+            let visible = (pos0 + i + 1).saturating_sub(first).min(n);
             r.iter_mut().for_each(|x| *x *= scale);
+            if kv.exact.is_some() {
+                exact_scores(kv, g, pos0 + i, &scaled[row * hd..(row + 1) * hd], first..first + n, scale, r);
+            }
             r[visible..].fill(f32::NEG_INFINITY);
         }
         base += n;

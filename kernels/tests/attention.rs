@@ -5,7 +5,7 @@
 mod common;
 
 use common::{assert_close, randn, rng};
-use tessera_kernels::attention::{attention, attention_batch, AttnJob, AttnShape, KvTile, KvView};
+use tessera_kernels::attention::{attention, attention_batch, AttnJob, AttnShape, ExactKeys, KvTile, KvView};
 use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvGeometry, KvPage, KvPageMut, KvRole};
 use tessera_kernels::reference;
 
@@ -68,7 +68,7 @@ impl Paged {
                 values: &bytes(vp)[..n * self.v.page_bytes(*len)],
             })
             .collect();
-        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles, query_scale: None }
+        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles, query_scale: None, exact: None }
     }
 
     /// Every token's keys and values as the format stores them (`total × kv_width`).
@@ -249,5 +249,54 @@ fn query_scale_undoes_keys_stored_divided_by_it() {
     drop(jobs);
     for ((got, w), &(m, _)) in outs.iter().zip(&want).zip(&specs) {
         assert_close(got, w, 2e-5, 1e-4, &format!("query_scale in a batch, m={m}"));
+    }
+}
+
+/// QJL keys with exact keys beside them ([`ExactKeys`]): a query at `t` scores exactly the
+/// sink's keys and those at positions `> t - window` that the view holds, and every other key
+/// through the codec. Checked against the f64 reference run per query over keys chosen by that
+/// rule (exact or the codec's decoded key), on the decode path (1 and 3 queries), the prefill
+/// path (40 queries, across tiles) and with recent keys that start after the window reaches
+/// back (a prefix hit: the missing ones go through the codec). Tolerance 1e-4 as for the
+/// compressed formats in `attention_matches_reference_in_every_format`.
+#[test]
+fn exact_keys_are_scored_exactly_and_only_those() {
+    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let (hd, kw, qw) = (shape.head_dim, shape.kv_width(), shape.q_width());
+    let qjl: KvFormat = "qjl1-w0-s0".parse().unwrap();
+    // (queries, first query's position, window, sink, first recent position)
+    for (case, &(m, pos0, window, sink, recent_start)) in [(1, 300, 16, 4, 0), (3, 200, 5, 2, 0), (40, 0, 7, 3, 0), (1, 300, 16, 4, 290), (40, 60, 20, 1, 70)].iter().enumerate() {
+        let mut r = rng(30 + case as u64);
+        let total = pos0 + m;
+        let (keys, values) = (randn(&mut r, total * kw), randn(&mut r, total * kw));
+        // Larger queries than unit normals, so that the codec's noise moves the outputs well
+        // past the tolerance wherever a key is scored the wrong way.
+        let q: Vec<f32> = randn(&mut r, m * qw).iter().map(|x| 3.0 * x).collect();
+        let lens: Vec<usize> = (0..total).step_by(16).map(|s| 16.min(total - s)).collect();
+        let paged = Paged::new(shape, qjl, KvFormat::F32, &keys, &values, &lens);
+        let (decoded, dv) = paged.decoded(shape);
+        let head_rows = |g: usize, range: std::ops::Range<usize>| -> Vec<f32> { range.flat_map(|t| keys[t * kw + g * hd..t * kw + (g + 1) * hd].to_vec()).collect() };
+        let sink_rows: Vec<Vec<f32>> = (0..3).map(|g| head_rows(g, 0..sink.min(total))).collect();
+        let recent_rows: Vec<Vec<f32>> = (0..3).map(|g| head_rows(g, recent_start..total)).collect();
+        let view = KvView { exact: Some(ExactKeys { window, sink: &sink_rows, recent: &recent_rows, recent_start }), ..paged.view(shape) };
+        let mut got = vec![f32::NAN; m * qw];
+        attention(shape, &q, m, pos0, &view, &mut got);
+        let mut want = Vec::new();
+        let mut differs = false;
+        for i in 0..m {
+            let t = pos0 + i;
+            let chosen: Vec<f32> = (0..=t)
+                .flat_map(|j| {
+                    let exact = j < sink || (t - j < window && j >= recent_start);
+                    if exact { &keys[j * kw..(j + 1) * kw] } else { &decoded[j * kw..(j + 1) * kw] }
+                })
+                .copied()
+                .collect();
+            want.extend(reference::attention(shape, &q[i * qw..(i + 1) * qw], 1, t, &chosen, &dv[..(t + 1) * kw]));
+            let codec_only = reference::attention(shape, &q[i * qw..(i + 1) * qw], 1, t, &decoded[..(t + 1) * kw], &dv[..(t + 1) * kw]);
+            differs |= codec_only.iter().zip(&want[i * qw..]).any(|(a, b)| (a - b).abs() > 1e-2);
+        }
+        assert!(differs, "case {case}: exact keys must change the result for this check to mean anything");
+        assert_close(&got, &want, 1e-4, 1e-4, &format!("exact keys, case {case}"));
     }
 }

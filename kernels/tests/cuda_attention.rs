@@ -212,7 +212,7 @@ fn harness_pool_layout_matches_cpu_attention() {
         let tiles = (0..3)
             .map(|j| KvTile { start: 16 * j, len: 16.min(37 - 16 * j), slots: 16, keys: &kp[j], values: &vp[j] })
             .collect();
-        let view = KvView { k: l.k.as_ref(), v: l.v.as_ref(), tiles, query_scale: None };
+        let view = KvView { k: l.k.as_ref(), v: l.v.as_ref(), tiles, query_scale: None, exact: None };
         let mut got = vec![f32::NAN; shape.q_width()];
         attention(shape, &b.q, 1, 36, &view, &mut got);
         assert_close(&got, &b.want, 1e-5, 1e-5, "CPU attention over the harness pool");

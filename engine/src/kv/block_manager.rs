@@ -10,6 +10,7 @@
 //! findable until they are needed: allocation takes never-registered blocks first, then
 //! evicts registered ones least-recently-freed first.
 
+use super::SinkKeys;
 use std::collections::{BTreeMap, HashMap};
 
 /// The root of every prefix chain.
@@ -29,6 +30,8 @@ struct BlockMeta {
     uid: u64,
     /// Position in the eviction order while free and registered.
     free_tick: Option<u64>,
+    /// A registered first block's exact sink keys (key formats that keep them).
+    sink: Option<SinkKeys>,
 }
 
 /// Allocates the pool's blocks to sequences.
@@ -47,12 +50,14 @@ pub struct BlockManager {
 }
 
 /// The result of a prefix-cache lookup: blocks now referenced by the caller.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PrefixHit {
     /// Reused blocks, in order.
     pub blocks: Vec<u32>,
     /// Unique id of the last reused block's content (the parent for the next one).
     pub chain: u64,
+    /// The first reused block's exact sink keys, when they were attached to it.
+    pub sink: Option<SinkKeys>,
 }
 
 impl BlockManager {
@@ -104,7 +109,7 @@ impl BlockManager {
     /// Finds and references the longest cached run of full blocks that starts `tokens`,
     /// leaving at least one token uncached (its logits must be computed).
     pub fn lookup(&mut self, tokens: &[u32]) -> PrefixHit {
-        let mut hit = PrefixHit { blocks: Vec::new(), chain: ROOT };
+        let mut hit = PrefixHit { blocks: Vec::new(), chain: ROOT, sink: None };
         if !self.prefix_caching || tokens.is_empty() {
             return hit;
         }
@@ -116,6 +121,7 @@ impl BlockManager {
             hit.chain = self.meta[b as usize].uid;
             hit.blocks.push(b);
         }
+        hit.sink = hit.blocks.first().and_then(|&b| self.meta[b as usize].sink.clone());
         hit
     }
 
@@ -145,6 +151,7 @@ impl BlockManager {
                     self.cached.remove(&key);
                     m.free_tick = None;
                     m.uid = 0;
+                    m.sink = None;
                     b
                 }
             };
@@ -174,6 +181,15 @@ impl BlockManager {
         m.key = Some(key.clone());
         self.cached.insert(key, block);
         uid
+    }
+
+    /// Attaches a sequence's exact sink keys to its first block, when that block is registered
+    /// (a later hit on it restores them; they go when the block is evicted).
+    pub fn attach_sink(&mut self, block: u32, keys: SinkKeys) {
+        let m = &mut self.meta[block as usize];
+        if m.key.is_some() {
+            m.sink = Some(keys);
+        }
     }
 
     /// Drops one reference to each block. The blocks are released last to first, so a
@@ -292,5 +308,29 @@ mod tests {
         assert!(m.lookup(&t).blocks.is_empty());
         m.release(&b);
         assert_eq!(m.num_free(), 8);
+    }
+
+    /// Sink keys attached to a registered first block come back with a hit on it and go with
+    /// its eviction; a private block takes none.
+    #[test]
+    fn sink_keys_follow_the_first_block() {
+        let mut m = BlockManager::new(3, 4, true);
+        let t = toks(9, 1);
+        let blocks = compute(&mut m, &t);
+        let keys: SinkKeys = vec![vec![vec![1.5f32; 8]]].into();
+        m.attach_sink(blocks[0], keys.clone());
+        m.attach_sink(blocks[1], keys.clone()); // not the first block, but registered: kept
+        m.release(&blocks);
+        let hit = m.lookup(&t);
+        assert_eq!((hit.blocks.len(), hit.sink.as_ref()), (2, Some(&keys)));
+        m.release(&hit.blocks);
+        // Evicting the blocks for other content forgets the keys.
+        let other = m.allocate(3).unwrap();
+        m.release(&other);
+        let again = m.lookup(&t);
+        assert_eq!((again.blocks.len(), again.sink), (0, None));
+        let private = m.allocate(1).unwrap();
+        m.attach_sink(private[0], keys);
+        assert!(m.meta[private[0] as usize].sink.is_none());
     }
 }

@@ -7,7 +7,8 @@
 //! one [`KvTile`]. Blocks are allocated and shared by the [`super::BlockManager`]; this module
 //! only stores their contents.
 
-use super::{KvError, KvLayout, SequenceKv};
+use super::{ExactKeyStore, KvError, KvLayout, SequenceKv};
+use std::borrow::Cow;
 use tessera_kernels::cpu::pool;
 use std::cell::UnsafeCell;
 use std::sync::Arc;
@@ -78,7 +79,7 @@ impl BlockPool {
         let bs = self.layout.block_size();
         let (k, v) = self.layout.codecs(layer);
         let tiles = (0..end.div_ceil(bs)).map(|b| self.tile(blocks[b], layer, b * bs, bs.min(end - b * bs))).collect();
-        KvView { k, v, tiles, query_scale: self.layout.key_scale(layer) }
+        KvView { k, v, tiles, query_scale: self.layout.key_scale(layer), exact: None }
     }
 
     /// Encodes head `head`'s rows (`n × head_dim`) into slots `slot..` of its page in the
@@ -104,6 +105,8 @@ pub struct PagedSeqKv<'a> {
     len: usize,
     /// Positions below this live in shared (read-only) blocks.
     shared_len: usize,
+    /// The sequence's exact keys, when its key format keeps some.
+    exact: Option<&'a mut ExactKeyStore>,
 }
 
 impl<'a> PagedSeqKv<'a> {
@@ -112,7 +115,13 @@ impl<'a> PagedSeqKv<'a> {
     pub fn new(pool: &'a BlockPool, blocks: &'a [u32], len: usize, shared_len: usize) -> Self {
         assert!(blocks.iter().all(|&b| (b as usize) < pool.num_blocks), "block id out of range");
         assert!(len <= blocks.len() * pool.layout.block_size() && shared_len <= len);
-        PagedSeqKv { pool, blocks, len, shared_len }
+        PagedSeqKv { pool, blocks, len, shared_len, exact: None }
+    }
+
+    /// The same, recording keys in (and scoring from) the sequence's exact-key store too.
+    pub fn with_exact(mut self, exact: Option<&'a mut ExactKeyStore>) -> Self {
+        self.exact = exact;
+        self
     }
 }
 
@@ -139,7 +148,19 @@ impl SequenceKv for PagedSeqKv<'_> {
         let tokens = k.len() / kw;
         let (kc, vc) = layout.codecs(layer);
         let (kr, vr) = layout.regions(layer);
-        let (center, scale) = (layout.key_center(layer), layout.key_scale(layer));
+        // Keys as the codec stores them (`KvLayout::set_key_transform`).
+        let k: Cow<'_, [f32]> = match layout.key_center(layer) {
+            Some(_) => {
+                let mut t = k.to_vec();
+                layout.transform_keys(layer, &mut t);
+                t.into()
+            }
+            None => k.into(),
+        };
+        if let Some(e) = self.exact.as_deref_mut() {
+            e.write(layer, pos, &k);
+        }
+        let k = &*k;
         // Pages to write: (first token, tokens, role, head); each a distinct page.
         let mut jobs = Vec::new();
         let mut done = 0;
@@ -155,16 +176,7 @@ impl SequenceKv for PagedSeqKv<'_> {
         }
         let run = |&(t0, n, role, g): &(usize, usize, usize, usize)| {
             let (codec, region, src) = if role == 0 { (kc, kr.start, k) } else { (vc, vr.start, v) };
-            let mut rows: Vec<f32> = (t0..t0 + n).flat_map(|t| &src[t * kw + g * hd..t * kw + (g + 1) * hd]).copied().collect();
-            // Transformed keys (`KvLayout::set_key_transform`), in the copy made anyway.
-            if let (0, Some(c)) = (role, center) {
-                let c = &c[g * hd..(g + 1) * hd];
-                rows.chunks_exact_mut(hd).for_each(|r| r.iter_mut().zip(c).for_each(|(x, m)| *x -= m));
-                if let Some(s) = scale {
-                    let s = &s[g * hd..(g + 1) * hd];
-                    rows.chunks_exact_mut(hd).for_each(|r| r.iter_mut().zip(s).for_each(|(x, f)| *x /= f));
-                }
-            }
+            let rows: Vec<f32> = (t0..t0 + n).flat_map(|t| &src[t * kw + g * hd..t * kw + (g + 1) * hd]).copied().collect();
             let p = pos + t0;
             // SAFETY: positions >= shared_len are in blocks this sequence owns alone, and each
             // job writes a different (block, role, head) page.
@@ -178,11 +190,14 @@ impl SequenceKv for PagedSeqKv<'_> {
     }
 
     fn view(&self, layer: usize, end: usize) -> KvView<'_> {
-        self.pool.view(self.blocks, layer, end)
+        KvView { exact: self.exact.as_deref().map(|e| e.view(layer)), ..self.pool.view(self.blocks, layer, end) }
     }
 
     fn advance(&mut self, n: usize) {
         self.len += n;
+        if let Some(e) = self.exact.as_deref_mut() {
+            e.advance(self.len);
+        }
     }
 
     fn truncate(&mut self, len: usize) {

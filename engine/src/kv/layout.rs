@@ -205,7 +205,7 @@ impl KvLayout {
     /// (qjl1, tq3_0, hqmq): their error grows with the key's norm, and SmolLM2's post-RoPE keys
     /// carry a per-channel mean worth 45-70% of their energy.
     pub fn wants_key_centers(&self) -> bool {
-        matches!(self.dtype.k, KvFormat::Qjl1 | KvFormat::Tq3_0 | KvFormat::Hqmq(_))
+        matches!(self.dtype.k, KvFormat::Qjl1(_) | KvFormat::Tq3_0 | KvFormat::Hqmq(_))
     }
 
     /// Whether the key format spreads a key's coding error over all of a head's channels
@@ -214,7 +214,7 @@ impl KvLayout {
     /// direction error stays in each 4-value chunk, where a per-channel scale cancels out;
     /// measured with balancing, hqmq-s96-r4 gave PPL 22.67 against 22.68 without.
     pub fn wants_key_balance(&self) -> bool {
-        matches!(self.dtype.k, KvFormat::Qjl1 | KvFormat::Tq3_0)
+        matches!(self.dtype.k, KvFormat::Qjl1(_) | KvFormat::Tq3_0)
     }
 
     /// Stores every key of layer `l` as `(k - centers[l]) / scales[l]`, channel by channel.
@@ -235,6 +235,17 @@ impl KvLayout {
         }
         self.key_transform = Some(t);
         Ok(())
+    }
+
+    /// Applies layer `layer`'s key transform to `rows` (keys of `n_kv_heads * head_dim`):
+    /// `(k - center) / scale`, channel by channel; nothing when keys are stored as they are.
+    pub fn transform_keys(&self, layer: usize, rows: &mut [f32]) {
+        let Some(center) = self.key_center(layer) else { return };
+        let kw = center.len();
+        rows.chunks_exact_mut(kw).for_each(|r| r.iter_mut().zip(center).for_each(|(x, m)| *x -= m));
+        if let Some(scale) = self.key_scale(layer) {
+            rows.chunks_exact_mut(kw).for_each(|r| r.iter_mut().zip(scale).for_each(|(x, f)| *x /= f));
+        }
     }
 
     /// Layer `layer`'s key center, when keys are centered.

@@ -6,12 +6,14 @@
 //! ([`BlockPool`]) behind the [`SequenceKv`] trait, in any format of [`KvLayout`].
 
 mod block_manager;
+mod exact_keys;
 pub mod key_calibration;
 mod block_pool;
 mod layout;
 
 pub use block_manager::{BlockManager, PrefixHit};
 pub use block_pool::{BlockPool, PagedSeqKv};
+pub use exact_keys::{ExactKeyStore, SinkKeys};
 pub use layout::{KeyTransform, KvCacheScheme, KvDtype, KvLayout, KvLayoutError, KvRequest, DEFAULT_BLOCK_SIZE};
 
 use std::sync::Arc;
@@ -57,17 +59,19 @@ pub struct LocalKv {
     pool: BlockPool,
     blocks: Vec<u32>,
     len: usize,
+    exact: Option<ExactKeyStore>,
 }
 
 impl LocalKv {
     /// An empty cache of up to `capacity` tokens in `layout`.
     pub fn new(layout: Arc<KvLayout>, capacity: usize) -> Self {
         let n = capacity.div_ceil(layout.block_size());
-        LocalKv { pool: BlockPool::new(layout, n), blocks: (0..n as u32).collect(), len: 0 }
+        let exact = ExactKeyStore::for_layout(&layout);
+        LocalKv { pool: BlockPool::new(layout, n), blocks: (0..n as u32).collect(), len: 0, exact }
     }
 
-    fn paged(&self) -> PagedSeqKv<'_> {
-        PagedSeqKv::new(&self.pool, &self.blocks, self.len, 0)
+    fn paged(&mut self) -> PagedSeqKv<'_> {
+        PagedSeqKv::new(&self.pool, &self.blocks, self.len, 0).with_exact(self.exact.as_mut())
     }
 }
 
@@ -85,11 +89,14 @@ impl SequenceKv for LocalKv {
     }
 
     fn view(&self, layer: usize, end: usize) -> KvView<'_> {
-        self.pool.view(&self.blocks, layer, end)
+        KvView { exact: self.exact.as_ref().map(|e| e.view(layer)), ..self.pool.view(&self.blocks, layer, end) }
     }
 
     fn advance(&mut self, n: usize) {
         self.len += n;
+        if let Some(e) = &mut self.exact {
+            e.advance(self.len);
+        }
     }
 
     fn truncate(&mut self, len: usize) {

@@ -1,7 +1,7 @@
 //! Where the engine's forward passes run: the scheduler hands out KV block ids and token spans;
 //! a [`Backend`] owns the model and the pool those ids index, on the CPU or on a GPU.
 
-use crate::kv::{BlockPool, KvLayout, PagedSeqKv};
+use crate::kv::{BlockPool, ExactKeyStore, KvLayout, PagedSeqKv};
 use crate::model::cuda::{CudaLlama, CudaStep};
 use crate::model::{PlanEntry, SeqInput};
 use crate::LoadedModel;
@@ -19,12 +19,14 @@ pub struct StepSeq<'a> {
     pub shared: usize,
     /// Return logits of new tokens `logits_from..` (`None`: none).
     pub logits_from: Option<usize>,
+    /// The sequence's exact keys, when its key format keeps some.
+    pub exact: Option<&'a mut ExactKeyStore>,
 }
 
 /// Runs a batch of sequences through the model and returns each one's requested logit rows.
 pub trait Backend: Send {
     /// One forward pass over `batch`.
-    fn forward(&mut self, batch: &[StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String>;
+    fn forward(&mut self, batch: &mut [StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String>;
     /// The kernel chosen for every linear layer on this backend.
     fn plan(&self) -> Vec<PlanEntry>;
 }
@@ -43,8 +45,9 @@ impl CpuBackend {
 }
 
 impl Backend for CpuBackend {
-    fn forward(&mut self, batch: &[StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
-        let mut views: Vec<PagedSeqKv<'_>> = batch.iter().map(|s| PagedSeqKv::new(&self.pool, s.blocks, s.cached, s.shared)).collect();
+    fn forward(&mut self, batch: &mut [StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        let mut views: Vec<PagedSeqKv<'_>> =
+            batch.iter_mut().map(|s| PagedSeqKv::new(&self.pool, s.blocks, s.cached, s.shared).with_exact(s.exact.take())).collect();
         let mut inputs: Vec<SeqInput<'_>> =
             batch.iter().zip(views.iter_mut()).map(|(s, kv)| SeqInput { tokens: s.tokens, kv, logits_from: s.logits_from }).collect();
         self.model.model.forward(&mut inputs).map_err(|e| e.to_string())
@@ -68,7 +71,7 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    fn forward(&mut self, batch: &[StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
+    fn forward(&mut self, batch: &mut [StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
         let steps: Vec<CudaStep<'_>> =
             batch.iter().map(|s| CudaStep { tokens: s.tokens, blocks: s.blocks, cached: s.cached, logits_from: s.logits_from }).collect();
         self.model.forward(&steps).map_err(|e| e.to_string())

@@ -113,10 +113,12 @@ impl EngineLoop {
         }
         let t_fwd = Instant::now();
         let result = {
-            let batch: Vec<StepSeq<'_>> = work
+            // Each scheduled sequence once, mutably (its exact keys are written in the pass).
+            let mut scheduled: HashMap<u64, &mut Sequence> = self.seqs.iter_mut().filter(|(k, _)| work.iter().any(|w| w.key == **k)).map(|(k, s)| (*k, s)).collect();
+            let mut batch: Vec<StepSeq<'_>> = work
                 .iter()
                 .map(|w| {
-                    let s = &self.seqs[&w.key];
+                    let s = scheduled.remove(&w.key).expect("scheduled sequences exist once");
                     let end = s.computed + w.tokens == s.tokens.len();
                     let logits_from = if s.wants_prompt_logprobs() {
                         Some(0)
@@ -124,10 +126,10 @@ impl EngineLoop {
                         end.then(|| w.tokens - 1)
                     };
                     let tokens = &s.tokens[s.computed..s.computed + w.tokens];
-                    StepSeq { tokens, blocks: &s.blocks, cached: s.computed, shared: s.shared, logits_from }
+                    StepSeq { tokens, blocks: &s.blocks, cached: s.computed, shared: s.shared, logits_from, exact: s.exact.as_mut() }
                 })
                 .collect();
-            self.backend.forward(&batch)
+            self.backend.forward(&mut batch)
         };
         let forward_secs = t_fwd.elapsed().as_secs_f64();
         match result {
@@ -161,6 +163,9 @@ impl EngineLoop {
         while (s.registered + 1) * bs <= s.computed {
             let b = s.registered;
             s.chain = self.sched.blocks.register(s.blocks[b], s.chain, &s.tokens[b * bs..(b + 1) * bs]);
+            if let Some(keys) = s.exact.as_ref().filter(|_| b == 0).and_then(|e| e.sink_keys()) {
+                self.sched.blocks.attach_sink(s.blocks[0], keys);
+            }
             s.registered += 1;
         }
         if s.wants_prompt_logprobs() {

@@ -12,7 +12,7 @@
 
 use super::metrics::Metrics;
 use super::sequence::Sequence;
-use crate::kv::BlockManager;
+use crate::kv::{BlockManager, ExactKeyStore, PrefixHit};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -39,6 +39,9 @@ pub(crate) struct Scheduler {
     pub running: Vec<u64>,
     /// New requests not yet admitted (shared with the handle, which caps it).
     queued: Arc<AtomicUsize>,
+    /// The empty exact-key store each admitted sequence gets a copy of (`None`: the key
+    /// format keeps none).
+    exact_keys: Option<ExactKeyStore>,
 }
 
 /// One sequence's work in a step.
@@ -53,7 +56,14 @@ pub(crate) struct Work {
 impl Scheduler {
     /// A scheduler over `blocks`.
     pub fn new(limits: Limits, blocks: BlockManager, queued: Arc<AtomicUsize>) -> Self {
-        Scheduler { limits, blocks, waiting: VecDeque::new(), running: Vec::new(), queued }
+        Scheduler { limits, blocks, waiting: VecDeque::new(), running: Vec::new(), queued, exact_keys: None }
+    }
+
+    /// Gives every admitted sequence an (empty) copy of `store` for the keys its format keeps
+    /// exactly.
+    pub fn with_exact_keys(mut self, store: Option<ExactKeyStore>) -> Self {
+        self.exact_keys = store;
+        self
     }
 
     /// Whether anything is queued or running.
@@ -133,9 +143,25 @@ impl Scheduler {
         while !preempted && budget > 0 && self.running.len() < self.limits.max_seqs {
             let Some(&key) = self.waiting.front() else { break };
             let s = seqs.get_mut(&key).expect("waiting sequences exist");
+            if s.exact.is_none() {
+                s.exact.clone_from(&self.exact_keys);
+            }
             let looked_up = s.computed == 0 && s.req.prompt_logprobs.is_none();
             if looked_up {
-                let hit = self.blocks.lookup(&s.tokens);
+                // A key format with an exact window computes at least a window of the prompt,
+                // so that its last token scores its whole window exactly.
+                let window = s.exact.as_ref().map_or(1, |e| e.window().max(1));
+                let mut hit = self.blocks.lookup(&s.tokens[..s.tokens.len().saturating_sub(window - 1)]);
+                if let Some(e) = s.exact.as_mut().filter(|e| e.sink() > 0 && !hit.blocks.is_empty()) {
+                    // The sink's exact keys come with the first block, or the hit is not used.
+                    match &hit.sink {
+                        Some(keys) => e.restore_sink(keys),
+                        None => {
+                            self.blocks.release(&hit.blocks);
+                            hit = PrefixHit::default();
+                        }
+                    }
+                }
                 let hit_tokens = hit.blocks.len() * self.blocks.block_size();
                 s.registered = hit.blocks.len();
                 s.blocks = hit.blocks;

@@ -2,6 +2,7 @@
 
 use super::output::OutputText;
 use super::{Event, GenRequest, TokenLogprob};
+use crate::kv::ExactKeyStore;
 use crate::sample::Sampler;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -24,6 +25,8 @@ pub(crate) struct Sequence {
     pub registered: usize,
     /// Prefix-chain id of the last registered block.
     pub chain: u64,
+    /// Keys kept exactly beside the cache (key formats that keep some; set at admission).
+    pub exact: Option<ExactKeyStore>,
     /// Sampling state.
     pub sampler: Sampler,
     /// Visible-text state.
@@ -53,6 +56,7 @@ impl Sequence {
             blocks: Vec::new(),
             registered: 0,
             chain: 0,
+            exact: None,
             sampler: Sampler::new(req.sampling.clone(), &req.prompt),
             output: OutputText::new(&req.stop),
             prompt_logprobs: Vec::new(),
@@ -81,6 +85,9 @@ impl Sequence {
         self.shared = 0;
         self.registered = 0;
         self.chain = 0;
+        if let Some(e) = &mut self.exact {
+            e.reset();
+        }
         std::mem::take(&mut self.blocks)
     }
 }

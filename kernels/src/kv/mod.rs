@@ -20,7 +20,7 @@ pub mod qjl;
 pub mod scaled8;
 pub mod tq3;
 
-pub use format::{HqmqParams, KvFormat, KvFormatError};
+pub use format::{HqmqParams, KvFormat, KvFormatError, QjlParams};
 
 use crate::cpu::dot::{dots_f32, weighted_sum_f32};
 use crate::cpu::{CpuCaps, Isa};
@@ -154,7 +154,7 @@ pub fn codec(format: &KvFormat, geom: KvGeometry, role: KvRole, opts: CodecOptio
         KvFormat::F16 => Box::new(plain::Half16Codec::new(geom, plain::Half16::F16)),
         KvFormat::Fp8E4m3 => Box::new(scaled8::Scaled8Codec::new(geom, scaled8::Byte8::Fp8E4m3, opts.static_scale)),
         KvFormat::Int8 => Box::new(scaled8::Scaled8Codec::new(geom, scaled8::Byte8::Int8, opts.static_scale)),
-        KvFormat::Qjl1 => Box::new(qjl::QjlCodec::new(geom, opts)),
+        KvFormat::Qjl1(_) => Box::new(qjl::QjlCodec::new(geom, opts)),
         KvFormat::Tq3_0 => Box::new(tq3::Tq3Codec::new(geom)),
         KvFormat::Hqmq(p) => Box::new(hqmq::HqmqCodec::new(geom, p, role, opts)),
     })

@@ -41,8 +41,8 @@ pub fn kv_dtype(both: Option<&str>, k: Option<&str>, v: Option<&str>) -> Result<
     let both = both.map(|s| parse("kv-cache-dtype", s)).transpose()?.flatten();
     let k = k.map(|s| parse("kv-cache-dtype-k", s)).transpose()?.flatten().or(both);
     let v = v.map(|s| parse("kv-cache-dtype-v", s)).transpose()?.flatten().or(both);
-    if v == Some(KvFormat::Qjl1) {
-        bail!("{}", KvFormatError::KeysOnly(KvFormat::Qjl1));
+    if let Some(f @ KvFormat::Qjl1(_)) = v {
+        bail!("{}", KvFormatError::KeysOnly(f));
     }
     Ok(KvRequest { k, v })
 }

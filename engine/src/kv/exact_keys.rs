@@ -1,0 +1,226 @@
+//! Exact keys kept beside a lossy key format: QJL's attention sink and recent window.
+//!
+//! A 1-bit key sketch is an unbiased but noisy score; the keys that take most of the attention
+//! (the first tokens, the attention sink, and the tokens just before the query) are where that
+//! noise costs most. The QJL reference keeps its most recent keys unquantized (its
+//! `buffer_size`); Tessera keeps, per sequence, the keys of the first `sink` positions and of
+//! the last `window` positions in f32, beside the paged 1-bit pages, and attention scores those
+//! exactly ([`ExactKeys`]). The store lives with the sequence, not in the block pool: the
+//! window moves with the sequence, and its size does not grow with the context.
+//!
+//! With prefix caching, the sink's keys travel with the first cached block ([`SinkKeys`]),
+//! and a hit leaves at least `window` prompt tokens to compute, so the last prompt token and
+//! every generated one find their whole window here. The first `window - 1` recomputed
+//! positions score the cached positions before them through the codec, so a hit's output can
+//! differ slightly from the same request computed without one.
+
+use super::KvLayout;
+use std::sync::Arc;
+use tessera_kernels::attention::ExactKeys;
+use tessera_kernels::kv::KvFormat;
+
+/// The sink's exact keys of every layer and KV head (`[layer][head]`, rows of `head_dim`),
+/// shared with the prefix-cache entry of a sequence's first block.
+pub type SinkKeys = Arc<[Vec<Vec<f32>>]>;
+
+/// One layer's exact keys, per KV head.
+#[derive(Clone, Debug, Default)]
+struct LayerKeys {
+    /// Keys of positions `0..` (at most `sink` rows).
+    sink: Vec<Vec<f32>>,
+    /// Keys of positions `recent_start..`.
+    recent: Vec<Vec<f32>>,
+    recent_start: usize,
+}
+
+/// One sequence's exact keys, all layers (see the module docs).
+#[derive(Clone, Debug)]
+pub struct ExactKeyStore {
+    head_dim: usize,
+    sink: usize,
+    window: usize,
+    layers: Vec<LayerKeys>,
+}
+
+impl ExactKeyStore {
+    /// A store for `layout`'s key format, when it keeps keys exactly (`qjl1` with a window or
+    /// a sink); `None` otherwise.
+    pub fn for_layout(layout: &KvLayout) -> Option<Self> {
+        let KvFormat::Qjl1(p) = layout.dtype().k else { return None };
+        if p.window == 0 && p.sink == 0 {
+            return None;
+        }
+        let g = layout.geometry();
+        let layer = LayerKeys { sink: vec![Vec::new(); g.n_kv_heads], recent: vec![Vec::new(); g.n_kv_heads], recent_start: 0 };
+        let sink = usize::from(p.sink).min(layout.block_size());
+        Some(ExactKeyStore { head_dim: g.head_dim, sink, window: p.window.into(), layers: vec![layer; layout.layers()] })
+    }
+
+    /// Sink positions kept.
+    pub fn sink(&self) -> usize {
+        self.sink
+    }
+
+    /// The recent window's length.
+    pub fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Bytes held now (for logs and tests).
+    pub fn bytes(&self) -> usize {
+        let rows = |v: &[Vec<f32>]| v.iter().map(Vec::len).sum::<usize>();
+        self.layers.iter().map(|l| rows(&l.sink) + rows(&l.recent)).sum::<usize>() * 4
+    }
+
+    /// Records layer `layer`'s keys of positions `pos..` (`rows`: tokens × `n_kv_heads *
+    /// head_dim`, as the codec stores them). Writing at a position before what is kept
+    /// forgets the later rows (a truncated sequence rewrites them); a gap after the recent
+    /// rows restarts them at `pos`.
+    pub fn write(&mut self, layer: usize, pos: usize, rows: &[f32]) {
+        let (hd, sink_cap, window) = (self.head_dim, self.sink, self.window);
+        let l = &mut self.layers[layer];
+        let heads = l.sink.len();
+        let kw = hd * heads;
+        assert!(rows.len().is_multiple_of(kw), "exact keys: whole rows");
+        let n = rows.len() / kw;
+        let head_rows = |g: usize, t: std::ops::Range<usize>| t.flat_map(move |t| &rows[t * kw + g * hd..t * kw + (g + 1) * hd]);
+        // The sink: contiguous from position 0.
+        for (g, sink) in l.sink.iter_mut().enumerate() {
+            let have = sink.len() / hd;
+            if pos <= have && pos < sink_cap {
+                sink.truncate(pos * hd);
+                sink.extend(head_rows(g, 0..n.min(sink_cap - pos)));
+            }
+        }
+        if window == 0 {
+            return;
+        }
+        let end = l.recent_start + l.recent[0].len() / hd;
+        if pos < l.recent_start || pos > end {
+            l.recent_start = pos;
+            l.recent.iter_mut().for_each(Vec::clear);
+        }
+        let keep = (pos - l.recent_start) * hd;
+        for (g, recent) in l.recent.iter_mut().enumerate() {
+            recent.truncate(keep);
+            recent.extend(head_rows(g, 0..n));
+        }
+    }
+
+    /// Layer `layer`'s exact keys as attention reads them.
+    pub fn view(&self, layer: usize) -> ExactKeys<'_> {
+        let l = &self.layers[layer];
+        ExactKeys { window: self.window, sink: &l.sink, recent: &l.recent, recent_start: l.recent_start }
+    }
+
+    /// The sequence now holds `len` tokens: forgets recent rows that no query at `len` or
+    /// later needs (once they amount to a window, so the copy is amortized).
+    pub fn advance(&mut self, len: usize) {
+        let (hd, window) = (self.head_dim, self.window);
+        let keep_from = (len + 1).saturating_sub(window);
+        for l in &mut self.layers {
+            let stale = keep_from.saturating_sub(l.recent_start).min(l.recent[0].len() / hd);
+            if stale >= window.max(16) {
+                l.recent.iter_mut().for_each(|r| drop(r.drain(..stale * hd)));
+                l.recent_start += stale;
+            }
+        }
+    }
+
+    /// The sink's keys, once every sink position is recorded (for the prefix cache).
+    pub fn sink_keys(&self) -> Option<SinkKeys> {
+        let full = self.sink > 0 && self.layers.iter().all(|l| l.sink.iter().all(|s| s.len() == self.sink * self.head_dim));
+        full.then(|| self.layers.iter().map(|l| l.sink.clone()).collect())
+    }
+
+    /// Takes the sink's keys from a prefix-cache hit (the sequence does not compute them).
+    pub fn restore_sink(&mut self, keys: &SinkKeys) {
+        assert_eq!(keys.len(), self.layers.len(), "sink keys: one entry per layer");
+        for (l, k) in self.layers.iter_mut().zip(keys.iter()) {
+            l.sink.clone_from(k);
+        }
+    }
+
+    /// Forgets everything (the sequence is recomputed from the start).
+    pub fn reset(&mut self) {
+        for l in &mut self.layers {
+            l.sink.iter_mut().chain(l.recent.iter_mut()).for_each(Vec::clear);
+            l.recent_start = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvDtype;
+    use tessera_kernels::kv::{KvGeometry, QjlParams};
+
+    fn store(window: u16, sink: u16) -> ExactKeyStore {
+        let dtype = KvDtype { k: KvFormat::Qjl1(QjlParams { window, sink }), v: KvFormat::Bf16 };
+        let layout = KvLayout::new(2, KvGeometry { head_dim: 4, n_kv_heads: 2 }, 4, dtype, None, 1).unwrap();
+        ExactKeyStore::for_layout(&layout).unwrap()
+    }
+
+    /// Rows for positions `pos..pos + n`: head g's value d of position t is `1000 t + 10 g + d`.
+    fn rows(pos: usize, n: usize) -> Vec<f32> {
+        (pos..pos + n).flat_map(|t| (0..2).flat_map(move |g| (0..4).map(move |d| (1000 * t + 10 * g + d) as f32))).collect()
+    }
+
+    fn positions(v: &[f32]) -> Vec<usize> {
+        v.chunks_exact(4).map(|r| r[0] as usize / 1000).collect()
+    }
+
+    #[test]
+    fn keeps_the_sink_and_the_window_the_next_queries_need() {
+        let mut s = store(8, 2);
+        s.write(1, 0, &rows(0, 5));
+        s.advance(5);
+        for t in 5..40 {
+            s.write(1, t, &rows(t, 1));
+            s.advance(t + 1);
+            let v = s.view(1);
+            assert_eq!(positions(&v.sink[1]), vec![0, 1]);
+            let recent = positions(&v.recent[1]);
+            // Every key the next query (at t + 1) scores exactly is here, in order...
+            assert!(v.recent_start <= t + 2 - 8 && recent.last() == Some(&t), "{t}: {recent:?}");
+            assert_eq!(recent, (v.recent_start..=t).collect::<Vec<_>>());
+            // ...and what is kept stays bounded.
+            assert!(recent.len() <= 8 + 16, "{t}: {}", recent.len());
+            // Head 1's own values, not head 0's.
+            let last = &v.recent[1][v.recent[1].len() - 4..];
+            assert_eq!(last, (0..4).map(|d| (1000 * t + 10 + d) as f32).collect::<Vec<_>>());
+        }
+        // Layer 0 was never written.
+        assert!(s.view(0).recent[0].is_empty() && s.sink_keys().is_none());
+    }
+
+    #[test]
+    fn rewrites_truncate_and_gaps_restart() {
+        let mut s = store(8, 4);
+        for layer in 0..2 {
+            s.write(layer, 0, &rows(0, 10));
+        }
+        let sink = s.sink_keys().expect("sink complete");
+        // Rewriting from position 2 forgets positions 2.. in both runs.
+        s.write(0, 2, &rows(2, 1));
+        assert_eq!(positions(&s.view(0).sink[0]), vec![0, 1, 2]);
+        assert_eq!(positions(&s.view(0).recent[0]), vec![0, 1, 2]);
+        // A prefix hit of 12 positions: the sink comes from the cache, the window starts at 12.
+        s.reset();
+        s.restore_sink(&sink);
+        s.write(0, 12, &rows(12, 3));
+        let v = s.view(0);
+        assert_eq!((positions(&v.sink[1]), v.recent_start, positions(&v.recent[1])), (vec![0, 1, 2, 3], 12, vec![12, 13, 14]));
+    }
+
+    #[test]
+    fn pure_one_bit_keys_keep_nothing() {
+        let dtype = KvDtype { k: KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), v: KvFormat::Bf16 };
+        let layout = KvLayout::new(1, KvGeometry { head_dim: 4, n_kv_heads: 1 }, 4, dtype, None, 1).unwrap();
+        assert!(ExactKeyStore::for_layout(&layout).is_none());
+        let mut s = store(0, 3);
+        s.write(0, 0, &rows(0, 6));
+        assert_eq!((positions(&s.view(0).sink[0]), s.view(0).recent[0].len()), (vec![0, 1, 2], 0));
+    }
+}
