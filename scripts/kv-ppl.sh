@@ -26,6 +26,7 @@ FORMATS=(
   "--kv-cache-dtype fp8_e4m3"
   "--kv-cache-dtype int8"
   "--kv-cache-dtype-k qjl1 --kv-cache-dtype-v bf16"
+  "--kv-cache-dtype-k qjl1-w0-s0 --kv-cache-dtype-v bf16"
   "--kv-cache-dtype tq3_0"
   "--kv-cache-dtype-k tq3_0 --kv-cache-dtype-v bf16"
   "--kv-cache-dtype-k bf16 --kv-cache-dtype-v tq3_0"

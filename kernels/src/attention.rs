@@ -5,7 +5,9 @@
 //! Decode reads compressed pages directly through the formats' score/accumulate hooks and
 //! never materializes a dense K/V; prefill decodes one sub-tile at a time into a scratch. Scores and
 //! the value accumulation are small GEMMs per (head, key sub-tile); the softmax is the
-//! streaming (flash-attention) form, so memory stays bounded by the sub-tile size.
+//! streaming (flash-attention) form, so memory stays bounded by the sub-tile size. Keys a
+//! sequence also keeps exactly ([`ExactKeys`]: QJL's sink and recent window) replace the
+//! codec's scores for the positions they cover.
 
 use crate::cpu::{pool, SyncPtr};
 use crate::cpu::dot::dots_f32;

@@ -273,7 +273,14 @@ impl KvLayout {
             Some(_) => ", keys centered",
             None => "",
         };
-        format!("{} ({:.1} bytes/token, {:.2}x smaller than bf16{centered})", self.dtype, self.bytes_per_token(), self.compression_vs_bf16())
+        let exact = match self.dtype.k {
+            KvFormat::Qjl1(p) if p.window > 0 || p.sink > 0 => {
+                let bytes = (usize::from(p.window) + usize::from(p.sink)) * self.layers() * self.geom.n_kv_heads * self.geom.head_dim * 4;
+                format!("; exact f32 keys of the first {} and last {} positions: {:.2} MiB per sequence", p.sink, p.window, bytes as f64 / (1 << 20) as f64)
+            }
+            _ => String::new(),
+        };
+        format!("{} ({:.1} bytes/token, {:.2}x smaller than bf16{centered}{exact})", self.dtype, self.bytes_per_token(), self.compression_vs_bf16())
     }
 
     /// How many times smaller than a bf16 cache of the same model this one is.

@@ -20,7 +20,8 @@
 //! 1024: +223% → +64.5% against bf16). A last partial chunk (head_dim not dividing 256) or a
 //! head wider than 256 gains less; the estimator stays unbiased. Queries are sketched once
 //! per step ([`KvCodec::prepare_query`]); scoring a key is then a sign-flipped sum of 256
-//! floats.
+//! floats. The `qjl1` format's exact sink and window keys are not in these pages: the engine
+//! keeps them per sequence and attention scores them ([`crate::attention::ExactKeys`]).
 
 use super::{CodecOptions, KvCodec, KvGeometry, KvPage, KvPageMut};
 use crate::cpu::Isa;
