@@ -10,7 +10,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
-use tessera_kernels::attention::{attention, AttnShape, KvTile, KvView};
+use tessera_kernels::attention::{attention, AttnShape, ExactKeys, KvTile, KvView};
 use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvGeometry, KvPageMut, KvRole, QjlParams};
 
 const SHAPE: AttnShape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
@@ -26,6 +26,16 @@ struct Cache {
     k: Box<dyn KvCodec>,
     v: Box<dyn KvCodec>,
     blocks: Vec<(Vec<u64>, Vec<u64>)>,
+    /// QJL's exact keys, as a sequence's store holds them.
+    exact: Option<Exact>,
+}
+
+/// Per KV head the sink's and the window's rows, the first recent position, the window.
+struct Exact {
+    sink: Vec<Vec<f32>>,
+    recent: Vec<Vec<f32>>,
+    recent_start: usize,
+    window: usize,
 }
 
 fn as_bytes(w: &[u64]) -> &[u8] {
@@ -57,7 +67,15 @@ impl Cache {
                 (encode_pages(k.as_ref(), &kr), encode_pages(v.as_ref(), &vr))
             })
             .collect();
-        Cache { k, v, blocks }
+        let exact = match kf {
+            KvFormat::Qjl1(p) if p.window > 0 => {
+                let (w, s, hd) = (usize::from(p.window), usize::from(p.sink), SHAPE.head_dim);
+                let heads = |n: usize, r: &mut ChaCha8Rng| (0..SHAPE.n_kv_heads).map(|_| randn(r, n * hd)).collect::<Vec<_>>();
+                Some(Exact { sink: heads(s, r), recent: heads(w, r), recent_start: ctx - w, window: w })
+            }
+            _ => None,
+        };
+        Cache { k, v, blocks, exact }
     }
 
     fn view(&self) -> KvView<'_> {
@@ -74,7 +92,8 @@ impl Cache {
                 values: &as_bytes(vp)[..n * self.v.page_bytes(BLOCK)],
             })
             .collect();
-        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles, query_scale: None, exact: None }
+        let exact = self.exact.as_ref().map(|e| ExactKeys { window: e.window, sink: &e.sink, recent: &e.recent, recent_start: e.recent_start });
+        KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles, query_scale: None, exact }
     }
 }
 
@@ -85,8 +104,9 @@ fn formats() -> Vec<(String, KvFormat, KvFormat)> {
         ("bf16".into(), KvFormat::Bf16, KvFormat::Bf16),
         ("fp8_e4m3".into(), KvFormat::Fp8E4m3, KvFormat::Fp8E4m3),
         ("int8".into(), KvFormat::Int8, KvFormat::Int8),
-        ("k=qjl1,v=bf16".into(), KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), KvFormat::Bf16),
-        ("k=qjl1,v=int8".into(), KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), KvFormat::Int8),
+        ("k=qjl1-w0-s0,v=bf16".into(), KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), KvFormat::Bf16),
+        ("k=qjl1-w0-s0,v=int8".into(), KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), KvFormat::Int8),
+        ("k=qjl1,v=bf16".into(), p("qjl1"), KvFormat::Bf16),
         ("tq3_0".into(), p("tq3_0"), p("tq3_0")),
         ("hqmq-s96-r4".into(), p("hqmq-s96-r4"), p("hqmq-s96-r4")),
         ("hqmq-s192-r6-med3".into(), p("hqmq-s192-r6-med3"), p("hqmq-s192-r6-med3")),

@@ -257,28 +257,45 @@ fn query_scale_undoes_keys_stored_divided_by_it() {
 /// through the codec. Checked against the f64 reference run per query over keys chosen by that
 /// rule (exact or the codec's decoded key), on the decode path (1 and 3 queries), the prefill
 /// path (40 queries, across tiles) and with recent keys that start after the window reaches
-/// back (a prefix hit: the missing ones go through the codec). Tolerance 1e-4 as for the
-/// compressed formats in `attention_matches_reference_in_every_format`.
+/// back (a prefix hit: the missing ones go through the codec), over several query blocks and
+/// key sub-tiles, and with keys stored divided by a `query_scale` (exact rows in that space
+/// too). Tolerance 1e-4 as for the compressed formats in
+/// `attention_matches_reference_in_every_format`.
 #[test]
 fn exact_keys_are_scored_exactly_and_only_those() {
     let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
     let (hd, kw, qw) = (shape.head_dim, shape.kv_width(), shape.q_width());
     let qjl: KvFormat = "qjl1-w0-s0".parse().unwrap();
-    // (queries, first query's position, window, sink, first recent position)
-    for (case, &(m, pos0, window, sink, recent_start)) in [(1, 300, 16, 4, 0), (3, 200, 5, 2, 0), (40, 0, 7, 3, 0), (1, 300, 16, 4, 290), (40, 60, 20, 1, 70)].iter().enumerate() {
+    // (queries, first query's position, window, sink, first recent position, tile length,
+    // keys stored divided by a query scale)
+    let cases = [
+        (1, 300, 16, 4, 0, 16, false),
+        (3, 200, 5, 2, 0, 16, false),
+        (40, 0, 7, 3, 0, 16, false),
+        (1, 300, 16, 4, 290, 16, false),
+        (40, 60, 20, 1, 70, 16, false),
+        (130, 100, 150, 3, 0, 200, true),
+        (2, 180, 30, 2, 0, 200, true),
+    ];
+    for (case, &(m, pos0, window, sink, recent_start, tile, scaled)) in cases.iter().enumerate() {
         let mut r = rng(30 + case as u64);
         let total = pos0 + m;
         let (keys, values) = (randn(&mut r, total * kw), randn(&mut r, total * kw));
+        let scale: Vec<f32> = if scaled { randn(&mut r, kw).iter().map(|x| 2f32.powf(x.clamp(-1.0, 1.0))).collect() } else { vec![1.0; kw] };
+        let stored: Vec<f32> = keys.iter().enumerate().map(|(i, k)| k / scale[i % kw]).collect();
         // Larger queries than unit normals, so that the codec's noise moves the outputs well
         // past the tolerance wherever a key is scored the wrong way.
         let q: Vec<f32> = randn(&mut r, m * qw).iter().map(|x| 3.0 * x).collect();
-        let lens: Vec<usize> = (0..total).step_by(16).map(|s| 16.min(total - s)).collect();
-        let paged = Paged::new(shape, qjl, KvFormat::F32, &keys, &values, &lens);
+        let lens: Vec<usize> = (0..total).step_by(tile).map(|s| tile.min(total - s)).collect();
+        let paged = Paged::new(shape, qjl, KvFormat::F32, &stored, &values, &lens);
         let (decoded, dv) = paged.decoded(shape);
-        let head_rows = |g: usize, range: std::ops::Range<usize>| -> Vec<f32> { range.flat_map(|t| keys[t * kw + g * hd..t * kw + (g + 1) * hd].to_vec()).collect() };
+        // The codec's keys in the model's space (what its scores against scaled queries mean).
+        let decoded: Vec<f32> = decoded.iter().enumerate().map(|(i, k)| k * scale[i % kw]).collect();
+        let head_rows = |g: usize, range: std::ops::Range<usize>| -> Vec<f32> { range.flat_map(|t| stored[t * kw + g * hd..t * kw + (g + 1) * hd].to_vec()).collect() };
         let sink_rows: Vec<Vec<f32>> = (0..3).map(|g| head_rows(g, 0..sink.min(total))).collect();
         let recent_rows: Vec<Vec<f32>> = (0..3).map(|g| head_rows(g, recent_start..total)).collect();
-        let view = KvView { exact: Some(ExactKeys { window, sink: &sink_rows, recent: &recent_rows, recent_start }), ..paged.view(shape) };
+        let exact = Some(ExactKeys { window, sink: &sink_rows, recent: &recent_rows, recent_start });
+        let view = KvView { exact, query_scale: scaled.then_some(scale.as_slice()), ..paged.view(shape) };
         let mut got = vec![f32::NAN; m * qw];
         attention(shape, &q, m, pos0, &view, &mut got);
         let mut want = Vec::new();

@@ -184,10 +184,10 @@ impl BlockManager {
     }
 
     /// Attaches a sequence's exact sink keys to its first block, when that block is registered
-    /// (a later hit on it restores them; they go when the block is evicted).
+    /// as a first block (a later hit on it restores them; they go when the block is evicted).
     pub fn attach_sink(&mut self, block: u32, keys: SinkKeys) {
         let m = &mut self.meta[block as usize];
-        if m.key.is_some() {
+        if m.key.as_ref().is_some_and(|k| k.parent == ROOT) {
             m.sink = Some(keys);
         }
     }
@@ -319,16 +319,17 @@ mod tests {
         let blocks = compute(&mut m, &t);
         let keys: SinkKeys = vec![vec![vec![1.5f32; 8]]].into();
         m.attach_sink(blocks[0], keys.clone());
-        m.attach_sink(blocks[1], keys.clone()); // not the first block, but registered: kept
+        m.attach_sink(blocks[1], keys.clone()); // registered, but not a first block: ignored
+        assert!(m.meta[blocks[1] as usize].sink.is_none());
         m.release(&blocks);
         let hit = m.lookup(&t);
         assert_eq!((hit.blocks.len(), hit.sink.as_ref()), (2, Some(&keys)));
         m.release(&hit.blocks);
         // Evicting the blocks for other content forgets the keys.
         let other = m.allocate(3).unwrap();
+        assert!(m.meta[blocks[0] as usize].sink.is_none(), "evicted with its keys");
         m.release(&other);
-        let again = m.lookup(&t);
-        assert_eq!((again.blocks.len(), again.sink), (0, None));
+        assert_eq!(m.lookup(&t).blocks.len(), 0);
         let private = m.allocate(1).unwrap();
         m.attach_sink(private[0], keys);
         assert!(m.meta[private[0] as usize].sink.is_none());

@@ -202,5 +202,8 @@ impl SequenceKv for PagedSeqKv<'_> {
 
     fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        if let Some(e) = self.exact.as_deref_mut() {
+            e.truncate(self.len);
+        }
     }
 }

@@ -52,7 +52,8 @@ impl ExactKeyStore {
         }
         let g = layout.geometry();
         let layer = LayerKeys { sink: vec![Vec::new(); g.n_kv_heads], recent: vec![Vec::new(); g.n_kv_heads], recent_start: 0 };
-        let sink = usize::from(p.sink).min(layout.block_size());
+        let sink = usize::from(p.sink);
+        assert!(sink <= layout.block_size(), "the layout refuses a sink longer than a block");
         Some(ExactKeyStore { head_dim: g.head_dim, sink, window: p.window.into(), layers: vec![layer; layout.layers()] })
     }
 
@@ -64,12 +65,6 @@ impl ExactKeyStore {
     /// The recent window's length.
     pub fn window(&self) -> usize {
         self.window
-    }
-
-    /// Bytes held now (for logs and tests).
-    pub fn bytes(&self) -> usize {
-        let rows = |v: &[Vec<f32>]| v.iter().map(Vec::len).sum::<usize>();
-        self.layers.iter().map(|l| rows(&l.sink) + rows(&l.recent)).sum::<usize>() * 4
     }
 
     /// Records layer `layer`'s keys of positions `pos..` (`rows`: tokens × `n_kv_heads *
@@ -114,16 +109,32 @@ impl ExactKeyStore {
     }
 
     /// The sequence now holds `len` tokens: forgets recent rows that no query at `len` or
-    /// later needs (once they amount to a window, so the copy is amortized).
+    /// later needs, once they amount to [`stale_rows`] (so the copy is amortized), and gives
+    /// back what a prefill chunk grew the rows to.
     pub fn advance(&mut self, len: usize) {
         let (hd, window) = (self.head_dim, self.window);
         let keep_from = (len + 1).saturating_sub(window);
         for l in &mut self.layers {
             let stale = keep_from.saturating_sub(l.recent_start).min(l.recent[0].len() / hd);
-            if stale >= window.max(16) {
-                l.recent.iter_mut().for_each(|r| drop(r.drain(..stale * hd)));
+            if stale >= stale_rows(window) {
+                for r in &mut l.recent {
+                    r.drain(..stale * hd);
+                    if r.capacity() > 2 * max_rows(window, 0) * hd {
+                        r.shrink_to(max_rows(window, 0) * hd);
+                    }
+                }
                 l.recent_start += stale;
             }
+        }
+    }
+
+    /// Forgets the keys of positions `len..` (the sequence was cut back to `len` tokens).
+    pub fn truncate(&mut self, len: usize) {
+        let hd = self.head_dim;
+        for l in &mut self.layers {
+            l.sink.iter_mut().for_each(|s| s.truncate(s.len().min(len * hd)));
+            let keep = len.saturating_sub(l.recent_start) * hd;
+            l.recent.iter_mut().for_each(|r| r.truncate(r.len().min(keep)));
         }
     }
 
@@ -141,13 +152,25 @@ impl ExactKeyStore {
         }
     }
 
-    /// Forgets everything (the sequence is recomputed from the start).
+    /// Forgets everything and frees the memory (the sequence is recomputed from the start).
     pub fn reset(&mut self) {
         for l in &mut self.layers {
-            l.sink.iter_mut().chain(l.recent.iter_mut()).for_each(Vec::clear);
+            l.sink.iter_mut().chain(l.recent.iter_mut()).for_each(|v| *v = Vec::new());
             l.recent_start = 0;
         }
     }
+}
+
+/// Stale recent rows that [`ExactKeyStore::advance`] lets gather before it drops them.
+fn stale_rows(window: usize) -> usize {
+    (window / 4).max(16)
+}
+
+/// The most rows a store keeps per (layer, KV head) between steps, for a window of `window`
+/// and a sink of `sink` (a prefill chunk's rows come on top while it runs).
+pub fn max_rows(window: usize, sink: usize) -> usize {
+    let recent = if window == 0 { 0 } else { window - 1 + stale_rows(window) };
+    recent + sink
 }
 
 #[cfg(test)]
@@ -183,14 +206,18 @@ mod tests {
             assert_eq!(positions(&v.sink[1]), vec![0, 1]);
             let recent = positions(&v.recent[1]);
             // Every key the next query (at t + 1) scores exactly is here, in order...
-            assert!(v.recent_start <= t + 2 - 8 && recent.last() == Some(&t), "{t}: {recent:?}");
+            assert!(v.recent_start <= (t + 2).saturating_sub(8) && recent.last() == Some(&t), "{t}: {recent:?}");
             assert_eq!(recent, (v.recent_start..=t).collect::<Vec<_>>());
             // ...and what is kept stays bounded.
-            assert!(recent.len() <= 8 + 16, "{t}: {}", recent.len());
+            assert!(recent.len() + v.sink[1].len() / 4 <= max_rows(8, 2), "{t}: {}", recent.len());
             // Head 1's own values, not head 0's.
             let last = &v.recent[1][v.recent[1].len() - 4..];
             assert_eq!(last, (0..4).map(|d| (1000 * t + 10 + d) as f32).collect::<Vec<_>>());
         }
+        // A long prefill chunk's memory goes back once the window has moved past it.
+        s.write(1, 40, &rows(40, 200));
+        s.advance(240);
+        assert!(s.view(1).recent[0].capacity() <= 2 * max_rows(8, 0) * 4, "{}", s.view(1).recent[0].capacity());
         // Layer 0 was never written.
         assert!(s.view(0).recent[0].is_empty() && s.sink_keys().is_none());
     }
@@ -206,6 +233,9 @@ mod tests {
         s.write(0, 2, &rows(2, 1));
         assert_eq!(positions(&s.view(0).sink[0]), vec![0, 1, 2]);
         assert_eq!(positions(&s.view(0).recent[0]), vec![0, 1, 2]);
+        // Truncating forgets the later positions of every layer.
+        s.truncate(7);
+        assert_eq!((positions(&s.view(1).sink[0]), positions(&s.view(1).recent[1]).len()), (vec![0, 1, 2, 3], 7));
         // A prefix hit of 12 positions: the sink comes from the cache, the window starts at 12.
         s.reset();
         s.restore_sink(&sink);

@@ -131,6 +131,11 @@ impl KvLayout {
     /// random state of QJL and HQMQ.
     pub fn new(layers: usize, geom: KvGeometry, block_size: usize, dtype: KvDtype, scheme: Option<&KvCacheScheme>, seed: u64) -> Result<Arc<Self>, KvFormatError> {
         assert!(block_size > 0 && layers > 0);
+        if let KvFormat::Qjl1(p) = dtype.k {
+            if usize::from(p.sink) > block_size {
+                return Err(KvFormatError::SinkTooLong { format: dtype.k, block_size });
+            }
+        }
         assert!(scheme.is_none_or(|s| s.scales.len() == layers), "one (k_scale, v_scale) per layer");
         let mut codecs = Vec::with_capacity(layers);
         let mut offsets = Vec::with_capacity(layers);
@@ -275,8 +280,9 @@ impl KvLayout {
         };
         let exact = match self.dtype.k {
             KvFormat::Qjl1(p) if p.window > 0 || p.sink > 0 => {
-                let bytes = (usize::from(p.window) + usize::from(p.sink)) * self.layers() * self.geom.n_kv_heads * self.geom.head_dim * 4;
-                format!("; exact f32 keys of the first {} and last {} positions: {:.2} MiB per sequence", p.sink, p.window, bytes as f64 / (1 << 20) as f64)
+                let rows = super::exact_keys::max_rows(p.window.into(), p.sink.into());
+                let bytes = rows * self.layers() * self.geom.n_kv_heads * self.geom.head_dim * 4;
+                format!("; exact f32 keys of the first {} and last {} positions: up to {:.2} MiB per sequence", p.sink, p.window, bytes as f64 / (1 << 20) as f64)
             }
             _ => String::new(),
         };

@@ -101,6 +101,9 @@ impl SequenceKv for LocalKv {
 
     fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        if let Some(e) = &mut self.exact {
+            e.truncate(self.len);
+        }
     }
 }
 

@@ -72,6 +72,7 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     fn forward(&mut self, batch: &mut [StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        debug_assert!(batch.iter().all(|s| s.exact.is_none()), "the CUDA backend scores no exact keys (it refuses qjl1)");
         let steps: Vec<CudaStep<'_>> =
             batch.iter().map(|s| CudaStep { tokens: s.tokens, blocks: s.blocks, cached: s.cached, logits_from: s.logits_from }).collect();
         self.model.forward(&steps).map_err(|e| e.to_string())

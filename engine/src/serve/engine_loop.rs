@@ -9,7 +9,7 @@ use super::backend::{Backend, StepSeq};
 use crate::sample::{logsumexp, top_n, Sampled};
 use crate::tokenizer::Tokenizer;
 use crate::LoadedModel;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
@@ -114,7 +114,8 @@ impl EngineLoop {
         let t_fwd = Instant::now();
         let result = {
             // Each scheduled sequence once, mutably (its exact keys are written in the pass).
-            let mut scheduled: HashMap<u64, &mut Sequence> = self.seqs.iter_mut().filter(|(k, _)| work.iter().any(|w| w.key == **k)).map(|(k, s)| (*k, s)).collect();
+            let keys: HashSet<u64> = work.iter().map(|w| w.key).collect();
+            let mut scheduled: HashMap<u64, &mut Sequence> = self.seqs.iter_mut().filter(|(k, _)| keys.contains(k)).map(|(k, s)| (*k, s)).collect();
             let mut batch: Vec<StepSeq<'_>> = work
                 .iter()
                 .map(|w| {

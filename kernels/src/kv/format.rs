@@ -35,7 +35,8 @@ impl QjlParams {
     pub const DEFAULT_WINDOW: u16 = 128;
     /// `qjl1`'s sink: StreamingLLM's four attention-sink tokens.
     pub const DEFAULT_SINK: u16 = 4;
-    /// The longest sink: it must fit the first block of the smallest block size in use.
+    /// The longest sink a name may ask for (it must also fit the cache's first block, which
+    /// the layout checks).
     pub const MAX_SINK: u16 = 16;
     /// The longest window a name may ask for.
     pub const MAX_WINDOW: u16 = 8192;
@@ -78,6 +79,15 @@ pub enum KvFormatError {
     /// A keys-only format asked to store values.
     #[error("{0} compresses keys only; store values in another format (e.g. --kv-cache-dtype-k {0} --kv-cache-dtype-v bf16)")]
     KeysOnly(KvFormat),
+    /// A sink of exact keys longer than the cache's first block (the prefix cache carries the
+    /// sink with that block).
+    #[error("{format}'s sink must fit the first KV-cache block ({block_size} tokens)")]
+    SinkTooLong {
+        /// The format.
+        format: KvFormat,
+        /// Tokens per block.
+        block_size: usize,
+    },
     /// The head size does not fit the format's blocks.
     #[error("{format} needs a head dimension that is a multiple of {multiple}; this model's is {head_dim}")]
     HeadDim {

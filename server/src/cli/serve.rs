@@ -69,7 +69,8 @@ pub struct ServeArgs {
     /// KV-cache format for keys and values: auto (the checkpoint's kv_cache_scheme, else f32,
     /// the compute type), f32, bf16, f16,
     /// fp8_e4m3, int8, tq3_0, hqmq-s{24,48,96,192}-r{3,4,6}[-med3]; qjl1 compresses keys only
-    /// (give it with --kv-cache-dtype-k) [default: auto].
+    /// (give it with --kv-cache-dtype-k; qjl1-wW-sS keeps the first S and last W keys of each
+    /// sequence exact, qjl1 = qjl1-w128-s4) [default: auto].
     #[arg(long)]
     kv_cache_dtype: Option<String>,
     /// Key format (overrides --kv-cache-dtype for keys).
