@@ -141,6 +141,15 @@ mod tests {
     }
 
     #[test]
+    fn a_qjl_sink_must_fit_the_first_block() {
+        let geom = KvGeometry { head_dim: 32, n_kv_heads: 2 };
+        let dtype = |sink| KvDtype { k: format!("qjl1-w8-s{sink}").parse().unwrap(), v: KvFormat::Bf16 };
+        assert!(KvLayout::new(2, geom, 4, dtype(4), None, 1).is_ok());
+        let e = KvLayout::new(2, geom, 4, dtype(5), None, 1).unwrap_err();
+        assert!(e.to_string().contains("qjl1-w8-s5's sink must fit the first KV-cache block (4 tokens)"), "{e}");
+    }
+
+    #[test]
     fn block_bytes_follow_the_formats() {
         let f32_layout = layout(KvDtype::default());
         let bf16 = layout(KvDtype::both(KvFormat::Bf16));
