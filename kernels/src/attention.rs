@@ -365,15 +365,17 @@ fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: us
     let rows = m * group;
     let pw = kv.k.query_width();
     let mut prepared = vec![0f32; rows * pw];
-    // The queries as the keys are stored (scaled), kept when some keys are scored exactly.
-    let mut scaled = vec![0f32; if kv.exact.is_some() { rows * hd } else { hd }];
+    // The queries as the keys are stored (scaled), one row per (query, head of the group),
+    // when there is a scale to apply or exact keys to score against them.
+    let copy = kv.query_scale.is_some() || kv.exact.is_some();
+    let mut scaled = vec![0f32; if copy { rows * hd } else { 0 }];
     for i in 0..m {
         for hh in 0..group {
             let h = g * group + hh;
             let row = i * group + hh;
             let mut qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
-            if kv.query_scale.is_some() || kv.exact.is_some() {
-                let head = if kv.exact.is_some() { &mut scaled[row * hd..(row + 1) * hd] } else { &mut scaled[..] };
+            if copy {
+                let head = &mut scaled[row * hd..(row + 1) * hd];
                 head.copy_from_slice(qh);
                 kv.scale_query(g, head);
                 qh = head;

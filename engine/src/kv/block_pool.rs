@@ -74,12 +74,13 @@ impl BlockPool {
         KvTile { start, len, slots: self.layout.block_size(), keys, values }
     }
 
-    /// Tokens `0..end` of layer `layer` of the sequence whose block table is `blocks`.
-    pub fn view(&self, blocks: &[u32], layer: usize, end: usize) -> KvView<'_> {
+    /// Tokens `0..end` of layer `layer` of the sequence whose block table is `blocks`, with
+    /// the sequence's exact keys when its key format keeps some.
+    pub fn view<'a>(&'a self, blocks: &[u32], layer: usize, end: usize, exact: Option<&'a ExactKeyStore>) -> KvView<'a> {
         let bs = self.layout.block_size();
         let (k, v) = self.layout.codecs(layer);
         let tiles = (0..end.div_ceil(bs)).map(|b| self.tile(blocks[b], layer, b * bs, bs.min(end - b * bs))).collect();
-        KvView { k, v, tiles, query_scale: self.layout.key_scale(layer), exact: None }
+        KvView { k, v, tiles, query_scale: self.layout.key_scale(layer), exact: exact.map(|e| e.view(layer)) }
     }
 
     /// Encodes head `head`'s rows (`n × head_dim`) into slots `slot..` of its page in the
@@ -190,7 +191,7 @@ impl SequenceKv for PagedSeqKv<'_> {
     }
 
     fn view(&self, layer: usize, end: usize) -> KvView<'_> {
-        KvView { exact: self.exact.as_deref().map(|e| e.view(layer)), ..self.pool.view(self.blocks, layer, end) }
+        self.pool.view(self.blocks, layer, end, self.exact.as_deref())
     }
 
     fn advance(&mut self, n: usize) {

@@ -89,7 +89,7 @@ impl SequenceKv for LocalKv {
     }
 
     fn view(&self, layer: usize, end: usize) -> KvView<'_> {
-        KvView { exact: self.exact.as_ref().map(|e| e.view(layer)), ..self.pool.view(&self.blocks, layer, end) }
+        self.pool.view(&self.blocks, layer, end, self.exact.as_ref())
     }
 
     fn advance(&mut self, n: usize) {
