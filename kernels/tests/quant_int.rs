@@ -11,7 +11,10 @@
 //!   token scale, and the f32 rounding of the dequantized weights the reference uses).
 //! - W4A16: both kernels sum `k` f32 products in different orders (scalar: per group sequentially
 //!   then scaled; AVX2: 8 lanes, FMA, per-group scaling), each within `(k + ng + 4)·eps·Σ|w·x|`
-//!   of the exact sum; AVX2 vs scalar is held to twice that.
+//!   of the exact sum; AVX2 vs scalar is held to twice that. With bf16 activations the same
+//!   bounds hold over the bf16-rounded activations (the products stay exact; the AVX-512 BF16
+//!   kernel sums 16 lanes, two per `vdpbf16ps` step, and scales per group), and the rounding
+//!   itself is checked bit for bit against the scalar rule.
 
 #[allow(dead_code)] // shared helpers; this file uses some
 mod common;
@@ -22,7 +25,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::interleaved::GemmLevel;
 use tessera_kernels::cpu::Isa;
-use tessera_kernels::quant::act::{quantize_int8_row, quantize_int8_row_scalar};
+use tessera_kernels::cpu::caps::bf16_dot_available;
+use tessera_kernels::quant::act::{quantize_int8_row, quantize_int8_row_scalar, round_bf16_row, round_bf16_scalar};
 use tessera_kernels::quant::{ActQuant, Int4Matrix, Int8Matrix, QuantLinear, QuantMatrix};
 
 const EPS: f64 = f32::EPSILON as f64;
@@ -42,6 +46,21 @@ fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2].into_iter().filter(|i| i.available()).collect()
 }
 
+/// ISAs this machine runs for activations `act`: bf16 needs AVX-512 BF16 beyond the scalar
+/// kernel (skipped with a note where it is missing).
+fn isas_for(act: ActQuant) -> Vec<Isa> {
+    if act == ActQuant::Bf16 && !bf16_dot_available() {
+        eprintln!("note: AVX-512 BF16 is not available on this CPU; the bf16 W4A16 kernel was not tested");
+        return vec![Isa::Scalar];
+    }
+    isas()
+}
+
+/// `x` rounded to bf16 (bit patterns), as the bf16 kernels take it.
+fn to_bf16(x: &[f32]) -> Vec<u16> {
+    x.iter().map(|&v| round_bf16_scalar(v)).collect()
+}
+
 
 
 /// Random int8 matrix (-127..=127).
@@ -55,6 +74,7 @@ fn int8(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Int8Matrix {
 #[derive(Clone, Copy, Debug)]
 enum Scheme {
     W4A16 { group: usize, asym: bool },
+    W4A16Bf16 { group: usize, asym: bool },
     W4A8 { group: usize, asym: bool },
     W8A8,
 }
@@ -62,6 +82,7 @@ enum Scheme {
 fn layer(r: &mut ChaCha8Rng, s: Scheme, rows: usize, cols: usize, isa: Isa) -> QuantLinear {
     let (w, act) = match s {
         Scheme::W4A16 { group, asym } => (QuantMatrix::Int4(int4(r, rows, cols, group, asym)), ActQuant::F32),
+        Scheme::W4A16Bf16 { group, asym } => (QuantMatrix::Int4(int4(r, rows, cols, group, asym)), ActQuant::Bf16),
         Scheme::W4A8 { group, asym } => (QuantMatrix::Int4(int4(r, rows, cols, group, asym)), ActQuant::Int8PerToken),
         Scheme::W8A8 => (QuantMatrix::Int8(int8(r, rows, cols)), ActQuant::Int8PerToken),
     };
@@ -92,6 +113,7 @@ fn seen(act: ActQuant, x: &[f32], k: usize) -> Vec<f64> {
                 })
                 .collect()
         }
+        ActQuant::Bf16 => to_bf16(x).iter().map(|&b| f32::from_bits(u32::from(b) << 16) as f64).collect(),
         _ => x.iter().map(|&v| v as f64).collect(),
     }
 }
@@ -120,7 +142,7 @@ fn bound(l: &QuantLinear) -> f64 {
         m => (m.cols(), 1),
     };
     match l.act() {
-        ActQuant::F32 => (k + ng + 4) as f64,
+        ActQuant::F32 | ActQuant::Bf16 => (k + ng + 4) as f64,
         _ => (ng + 4) as f64,
     }
 }
@@ -166,6 +188,7 @@ fn all_schemes() -> Vec<(Scheme, usize, usize)> {
     let mut v = Vec::new();
     for &(rows, cols, group, asym) in INT4_CASES {
         v.push((Scheme::W4A16 { group, asym }, rows, cols));
+        v.push((Scheme::W4A16Bf16 { group, asym }, rows, cols));
         v.push((Scheme::W4A8 { group, asym }, rows, cols));
     }
     for &(rows, cols) in INT8_CASES {
@@ -187,14 +210,14 @@ fn kernels_match_f64_reference_and_scalar() {
         let ys = run(&scalar, &x, m);
         let what = format!("{scheme:?} {rows}x{cols} m={m}");
         assert_within(&ys, &want, &mag, bound(&scalar), &format!("{what} scalar vs f64"));
-        if !Isa::Avx2.available() {
+        if !isas_for(scalar.act()).contains(&Isa::Avx2) {
             continue;
         }
         let avx = on(&scalar, Isa::Avx2);
         let ya = run(&avx, &x, m);
         assert_within(&ya, &want, &mag, bound(&avx), &format!("{what} avx2 vs f64"));
         match scheme {
-            Scheme::W4A16 { .. } => {
+            Scheme::W4A16 { .. } | Scheme::W4A16Bf16 { .. } => {
                 let ys64: Vec<f64> = ys.iter().map(|&v| v as f64).collect();
                 assert_within(&ya, &ys64, &mag, 2.0 * bound(&avx), &format!("{what} avx2 vs scalar"));
             }
@@ -275,6 +298,10 @@ fn batching_never_changes_results() {
         (Scheme::W4A16 { group: 128, asym: false }, 45, 320),
         (Scheme::W4A16 { group: 448, asym: true }, 29, 1120),
         (Scheme::W4A16 { group: 640, asym: false }, 21, 1536),
+        (Scheme::W4A16Bf16 { group: 128, asym: true }, 37, 576),
+        (Scheme::W4A16Bf16 { group: 128, asym: false }, 45, 320),
+        (Scheme::W4A16Bf16 { group: 32, asym: true }, 64, 1536),
+        (Scheme::W4A16Bf16 { group: 640, asym: true }, 21, 1536),
         (Scheme::W4A8 { group: 128, asym: true }, 37, 576),
         (Scheme::W4A8 { group: 128, asym: false }, 45, 320),
         (Scheme::W4A8 { group: 640, asym: true }, 21, 1536),
@@ -285,7 +312,7 @@ fn batching_never_changes_results() {
     for (scheme, rows, cols) in cases {
         let base = layer(&mut r, scheme, rows, cols, Isa::Scalar);
         let x = randn(&mut r, 100 * cols);
-        for isa in isas() {
+        for isa in isas_for(base.act()) {
             let l = on(&base, isa);
             let alone: Vec<Vec<u32>> = x.chunks_exact(cols).map(|xi| bits(&run(&l, xi, 1))).collect();
             for m in [1usize, 2, 3, 5, 8, 13, 64, 100] {
@@ -315,15 +342,20 @@ fn row_ranges_never_change_results() {
     let w4r = int4(&mut r, rows, cols, 128, true);
     let mut xq = vec![0i8; m * cols];
     let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(x, q)| quantize_int8_row(x, q)).collect();
+    let xb = to_bf16(&x);
     let splits: [&[usize]; 4] = [&[0, 37], &[0, 1, 37], &[0, 5, 6, 19, 37], &[0, 8, 16, 24, 32, 37]];
     for isa in isas() {
-        let kernels: [(&str, RowKernel); 5] = [
+        let mut kernels: Vec<(&str, RowKernel)> = vec![
             ("w4a16", Box::new(|a, b, o: &mut [f32]| w4.rows_f32(isa, a, b, &x, m, o))),
             ("w4a8", Box::new(|a, b, o: &mut [f32]| w4.rows_int8(isa, a, b, &xq, &xs, m, o))),
             ("w4a16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_f32(isa, a, b, &x, m, o))),
             ("w4a8 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_int8(isa, a, b, &xq, &xs, m, o))),
             ("w8a8", Box::new(|a, b, o: &mut [f32]| w8.rows_int8(isa, a, b, &xq, &xs, m, o))),
         ];
+        if isas_for(ActQuant::Bf16).contains(&isa) {
+            kernels.push(("w4a16 bf16", Box::new(|a, b, o: &mut [f32]| w4.rows_bf16(isa, a, b, &xb, m, o))));
+            kernels.push(("w4a16 bf16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_bf16(isa, a, b, &xb, m, o))));
+        }
         for (name, k) in &kernels {
             let mut whole = vec![0f32; rows * m];
             k(0, rows, &mut whole);
@@ -438,6 +470,39 @@ fn int8_activation_quantizer_matches_scalar() {
         assert_eq!(sa.to_bits(), sb.to_bits(), "scale of {x:?}");
         assert_eq!(a, b, "codes of {x:?}");
     }
+}
+
+/// The dispatched bf16 rounding (AVX-512 BF16 where available) gives the scalar rule's bits:
+/// random rows of odd lengths, exact ties (even and odd), values that carry into the
+/// exponent, subnormals (taken as zero), NaN, infinities and signed zeros; and on normal
+/// values the rule is `half`'s round-to-nearest-even.
+#[test]
+fn bf16_activation_rounding_matches_scalar() {
+    let mut r = rng(19);
+    let mut rows: Vec<Vec<f32>> = [1usize, 15, 16, 17, 33, 576, 1536].iter().map(|&n| randn(&mut r, n)).collect();
+    // Ties: the dropped 16 bits are exactly 0x8000, kept mantissa odd or even; 0x7FFF/0x8001
+    // around them; a mantissa of all ones that carries into the exponent.
+    rows.push(
+        [0x3F80_8000u32, 0x3F81_8000, 0x3F80_7FFF, 0x3F80_8001, 0x3FFF_FFFF, 0x7F7F_FFFF, 0xBF80_8000, 0xBF81_8000]
+            .iter()
+            .map(|&b| f32::from_bits(b))
+            .collect(),
+    );
+    rows.push(vec![1e-39, -1e-40, f32::from_bits(1), 0.0, -0.0, f32::MIN_POSITIVE, f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3.0, -7.5, 1e30, -1e-30, 0.1, 65504.0]);
+    for x in &rows {
+        let mut got = vec![0u16; x.len()];
+        round_bf16_row(x, &mut got);
+        assert_eq!(got, to_bf16(x), "{x:?}");
+        for (&v, &b) in x.iter().zip(&got) {
+            if v.is_normal() {
+                assert_eq!(b, half::bf16::from_f32(v).to_bits(), "{v:e}");
+            }
+        }
+    }
+    assert_eq!(round_bf16_scalar(1e-39), 0);
+    assert_eq!(round_bf16_scalar(-1e-40), 0x8000);
+    assert_eq!(round_bf16_scalar(f32::from_bits(0x3F80_8000)), 0x3F80, "tie to even (down)");
+    assert_eq!(round_bf16_scalar(f32::from_bits(0x3F81_8000)), 0x3F82, "tie to even (up)");
 }
 
 /// The group geometry: `ceil(cols / group)` groups per row with a short last one, one group for

@@ -67,9 +67,11 @@ impl Linear {
         if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
             return Err(err(format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols())));
         }
-        let int8_act = policy.int4_int8_act && q.act == ActQuant::F32 && matches!(*q.matrix, QuantMatrix::Int4(_));
-        let (act, note) = if int8_act {
+        let weight_only_int4 = q.act == ActQuant::F32 && matches!(*q.matrix, QuantMatrix::Int4(_));
+        let (act, note) = if weight_only_int4 && policy.int4_int8_act {
             (ActQuant::Int8PerToken, Some("16-bit activations in the checkpoint; quantized to int8 per token (--compute int8-act)".to_string()))
+        } else if weight_only_int4 && policy.int4_bf16_act && caps.avx512bf16 {
+            (ActQuant::Bf16, q.note.clone())
         } else {
             (q.act, q.note.clone())
         };

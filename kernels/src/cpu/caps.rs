@@ -44,6 +44,8 @@ pub struct CpuCaps {
     pub avx512bw: bool,
     /// AVX-512 VNNI.
     pub avx512vnni: bool,
+    /// AVX-512 BF16 dot products (with F/BW/VL and the AVX2 set): [`bf16_dot_available`].
+    pub avx512bf16: bool,
     /// Worker threads available to kernels.
     pub threads: usize,
 }
@@ -59,7 +61,7 @@ impl CpuCaps {
         );
         #[cfg(not(target_arch = "x86_64"))]
         let (avx2_fma, avx512bw, avx512vnni) = (false, false, false);
-        CpuCaps { avx2_fma, avx512bw, avx512vnni, threads: rayon::current_num_threads() }
+        CpuCaps { avx2_fma, avx512bw, avx512vnni, avx512bf16: bf16_dot_available(), threads: rayon::current_num_threads() }
     }
 
     /// The best ISA level Tessera has kernels for on this CPU.
@@ -76,8 +78,26 @@ impl fmt::Display for CpuCaps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "avx2+fma={} avx512bw={} avx512vnni={} threads={}",
-            self.avx2_fma, self.avx512bw, self.avx512vnni, self.threads
+            "avx2+fma={} avx512bw={} avx512vnni={} avx512bf16={} threads={}",
+            self.avx2_fma, self.avx512bw, self.avx512vnni, self.avx512bf16, self.threads
         )
     }
+}
+
+/// Whether this CPU runs the AVX-512 BF16 kernels (`vdpbf16ps`, `vcvtneps2bf16`, with
+/// AVX-512 F/BW/VL and the AVX2 set). Detected once; cheap to ask per call.
+pub fn bf16_dot_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static BF16: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *BF16.get_or_init(|| {
+            Isa::Avx2.available()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }

@@ -6,6 +6,9 @@
 //! - FP8 E4M3: per group of `group` values, `scale = absmax / 448`, `q = e4m3(x / scale)`
 //!   (round to nearest even), as vLLM's dynamic per-token (or per-token-group) FP8 does.
 //!
+//! - bf16: each value rounded to nearest even, subnormals taken as zero (what
+//!   `vcvtneps2bf16` does), for W4A16's 16-bit activations.
+//!
 //! An all-zero row gets scale 0 and zero codes.
 
 use super::fp8::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
@@ -102,6 +105,31 @@ mod avx2 {
         let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
         _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.0)), _mm256_set1_ps(-127.0)))
     }
+}
+
+/// `out[i]` = the bf16 bits of `x[i]` ([`round_bf16_scalar`]); 16 at a time where the CPU
+/// has AVX-512 BF16, with the same bits.
+pub fn round_bf16_row(x: &[f32], out: &mut [u16]) {
+    assert_eq!(x.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::caps::bf16_dot_available() {
+        // SAFETY: AVX-512 BF16 checked just above; lengths asserted equal.
+        unsafe { super::avx512_bf16::round_bf16(x, out) };
+        return;
+    }
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = round_bf16_scalar(v);
+    }
+}
+
+/// The bf16 bits of `v`: round to nearest even, NaN kept (quieted), and subnormal inputs
+/// taken as (signed) zero, as `vcvtneps2bf16` rounds.
+pub fn round_bf16_scalar(v: f32) -> u16 {
+    let b = v.to_bits();
+    if b & 0x7f80_0000 == 0 {
+        return ((b >> 16) & 0x8000) as u16;
+    }
+    half::bf16::from_f32(v).to_bits()
 }
 
 /// Rounds one row to E4M3 per group of `group` values: `codes` gets the E4M3 values as f32

@@ -36,7 +36,7 @@ const F32_BLOCK_BYTES: usize = 16 * 1024;
 /// Sum of the 8 lanes, always in the same tree: `(lo128 + hi128)`, then halves, then pairs.
 ///
 #[target_feature(enable = "avx2,fma")]
-fn hsum_ps(v: __m256) -> f32 {
+pub(super) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));

@@ -212,6 +212,34 @@ impl Int4Matrix {
         }
     }
 
+    /// W4A16 with bf16 activations (`xb`: bit patterns, `m × cols`): the scalar kernel is
+    /// [`Self::rows_f32_scalar`] on the activations widened back to f32 (every product is
+    /// exact either way); at `Isa::Avx2` the AVX-512 BF16 kernel (`vdpbf16ps`), which agrees
+    /// with it to f32 summation order and gives bit-identical results for a token whatever
+    /// `m`, the other tokens or the row range.
+    ///
+    /// # Panics
+    /// If `isa` is `Avx2` and this CPU lacks AVX-512 BF16, or the shapes disagree.
+    pub fn rows_bf16(&self, isa: Isa, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
+        assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
+        assert_eq!(xb.len(), m * self.cols, "activation shape");
+        assert!(out.len() >= (r1 - r0) * m, "output tile");
+        match isa {
+            Isa::Scalar => {
+                let x: Vec<f32> = xb.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect();
+                self.rows_f32_scalar(r0, r1, &x, m, out)
+            }
+            Isa::Avx2 => {
+                assert!(crate::cpu::caps::bf16_dot_available(), "AVX-512 BF16 kernel requested on a CPU without it");
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX-512 BF16 checked above; shapes asserted above.
+                unsafe {
+                    super::avx512_bf16::int4_bf16(self, r0, r1, xb, m, out)
+                }
+            }
+        }
+    }
+
     /// [`Self::rows_int8_scalar`] on `isa`, at the fastest [`GemmLevel`] it allows here.
     ///
     /// # Panics

@@ -7,7 +7,8 @@
 //! batching never changes a token's result.
 //!
 //! Numerics (each kernel is tested against the scalar reference in its matrix module):
-//! - W4A16: int4 values dequantized in registers, f32 products and accumulation.
+//! - W4A16: int4 values dequantized in registers, f32 products and accumulation; with bf16
+//!   activations (rounded once per call) the AVX-512 BF16 dot, whose products are exact too.
 //! - W4A8 / W8A8 int8: activations quantized per token to int8 ([`act`]), integer products
 //!   summed in int32 per scale group (AVX2 `maddubs` or AVX-512 `vpdpbusd`, the same
 //!   integers), then `token scale × channel (group) scale` in f32.
@@ -17,6 +18,7 @@
 pub mod act;
 mod avx2_int;
 mod avx2_fp8;
+mod avx512_bf16;
 pub mod fp8;
 pub mod fp8_matrix;
 pub mod int4;
@@ -36,6 +38,9 @@ use std::sync::Arc;
 pub enum ActQuant {
     /// Kept in f32 (weight-only schemes: W4A16).
     F32,
+    /// Rounded to bf16 (W4A16's 16-bit activations, as vLLM's Marlin kernels take them), for
+    /// the AVX-512 BF16 dot.
+    Bf16,
     /// Dynamic per-token int8, absmax / 127 (W4A8, W8A8 int8).
     Int8PerToken,
     /// Dynamic per-token (per column block with block scales) E4M3, absmax / 448 (W8A8 FP8).
@@ -47,6 +52,7 @@ impl ActQuant {
     pub fn name(self) -> &'static str {
         match self {
             ActQuant::F32 => "f32",
+            ActQuant::Bf16 => "bf16",
             ActQuant::Int8PerToken => "int8/token",
             ActQuant::Fp8PerToken => "fp8/token",
         }
@@ -121,6 +127,7 @@ impl QuantMatrix {
 /// Activations prepared once per call for every row task.
 enum Prepared<'a> {
     F32(&'a [f32]),
+    Bf16(Vec<u16>),
     Int8 { q: Vec<i8>, scales: Vec<f32> },
     Fp8 { codes: Vec<f32>, scales: Vec<f32> },
 }
@@ -147,12 +154,15 @@ impl QuantLinear {
         let w = w.into();
         let ok = matches!(
             (&*w, act),
-            (QuantMatrix::Int4(_), ActQuant::F32 | ActQuant::Int8PerToken)
+            (QuantMatrix::Int4(_), ActQuant::F32 | ActQuant::Bf16 | ActQuant::Int8PerToken)
                 | (QuantMatrix::Int8(_), ActQuant::Int8PerToken)
                 | (QuantMatrix::Fp8(_), ActQuant::Fp8PerToken)
         );
         if !ok {
             return Err(format!("no kernel for {} weights with {} activations", w.storage(), act.name()));
+        }
+        if act == ActQuant::Bf16 && isa != Isa::Scalar && !crate::cpu::caps::bf16_dot_available() {
+            return Err("bf16 activations need AVX-512 BF16 on this CPU (or the scalar kernel)".into());
         }
         Ok(QuantLinear { w, act, isa, perm: None })
     }
@@ -217,6 +227,11 @@ impl QuantLinear {
         let k = self.cols();
         match self.act {
             ActQuant::F32 => Prepared::F32(x),
+            ActQuant::Bf16 => {
+                let mut b = vec![0u16; m * k];
+                act::round_bf16_row(x, &mut b);
+                Prepared::Bf16(b)
+            }
             ActQuant::Int8PerToken => {
                 let mut q = vec![0i8; m * k];
                 let scales = x.chunks_exact(k).zip(q.chunks_exact_mut(k)).map(|(x, q)| act::quantize_int8_row(x, q)).collect();
@@ -240,6 +255,7 @@ impl QuantLinear {
     fn row_range(&self, prep: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
         match (&*self.w, prep) {
             (QuantMatrix::Int4(w), Prepared::F32(x)) => w.rows_f32(self.isa, r0, r1, x, m, tile),
+            (QuantMatrix::Int4(w), Prepared::Bf16(xb)) => w.rows_bf16(self.isa, r0, r1, xb, m, tile),
             (QuantMatrix::Int4(w), Prepared::Int8 { q, scales }) => w.rows_int8(self.isa, r0, r1, q, scales, m, tile),
             (QuantMatrix::Int8(w), Prepared::Int8 { q, scales }) => w.rows_int8(self.isa, r0, r1, q, scales, m, tile),
             (QuantMatrix::Fp8(w), Prepared::Fp8 { codes, scales }) => w.rows_fp8(self.isa, r0, r1, codes, scales, m, tile),
@@ -252,12 +268,14 @@ impl fmt::Display for QuantLinear {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let scheme = match (&*self.w, self.act) {
             (QuantMatrix::Int4(_), ActQuant::F32) => "w4a16.int4xf32",
+            (QuantMatrix::Int4(_), ActQuant::Bf16) => "w4a16.int4xbf16",
             (QuantMatrix::Int4(_), _) => "w4a8.int4xint8",
             (QuantMatrix::Int8(_), _) => "w8a8.int8xint8",
             (QuantMatrix::Fp8(_), _) => "w8a8.fp8xfp8",
         };
         let level = match (&*self.w, self.act) {
             (QuantMatrix::Int4(_) | QuantMatrix::Int8(_), ActQuant::Int8PerToken) => crate::cpu::interleaved::GemmLevel::for_isa(self.isa).name(),
+            (_, ActQuant::Bf16) if self.isa != Isa::Scalar => "avx512bf16",
             _ => self.isa.name(),
         };
         write!(f, "cpu.{scheme}.{level}")?;

@@ -16,6 +16,10 @@ use tessera_kernels::linear::LinearPolicy;
 pub enum ComputePath {
     /// Weights dequantized to f32 panels, f32 activations (compare with llama.cpp's F16 figure).
     Float,
+    /// What `serve`, `generate` and `bench` run unless told otherwise: the integer GEMM for
+    /// GGUF Q4_0/Q4_1/Q8_0 on short batches, and bf16 activations for W4A16 checkpoint layers
+    /// where the CPU has the AVX-512 BF16 dot.
+    Default,
     /// Activations quantized per token to 8-bit blocks, integer dots (llama.cpp's Q4_1
     /// kernels); W4A16 checkpoint layers take int8 per-token activations and the W4A8 kernel.
     Int8Act,
@@ -26,6 +30,7 @@ impl ComputePath {
     pub fn policy(self) -> LinearPolicy {
         match self {
             ComputePath::Float => LinearPolicy::ALWAYS_GEMM,
+            ComputePath::Default => LinearPolicy::DEFAULT,
             ComputePath::Int8Act => LinearPolicy::ALWAYS_DOT,
         }
     }
