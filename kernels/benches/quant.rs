@@ -1,6 +1,7 @@
 //! Quantized linear layers on SmolLM2-135M's MLP shapes (gate/up 1536x576, down 576x1536) at
 //! decode and prefill batch sizes, side by side in one run: W4A16 (int4 groups of 128, or 64
-//! where 128 does not divide the 576 input columns), W4A8 (int4 per channel), W8A8 int8, W8A8
+//! where 128 does not divide the 576 input columns; with f32 activations, and with bf16 ones
+//! where the CPU has AVX-512 BF16), W4A8 (int4 per channel), W8A8 int8, W8A8
 //! FP8 (per channel) through `QuantLinear`, and the GGML Q4_1 and F32 paths through
 //! `LinearKernel` with the default policy.
 //! Run: `cargo bench -p tessera-kernels --bench quant`.
@@ -10,6 +11,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tessera_kernels::cpu::caps::bf16_dot_available;
 use tessera_kernels::cpu::{CpuCaps, Isa};
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::cpu::interleaved::Interleaved;
@@ -48,12 +50,16 @@ fn layers(r: &mut ChaCha8Rng, rows: usize, cols: usize, isa: Isa) -> Vec<(&'stat
     });
     let f8 = Fp8Matrix::new(rows, cols, [1, cols], f8.collect(), scales(r, rows)).unwrap();
     let l = |w, a| QuantLinear::with_isa(w, a, isa).unwrap();
-    vec![
-        ("w4a16-g", l(QuantMatrix::Int4(w4g), ActQuant::F32)),
+    let mut v = vec![("w4a16-g", l(QuantMatrix::Int4(w4g.clone()), ActQuant::F32))];
+    if isa != Isa::Scalar && bf16_dot_available() {
+        v.push(("w4a16-g-bf16", l(QuantMatrix::Int4(w4g), ActQuant::Bf16)));
+    }
+    v.extend([
         ("w4a8-ch", l(QuantMatrix::Int4(w4c), ActQuant::Int8PerToken)),
         ("w8a8-int8", l(QuantMatrix::Int8(w8), ActQuant::Int8PerToken)),
         ("w8a8-fp8", l(QuantMatrix::Fp8(f8), ActQuant::Fp8PerToken)),
-    ]
+    ]);
+    v
 }
 
 /// Every path at every batch size, per shape.
