@@ -3,7 +3,8 @@
 //! quantized model's next-token distributions closer to the float model's than rounding to
 //! nearest does, on text the calibration did not see. Calibration reads the project corpus
 //! from its middle; the evaluation uses its first tokens. Also: a quantized output head
-//! (`--lm-head`) on the tied default model is written untied and loads as such.
+//! (`--lm-head`) on the tied default model is written untied and loads as such. Sequential
+//! calibration gives each GPTQ site the inputs of a model whose earlier layers are replaced.
 
 mod common;
 
@@ -12,8 +13,10 @@ use std::sync::OnceLock;
 use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
-use tessera_engine::model::SeqInput;
-use tessera_engine::quantize::calibrate::CalibrationOptions;
+use tessera_engine::model::{ActivationObserver, LinearSite, SeqInput};
+use tessera_engine::quantize::calibrate::{calibrate_sequential, sequences, CalibrationOptions};
+use tessera_engine::quantize::gptq::Hessian;
+use tessera_engine::quantize::QuantizeError;
 use tessera_engine::quantize::{quantize_dir, Calibrated, QuantizeOptions, QuantizeSummary, Recipe, Scheme};
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
@@ -247,4 +250,76 @@ fn w4a16_activation_paths_follow_the_policy() {
     for d in [a, b] {
         std::fs::remove_dir_all(d).unwrap();
     }
+}
+
+/// `Σ x xᵀ` of one site's inputs in full forward passes.
+struct SiteInputs {
+    at: (usize, LinearSite),
+    h: Option<Hessian>,
+}
+
+impl ActivationObserver for SiteInputs {
+    fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize) {
+        if (layer, site) == self.at {
+            self.h.get_or_insert_with(|| Hessian::new(width)).add(rows);
+        }
+    }
+}
+
+/// `‖a − b‖ / ‖b‖` over the Hessians' entries.
+fn relative_difference(a: &Hessian, b: &Hessian) -> f64 {
+    let sq = |it: &mut dyn Iterator<Item = f64>| it.map(|v| v * v).sum::<f64>().sqrt();
+    sq(&mut a.sum.iter().zip(&b.sum).map(|(x, y)| f64::from(x - y))) / sq(&mut b.sum.iter().map(|&y| f64::from(y)))
+}
+
+/// Sequential calibration (what `--gptq` runs) hands every site the Hessian of the inputs it
+/// gets once the layers before it are replaced by what the caller returned, within a block
+/// too. With nothing replaced, block 1's Q/K/V and block 0's O Hessians are the float model's
+/// (the block-by-block pass is the forward pass). With block 0's `v_proj` replaced by zeros
+/// after its site, block 0's O inputs are zero, and block 1's Q/K/V Hessian is that of a full
+/// forward pass of the model so changed, and far from the float model's: a one-pass
+/// calibration of the float model fails both.
+#[test]
+fn sequential_calibration_sees_the_layers_before_replaced() {
+    let bf16 = converted(FloatDtype::BF16);
+    let opts = CalibrationOptions { text: calibration_file(), max_tokens: 1024, seq_len: 256 };
+    const V0: &str = "model.layers.0.self_attn.v_proj.weight";
+    let mut m = LoadedModel::load(&bf16, LinearPolicy::DEFAULT).unwrap();
+    let v_len = m.model.kv_width() * m.model.config().hidden_size;
+    let seqs = sequences(&m.tokenizer, m.model.config().max_position_embeddings, &opts).unwrap();
+    assert_eq!(seqs.len(), 4);
+    let full = |m: &LoadedModel, at: (usize, LinearSite)| {
+        let mut obs = SiteInputs { at, h: None };
+        for s in &seqs {
+            let mut kv = m.model.local_kv(s.len());
+            m.model.forward_observed(&mut [SeqInput { tokens: s, kv: &mut kv, logits_from: None }], &mut obs).unwrap();
+        }
+        obs.h.unwrap()
+    };
+    let (float_o0, float_qkv1) = (full(&m, (0, LinearSite::Output)), full(&m, (1, LinearSite::Qkv)));
+    // The sequential pass over blocks 0 and 1 (an error from the callback ends it).
+    let sequential = |zero_v0: bool| {
+        let mut got = std::collections::BTreeMap::new();
+        let r = calibrate_sequential(&bf16, &opts, |layer, site, m| {
+            if layer == 2 {
+                return Err(QuantizeError::Usage("stop".into()));
+            }
+            got.insert((layer, site), m.hessian.clone());
+            Ok(if zero_v0 && (layer, site) == (0, LinearSite::Qkv) { vec![(V0.to_string(), vec![0f32; v_len])] } else { Vec::new() })
+        });
+        assert!(matches!(r, Err(QuantizeError::Usage(m)) if m == "stop"));
+        assert_eq!(got.len(), 8);
+        got
+    };
+    let plain = sequential(false);
+    let (o0, qkv1) = (relative_difference(&plain[&(0, LinearSite::Output)], &float_o0), relative_difference(&plain[&(1, LinearSite::Qkv)], &float_qkv1));
+    assert!(o0 < 1e-4 && qkv1 < 1e-4, "nothing replaced: block 0 O {o0}, block 1 Q/K/V {qkv1} from the float model's");
+
+    let zeroed = sequential(true);
+    assert!(zeroed[&(0, LinearSite::Output)].sum.iter().all(|&v| v == 0.0), "block 0's O inputs after its V became zero");
+    m.model.block_linear_mut("blk.0.attn_v.weight").unwrap().set_f32(&vec![0f32; v_len], &m.caps, LinearPolicy::DEFAULT).unwrap();
+    let changed_qkv1 = full(&m, (1, LinearSite::Qkv));
+    let (same, moved) = (relative_difference(&zeroed[&(1, LinearSite::Qkv)], &changed_qkv1), relative_difference(&changed_qkv1, &float_qkv1));
+    assert!(same < 1e-4, "block 1 Q/K/V is {same} from the changed model's");
+    assert!(moved > 0.01, "zeroing block 0's V moved block 1's Q/K/V Hessian by only {moved}");
 }

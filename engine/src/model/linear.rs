@@ -99,6 +99,26 @@ impl Linear {
         Ok(Linear { name: name.into(), rows, cols, w })
     }
 
+    /// Replaces the weights by `w` (`[rows, cols]` row-major f32, held in memory), with the
+    /// kernel an F32 checkpoint tensor gets; name and shape stay. The file pages of mapped
+    /// weights it replaces are released.
+    pub fn set_f32(&mut self, w: &[f32], caps: &CpuCaps, policy: LinearPolicy) -> Result<(), String> {
+        if w.len() != self.rows * self.cols {
+            return Err(format!("{}: {} values for a [{}, {}] weight", self.name, w.len(), self.rows, self.cols));
+        }
+        if let Weights::Ggml { data, .. } = &self.w {
+            data.release_pages();
+        }
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.w = Weights::Ggml { ty: GgmlType::F32, data: TensorBytes::Owned(bytes.into()), kernel: LinearKernel::select(GgmlType::F32, caps, policy) };
+        Ok(())
+    }
+
+    /// The weight's canonical name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Output features.
     pub fn rows(&self) -> usize {
         self.rows

@@ -263,6 +263,18 @@ impl LlamaModel {
         out
     }
 
+    /// The linear layer of a dense block whose weight is `name` (canonical: `blk.3.attn_q.weight`,
+    /// `blk.3.ffn_down.weight`), e.g. to swap in quantized weights while calibrating.
+    pub fn block_linear_mut(&mut self, name: &str) -> Option<&mut Linear> {
+        self.blocks.iter_mut().find_map(|b| {
+            let ffn: Vec<&mut Linear> = match &mut b.ffn {
+                Ffn::Dense(mlp) => mlp.linears_mut().into(),
+                Ffn::Moe(_) => Vec::new(),
+            };
+            [&mut b.wq, &mut b.wk, &mut b.wv, &mut b.wo].into_iter().chain(ffn).find(|l| l.name() == name)
+        })
+    }
+
     /// Storage type of the token embedding (looked up row by row, no kernel).
     pub fn embedding_type(&self) -> GgmlType {
         self.embed.ty
@@ -282,22 +294,118 @@ impl LlamaModel {
         self.forward_pass(batch, Some(observer))
     }
 
-    fn forward_pass(&self, batch: &mut [SeqInput<'_>], mut observer: Option<&mut dyn ActivationObserver>) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let c = &self.config;
-        let (h, hd, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
-        let (qw, kw) = (self.shape.q_width(), self.shape.kv_width());
-        let qkv_w = qw + 2 * kw;
+    /// The embedding rows (`hidden_size` each) of `tokens`: the input of the first block.
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
+        self.check_tokens(tokens)?;
+        Ok(self.embed_rows(tokens, tokens.len()))
+    }
 
-        // Validate everything before touching any cache.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ForwardError> {
+        let vocab = self.config.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(&id) => Err(ForwardError::TokenOutOfRange { id, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// The embedding rows of the `m` tokens of `tokens` (ids already checked).
+    fn embed_rows<'t>(&self, tokens: impl IntoIterator<Item = &'t u32>, m: usize) -> Vec<f32> {
+        let h = self.config.hidden_size;
+        let mut x = vec![0f32; m * h];
+        let erb = self.embed.ty.row_bytes(h).expect("checked at load");
+        let ebytes = self.embed.data.bytes();
+        for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
+            dequantize_row(self.embed.ty, &ebytes[t as usize * erb..(t as usize + 1) * erb], row);
+        }
+        x
+    }
+
+    /// Runs blocks `layers` alone over `x`, the hidden states of the batch's new tokens
+    /// (sequence after sequence, `hidden_size` per token: [`Self::embed`]'s rows before block
+    /// 0), in place. Each sequence's cache gets those blocks' keys and values at its current
+    /// position and then advances by its new tokens, so a cache serves one such call (give
+    /// fresh ones to the next range). `logits_from` is not read: no logits are computed.
+    /// `observer` sees those blocks' linear inputs. With `until`, the pass stops right after
+    /// showing the last block's inputs of that site, leaving `x` and the caches partway: only
+    /// what was observed is of use. Calibration uses this to run a model block by block while
+    /// its blocks change (sequential GPTQ).
+    ///
+    /// # Panics
+    /// If `layers` goes past the last block or `x` does not hold one row per new token.
+    pub fn forward_blocks(
+        &self,
+        layers: std::ops::Range<usize>,
+        batch: &mut [SeqInput<'_>],
+        x: &mut [f32],
+        observer: Option<&mut dyn ActivationObserver>,
+        until: Option<LinearSite>,
+    ) -> Result<(), ForwardError> {
+        assert!(layers.end <= self.blocks.len(), "blocks {layers:?} of {}", self.blocks.len());
+        let m: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        assert_eq!(x.len(), m * self.config.hidden_size, "one hidden row per new token");
+        self.run_blocks(layers, batch, x, observer, until).map(drop)
+    }
+
+    fn forward_pass(&self, batch: &mut [SeqInput<'_>], observer: Option<&mut dyn ActivationObserver>) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let c = &self.config;
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        // Validate everything before touching any cache (capacity: in `run_blocks`).
         for s in batch.iter() {
-            if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ForwardError::TokenOutOfRange { id, vocab });
-            }
+            self.check_tokens(s.tokens)?;
             if let Some(from) = s.logits_from {
                 if from >= s.tokens.len() {
                     return Err(ForwardError::LogitsRange { from, len: s.tokens.len() });
                 }
             }
+        }
+        let m = batch.iter().map(|s| s.tokens.len()).sum();
+        let mut x = self.embed_rows(batch.iter().flat_map(|s| s.tokens.iter()), m);
+        let spans = self.run_blocks(0..self.blocks.len(), batch, &mut x, observer, None)?;
+
+        // All requested rows of all sequences through the output head in one call (one pass
+        // over its weights), each sequence's rows a segment.
+        let wanted: Vec<(usize, usize)> = batch
+            .iter()
+            .zip(&spans)
+            .map(|(s, &(r0, n, _))| s.logits_from.map_or((r0, 0), |from| (r0 + from, n - from)))
+            .collect();
+        let rows: usize = wanted.iter().map(|w| w.1).sum();
+        let mut hn = vec![0f32; rows * h];
+        let mut at = 0;
+        for &(r, n) in &wanted {
+            rms_norm(&x[r * h..(r + n) * h], &self.final_norm, c.rms_norm_eps, &mut hn[at * h..(at + n) * h]);
+            at += n;
+        }
+        let mut logits = vec![0f32; rows * vocab];
+        let segments: Vec<usize> = wanted.iter().map(|w| w.1).filter(|&n| n > 0).collect();
+        self.lm_head.forward(&hn, &segments, &mut logits, vocab);
+        let mut out = Vec::with_capacity(batch.len());
+        let mut at = 0;
+        for &(_, n) in &wanted {
+            out.push(logits[at * vocab..(at + n) * vocab].to_vec());
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// Blocks `layers` over the hidden rows `x` of the batch (caches checked, reserved, written
+    /// and advanced), stopping after site `until` of the last block when given (caches not
+    /// advanced); returns each sequence's (first row, new tokens, first position).
+    fn run_blocks(
+        &self,
+        layers: std::ops::Range<usize>,
+        batch: &mut [SeqInput<'_>],
+        x: &mut [f32],
+        mut observer: Option<&mut dyn ActivationObserver>,
+        until: Option<LinearSite>,
+    ) -> Result<Vec<(usize, usize, usize)>, ForwardError> {
+        let last = layers.end.saturating_sub(1);
+        let stop = |li: usize, site: LinearSite| li == last && until == Some(site);
+        let c = &self.config;
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (qw, kw) = (self.shape.q_width(), self.shape.kv_width());
+        let qkv_w = qw + 2 * kw;
+        for s in batch.iter() {
             let needed = s.kv.len() + s.tokens.len();
             if needed > c.max_position_embeddings {
                 return Err(KvError::Capacity { needed, capacity: c.max_position_embeddings }.into());
@@ -322,13 +430,6 @@ impl LlamaModel {
         let rope_table = self.rope.table(spans.iter().flat_map(|&(_, n, p0)| p0..p0 + n));
         let half = self.rope.half_dim();
 
-        let mut x = vec![0f32; m * h];
-        let erb = self.embed.ty.row_bytes(h).expect("checked at load");
-        let ebytes = self.embed.data.bytes();
-        for (row, &t) in x.chunks_exact_mut(h).zip(batch.iter().flat_map(|s| s.tokens.iter())) {
-            dequantize_row(self.embed.ty, &ebytes[t as usize * erb..(t as usize + 1) * erb], row);
-        }
-
         let mut normed = vec![0f32; m * h];
         let mut qkv = vec![0f32; m * qkv_w];
         let mut q = vec![0f32; m * qw];
@@ -337,10 +438,13 @@ impl LlamaModel {
         let mut head = vec![0f32; hd];
         let mut kbuf = Vec::new();
         let mut vbuf = Vec::new();
-        for (li, b) in self.blocks.iter().enumerate() {
-            rms_norm(&x, &b.attn_norm, c.rms_norm_eps, &mut normed);
+        for (li, b) in self.blocks.iter().enumerate().take(layers.end).skip(layers.start) {
+            rms_norm(x, &b.attn_norm, c.rms_norm_eps, &mut normed);
             if let Some(o) = observer.as_deref_mut() {
                 o.observe(li, LinearSite::Qkv, &normed, h);
+            }
+            if stop(li, LinearSite::Qkv) {
+                return Ok(spans);
             }
             Linear::forward_fused(&[&b.wq, &b.wk, &b.wv], &normed, &segments, &mut qkv, qkv_w);
             for (t, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
@@ -385,49 +489,34 @@ impl LlamaModel {
             if let Some(o) = observer.as_deref_mut() {
                 o.observe(li, LinearSite::Output, &attn, qw);
             }
+            if stop(li, LinearSite::Output) {
+                return Ok(spans);
+            }
             b.wo.forward(&attn, &segments, &mut tmp, h);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
 
-            rms_norm(&x, &b.ffn_norm, c.rms_norm_eps, &mut normed);
+            rms_norm(x, &b.ffn_norm, c.rms_norm_eps, &mut normed);
             match &b.ffn {
                 Ffn::Dense(mlp) => match observer.as_deref_mut() {
                     Some(o) => {
                         o.observe(li, LinearSite::GateUp, &normed, h);
+                        if stop(li, LinearSite::GateUp) {
+                            return Ok(spans);
+                        }
                         mlp.forward_with(&normed, &segments, &mut tmp, |act| o.observe(li, LinearSite::Down, act, c.intermediate_size));
                     }
                     None => mlp.forward(&normed, &segments, &mut tmp),
                 },
                 Ffn::Moe(moe) => moe.forward(&normed, &segments, &mut tmp),
             }
+            if stop(li, LinearSite::Down) {
+                return Ok(spans);
+            }
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
         }
         for (s, &(_, n, _)) in batch.iter_mut().zip(&spans) {
             s.kv.advance(n);
         }
-
-        // All requested rows of all sequences through the output head in one call (one pass
-        // over its weights), each sequence's rows a segment.
-        let wanted: Vec<(usize, usize)> = batch
-            .iter()
-            .zip(&spans)
-            .map(|(s, &(r0, n, _))| s.logits_from.map_or((r0, 0), |from| (r0 + from, n - from)))
-            .collect();
-        let rows: usize = wanted.iter().map(|w| w.1).sum();
-        let mut hn = vec![0f32; rows * h];
-        let mut at = 0;
-        for &(r, n) in &wanted {
-            rms_norm(&x[r * h..(r + n) * h], &self.final_norm, c.rms_norm_eps, &mut hn[at * h..(at + n) * h]);
-            at += n;
-        }
-        let mut logits = vec![0f32; rows * vocab];
-        let segments: Vec<usize> = wanted.iter().map(|w| w.1).filter(|&n| n > 0).collect();
-        self.lm_head.forward(&hn, &segments, &mut logits, vocab);
-        let mut out = Vec::with_capacity(batch.len());
-        let mut at = 0;
-        for &(_, n) in &wanted {
-            out.push(logits[at * vocab..(at + n) * vocab].to_vec());
-            at += n;
-        }
-        Ok(out)
+        Ok(spans)
     }
 }

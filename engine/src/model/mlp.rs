@@ -43,6 +43,11 @@ impl Mlp {
         self.down.forward(&act, segments, out, hidden);
     }
 
+    /// Gate, up and down.
+    pub fn linears_mut(&mut self) -> [&mut Linear; 3] {
+        [&mut self.gate, &mut self.up, &mut self.down]
+    }
+
     /// Plan entries of the three projections.
     pub fn plan(&self) -> [PlanEntry; 3] {
         [self.gate.plan(), self.up.plan(), self.down.plan()]

@@ -1,12 +1,18 @@
-//! Calibration for `tessera quantize`: the input model runs over calibration text once, and
-//! for every dense block the inputs of its linear layers ([`LinearSite`]) are summarized: the
-//! per-channel absolute maximum (what SmoothQuant balances) and, when asked, the second
-//! moment `Σ x xᵀ` (what GPTQ minimizes the output error under).
+//! Calibration for `tessera quantize`: the input model runs over calibration text.
+//!
+//! - [`calibrate`]: the float model, once, summarizing every dense block's linear inputs
+//!   ([`LinearSite`]) by their per-channel absolute maximum (what SmoothQuant balances).
+//! - [`calibrate_sequential`]: block by block for GPTQ, collecting each site's second moment
+//!   `Σ x̃ x̃ᵀ` from the inputs it gets once everything before it is quantized (and the cross
+//!   moment with the float model's inputs), and handing them to the caller, whose quantized
+//!   weights replace the float ones before the next site.
 
 use super::gptq::Hessian;
 use super::math::column_absmax_into;
 use super::QuantizeError;
+use crate::checkpoint::names::canonical_name;
 use crate::model::{ActivationObserver, LinearSite, SeqInput};
+use crate::tokenizer::Tokenizer;
 use crate::LoadedModel;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -28,8 +34,6 @@ pub struct CalibrationOptions {
 pub struct SiteStats {
     /// Per-channel `max |x|`.
     pub absmax: Vec<f32>,
-    /// `Σ x xᵀ` (when second moments were asked for).
-    pub hessian: Option<Hessian>,
 }
 
 /// Input summaries of every dense block's linear sites, by (block, site).
@@ -41,20 +45,12 @@ pub struct Calibration {
     pub tokens: usize,
     /// The model's (query heads, KV heads).
     pub heads: (usize, usize),
-    pub(crate) hessians: bool,
 }
 
 impl ActivationObserver for Calibration {
     fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize) {
-        let hessians = self.hessians;
-        let s = self
-            .sites
-            .entry((layer, site))
-            .or_insert_with(|| SiteStats { absmax: vec![0.0; width], hessian: hessians.then(|| Hessian::new(width)) });
+        let s = self.sites.entry((layer, site)).or_insert_with(|| SiteStats { absmax: vec![0.0; width] });
         column_absmax_into(&mut s.absmax, rows);
-        if let Some(h) = &mut s.hessian {
-            h.add(rows);
-        }
     }
 }
 
@@ -65,25 +61,29 @@ impl Calibration {
     }
 }
 
-/// Runs the model of the Hugging Face directory `input` over the calibration text and
-/// summarizes every dense linear input (second moments too when `hessians`).
-pub fn calibrate(input: &Path, opts: &CalibrationOptions, hessians: bool) -> Result<Calibration, QuantizeError> {
+/// The model of the Hugging Face directory `input`, loaded to calibrate (dense models only).
+fn load(input: &Path) -> Result<LoadedModel, QuantizeError> {
+    let loaded = LoadedModel::load(input, LinearPolicy::DEFAULT).map_err(|e| QuantizeError::Usage(format!("loading {} to calibrate: {e}", input.display())))?;
+    if loaded.model.config().moe.is_some() {
+        return Err(QuantizeError::Usage("calibrated quantization (--smoothquant, --gptq) supports dense models; this one has MoE layers".into()));
+    }
+    Ok(loaded)
+}
+
+/// The calibration sequences: the text of `opts` tokenized by `tokenizer`, cut into whole
+/// sequences of `opts.seq_len` tokens (at most `max_position`), each starting as the model's
+/// inputs do (with BOS when the tokenizer adds one), at most `opts.max_tokens` in all.
+pub fn sequences(tokenizer: &Tokenizer, max_position: usize, opts: &CalibrationOptions) -> Result<Vec<Vec<u32>>, QuantizeError> {
     let usage = |m: String| QuantizeError::Usage(m);
     let text = std::fs::read_to_string(&opts.text).map_err(|e| super::io(&opts.text, e))?;
-    let loaded = LoadedModel::load(input, LinearPolicy::DEFAULT).map_err(|e| usage(format!("loading {} to calibrate: {e}", input.display())))?;
-    let c = loaded.model.config();
-    if c.moe.is_some() {
-        return Err(usage("calibrated quantization (--smoothquant, --gptq) supports dense models; this one has MoE layers".into()));
-    }
-    let seq_len = opts.seq_len.min(c.max_position_embeddings).min(opts.max_tokens);
+    let seq_len = opts.seq_len.min(max_position).min(opts.max_tokens);
     if seq_len < 2 {
         return Err(usage(format!("calibration sequences of {seq_len} tokens: use at least 2 (--calibration-seq-len, --calibration-tokens)")));
     }
-    let mut tokens = loaded.tokenizer.encode(&text).map_err(|e| usage(format!("tokenizing {}: {e}", opts.text.display())))?;
-    // Every sequence starts as the model's inputs do (with BOS when the tokenizer adds one):
-    // the first token's activations are the model's largest (an attention sink), and GPTQ
+    let mut tokens = tokenizer.encode(&text).map_err(|e| usage(format!("tokenizing {}: {e}", opts.text.display())))?;
+    // The first token's activations are the model's largest (an attention sink), and GPTQ
     // must see them as inference will.
-    let special = loaded.tokenizer.special();
+    let special = tokenizer.special();
     let bos = special.bos.filter(|_| special.add_bos);
     if bos.is_some() && tokens.first().copied() == bos {
         tokens.remove(0);
@@ -103,16 +103,146 @@ pub fn calibrate(input: &Path, opts: &CalibrationOptions, hessians: bool) -> Res
     if sequences.first().is_none_or(|s| s.len() < seq_len) {
         return Err(usage(format!("{} holds {} tokens; calibration wants at least {seq_len}", opts.text.display(), tokens.len())));
     }
-    let mut cal = Calibration { hessians, heads: (c.num_heads, c.num_kv_heads), ..Calibration::default() };
+    Ok(sequences)
+}
+
+/// Sequences per forward pass: the linear layers see more rows per call.
+const GROUP: usize = 4;
+
+/// Runs the float model of the Hugging Face directory `input` over the calibration text once
+/// and summarizes every dense linear input.
+pub fn calibrate(input: &Path, opts: &CalibrationOptions) -> Result<Calibration, QuantizeError> {
+    let loaded = load(input)?;
+    let c = loaded.model.config();
+    let sequences = sequences(&loaded.tokenizer, c.max_position_embeddings, opts)?;
+    let mut cal = Calibration { heads: (c.num_heads, c.num_kv_heads), ..Calibration::default() };
     let model = &loaded.model;
     let all: usize = sequences.iter().map(Vec::len).sum();
-    // A few sequences per forward pass: the linear layers see more rows per call.
-    for group in sequences.chunks(4) {
+    for group in sequences.chunks(GROUP) {
         let mut caches: Vec<_> = group.iter().map(|s| model.local_kv(s.len())).collect();
         let mut batch: Vec<SeqInput<'_>> = group.iter().zip(caches.iter_mut()).map(|(t, kv)| SeqInput { tokens: t, kv, logits_from: None }).collect();
-        model.forward_observed(&mut batch, &mut cal).map_err(|e| usage(format!("calibration forward pass: {e}")))?;
+        model.forward_observed(&mut batch, &mut cal).map_err(|e| QuantizeError::Usage(format!("calibration forward pass: {e}")))?;
         cal.tokens += group.iter().map(Vec::len).sum::<usize>();
         tracing::info!(tokens = cal.tokens, of = all, "calibrating");
     }
     Ok(cal)
+}
+
+/// The sites of a dense block in the order [`calibrate_sequential`] quantizes them: each
+/// site's layers see the inputs the block produces once the earlier sites' layers are
+/// quantized (the GPTQ reference's "true sequential").
+pub const STAGES: [LinearSite; 4] = [LinearSite::Qkv, LinearSite::Output, LinearSite::GateUp, LinearSite::Down];
+
+/// The rows of one site's inputs in one forward pass.
+struct SiteRows {
+    at: (usize, LinearSite),
+    rows: Vec<f32>,
+}
+
+impl ActivationObserver for SiteRows {
+    fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], _: usize) {
+        if (layer, site) == self.at {
+            self.rows.extend_from_slice(rows);
+        }
+    }
+}
+
+/// What GPTQ learns of one site's inputs `x̃` in the model being quantized, paired with the
+/// float model's inputs `x` of the same tokens.
+#[derive(Clone, Debug)]
+pub struct SiteMoments {
+    /// `Σ x̃ x̃ᵀ`.
+    pub hessian: Hessian,
+    /// `Σ x x̃ᵀ`.
+    pub cross: Hessian,
+}
+
+/// Accumulates [`SiteMoments`] over forward passes, given each pass's float rows first.
+struct MomentsObserver {
+    at: (usize, LinearSite),
+    float_rows: Vec<f32>,
+    moments: Option<SiteMoments>,
+}
+
+impl ActivationObserver for MomentsObserver {
+    fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize) {
+        if (layer, site) == self.at {
+            let m = self.moments.get_or_insert_with(|| SiteMoments { hessian: Hessian::new(width), cross: Hessian::new(width) });
+            m.hessian.add(rows);
+            m.cross.add_cross(&self.float_rows, rows);
+        }
+    }
+}
+
+/// Sequential calibration for GPTQ, as in the GPTQ paper and llm-compressor's sequential
+/// pipeline: the model of the Hugging Face directory `input` runs over the calibration text
+/// block by block, keeping every calibration token's hidden state between blocks. For each
+/// block and each site of [`STAGES`], the block runs over those hidden states and the site's
+/// input moments go to `quantize(block, site, moments)`, which returns the weights that
+/// replace the float ones of that site's layers: `(Hugging Face weight name, [rows, cols] f32
+/// values)`, in the float model's input frame. Once the block's last site is replaced, the
+/// block runs again to give the next block its inputs. So every Hessian is that of the inputs
+/// the site gets from a model whose earlier layers are already quantized, not the float
+/// model's. The float model runs alongside on its own hidden states, so that each moment also
+/// pairs the float inputs of the same tokens with the quantized model's ([`SiteMoments`]).
+///
+/// Cost: per block, each model runs its first three sites' partial passes and two whole ones
+/// over the calibration tokens (about three float forward passes each without the output
+/// head). Memory: the float model loaded twice, the hidden states of every calibration token
+/// (4 · tokens · hidden_size bytes, twice per model), one site's moments, and the replaced
+/// weights as f32 (twice a BF16 model's linear weights once all are replaced). Returns the
+/// tokens run.
+pub fn calibrate_sequential(
+    input: &Path,
+    opts: &CalibrationOptions,
+    mut quantize: impl FnMut(usize, LinearSite, &SiteMoments) -> Result<Vec<(String, Vec<f32>)>, QuantizeError>,
+) -> Result<usize, QuantizeError> {
+    let usage = |m: String| QuantizeError::Usage(m);
+    let mut loaded = load(input)?;
+    let float = load(input)?;
+    let (caps, layers) = (loaded.caps, loaded.model.config().num_layers);
+    let sequences = sequences(&loaded.tokenizer, loaded.model.config().max_position_embeddings, opts)?;
+    let groups: Vec<&[Vec<u32>]> = sequences.chunks(GROUP).collect();
+    let tokens: usize = sequences.iter().map(Vec::len).sum();
+    let mut hidden = groups.iter().map(|g| loaded.model.embed(&g.concat())).collect::<Result<Vec<_>, _>>().map_err(|e| usage(format!("calibration: {e}")))?;
+    let mut float_hidden = hidden.clone();
+    for layer in 0..layers {
+        let failed = |e: crate::model::ForwardError| usage(format!("calibration, block {layer}: {e}"));
+        for site in STAGES {
+            let mut obs = MomentsObserver { at: (layer, site), float_rows: Vec::new(), moments: None };
+            for ((group, x), fx) in groups.iter().zip(&hidden).zip(&float_hidden) {
+                let mut rows = SiteRows { at: (layer, site), rows: Vec::new() };
+                run_block(&float.model, layer, group, &mut fx.clone(), Some(&mut rows), Some(site)).map_err(failed)?;
+                obs.float_rows = rows.rows;
+                run_block(&loaded.model, layer, group, &mut x.clone(), Some(&mut obs), Some(site)).map_err(failed)?;
+            }
+            let moments = obs.moments.ok_or_else(|| usage(format!("calibration: block {layer} has no {site:?} inputs")))?;
+            for (name, w) in quantize(layer, site, &moments)? {
+                let canonical = canonical_name(&name).ok().flatten();
+                let linear = canonical.and_then(|c| loaded.model.block_linear_mut(&c)).ok_or_else(|| usage(format!("calibration: the model has no dense block layer {name}")))?;
+                linear.set_f32(&w, &caps, LinearPolicy::DEFAULT).map_err(usage)?;
+            }
+        }
+        for ((group, x), fx) in groups.iter().zip(hidden.iter_mut()).zip(float_hidden.iter_mut()) {
+            run_block(&loaded.model, layer, group, x, None, None).map_err(failed)?;
+            run_block(&float.model, layer, group, fx, None, None).map_err(failed)?;
+        }
+        tracing::info!(block = layer, of = layers, tokens, "block quantized");
+    }
+    Ok(tokens)
+}
+
+/// Block `layer` of `model` over the hidden states `x` of the sequences `group`, in place
+/// (to site `until` only, when given).
+fn run_block(
+    model: &crate::model::LlamaModel,
+    layer: usize,
+    group: &[Vec<u32>],
+    x: &mut [f32],
+    observer: Option<&mut dyn ActivationObserver>,
+    until: Option<LinearSite>,
+) -> Result<(), crate::model::ForwardError> {
+    let mut caches: Vec<_> = group.iter().map(|s| model.local_kv(s.len())).collect();
+    let mut batch: Vec<SeqInput<'_>> = group.iter().zip(caches.iter_mut()).map(|(t, kv)| SeqInput { tokens: t, kv, logits_from: None }).collect();
+    model.forward_blocks(layer..layer + 1, &mut batch, x, observer, until)
 }

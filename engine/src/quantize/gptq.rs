@@ -75,6 +75,41 @@ impl Hessian {
         self.tokens += t;
     }
 
+    /// Adds the cross moment `Σ a bᵀ` of paired rows of `a` and `b` (same shape as `x` in
+    /// [`Self::add`]): element `(i, j)` sums `a_i · b_j`.
+    pub fn add_cross(&mut self, a: &[f32], b: &[f32]) {
+        let (n, t) = (self.width, a.len() / self.width);
+        assert!(a.len() == t * n && b.len() == a.len(), "paired rows of {n}");
+        if t == 0 {
+            return;
+        }
+        // SAFETY: as in `add`, with aᵀ on the left and b on the right (same shapes as x).
+        unsafe {
+            gemm::gemm(
+                n,
+                n,
+                t,
+                self.sum.as_mut_ptr(),
+                1,
+                n as isize,
+                true,
+                a.as_ptr(),
+                n as isize,
+                1,
+                b.as_ptr(),
+                1,
+                n as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(0),
+            );
+        }
+        self.tokens += t;
+    }
+
     /// The inputs' mean square per channel (`H_ii / tokens`).
     pub fn diagonal(&self) -> Vec<f32> {
         let t = self.tokens.max(1) as f32;
@@ -151,6 +186,55 @@ fn inverse_factor(h: &Hessian, order: &[usize]) -> Result<Vec<f32>, String> {
         }
     }
     Err(format!("the {n}x{n} Hessian of the calibration inputs is not positive definite even with damping {damp}"))
+}
+
+/// The weights `W* = W + W (C − H) (H + damping)⁻¹` (`w`: `[rows, cols]` row-major) that the
+/// quantized layer should approach when its inputs `x̃` (second moment `H = Σ x̃ x̃ᵀ`, `h`)
+/// differ from the float model's `x` (cross moment `C = Σ x x̃ᵀ`, `cross`). Undamped this is
+/// `W C H⁻¹`, and `‖W X − Ŵ X̃‖² = ‖(W* − Ŵ) X̃‖² + const`, so GPTQ on `W*` with `H` minimizes
+/// the error against the float model's outputs, not against the float layer applied to inputs
+/// the earlier quantized layers already moved (GPTAQ's asymmetric calibration, Li et al.,
+/// 2025). Written as a correction of `W`, damped as [`Factor`] is, it leaves `W` as it is when
+/// the inputs did not move.
+pub fn float_target(w: &[f32], h: &Hessian, cross: &Hessian) -> Result<Vec<f32>, String> {
+    let n = h.width;
+    if cross.width != n || !w.len().is_multiple_of(n) {
+        return Err(format!("a {n}-wide target from a {}-wide cross moment and {} weights", cross.width, w.len()));
+    }
+    let diag: Vec<f64> = (0..n).map(|i| f64::from(h.sum[i * n + i])).map(|d| if d > 0.0 { d } else { 1.0 }).collect();
+    let mean = diag.iter().sum::<f64>() / n as f64;
+    let mut damp = DAMP / 10.0;
+    let l = loop {
+        damp *= 10.0;
+        if damp > DAMP * 1e3 {
+            return Err(format!("the {n}x{n} Hessian of the calibration inputs is not positive definite even with damping {damp}"));
+        }
+        let mut a: Vec<f64> = (0..n * n).map(|k| if k / n == k % n { diag[k / n] + damp * mean } else { f64::from(h.sum[k]) }).collect();
+        if cholesky_lower(&mut a, n).is_ok() {
+            break a;
+        }
+    };
+    let lt: Vec<f64> = (0..n * n).map(|k| l[(k % n) * n + k / n]).collect();
+    let mut out = vec![0f32; w.len()];
+    out.par_chunks_mut(n).zip(w.par_chunks(n)).for_each(|(o, row)| {
+        // v = (C − H)ᵀ w_r, then (L Lᵀ) z = v, and w_r + z.
+        let mut v = vec![0f64; n];
+        for (i, &wi) in row.iter().enumerate() {
+            let wi = f64::from(wi);
+            let (c, hr) = (&cross.sum[i * n..(i + 1) * n], &h.sum[i * n..(i + 1) * n]);
+            v.iter_mut().zip(c.iter().zip(hr)).for_each(|(vj, (&c, &hv))| *vj += wi * (f64::from(c) - f64::from(hv)));
+        }
+        for i in 0..n {
+            let dot: f64 = l[i * n..i * n + i].iter().zip(&v[..i]).map(|(a, b)| a * b).sum();
+            v[i] = (v[i] - dot) / l[i * n + i];
+        }
+        for i in (0..n).rev() {
+            let dot: f64 = lt[i * n + i + 1..(i + 1) * n].iter().zip(&v[i + 1..]).map(|(a, b)| a * b).sum();
+            v[i] = (v[i] - dot) / l[i * n + i];
+        }
+        o.iter_mut().zip(row.iter().zip(&v)).for_each(|(o, (&w, &z))| *o = (f64::from(w) + z) as f32);
+    });
+    Ok(out)
 }
 
 /// What GPTQ needs of one input site, shared by every layer reading it: the visiting order,
@@ -286,6 +370,33 @@ mod tests {
             // asymmetric g32) and 0.19x (FP8) of rounding's output error; 0.6 leaves margin.
             assert!(g < 0.6 * rtn, "{:?}: gptq {g} vs rounding {rtn}", grid.kind);
         }
+    }
+
+    #[test]
+    fn float_target_fits_the_float_outputs_from_perturbed_inputs() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let (rows, n, t) = (6, 16, 400);
+        let (_, x) = correlated(n, t, &mut rng);
+        // The quantized model's inputs: the float ones, scaled per channel and shifted.
+        let x_q: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v * (1.0 + 0.02 * (i % n) as f32) + rng.gen_range(-0.1f32..0.1)).collect();
+        let w: Vec<f32> = (0..rows * n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let (mut h, mut c, mut h_float) = (Hessian::new(n), Hessian::new(n), Hessian::new(n));
+        h.add(&x_q);
+        c.add_cross(&x, &x_q);
+        h_float.add(&x);
+        // Σ_t ‖W x_t − V x̃_t‖²: how far the layer `v` on the perturbed inputs is from the float layer.
+        let error = |v: &[f32], xs: &[f32]| -> f64 {
+            x.chunks(n).zip(xs.chunks(n)).map(|(a, b)| (0..rows).map(|r| {
+                let dot = |m: &[f32], u: &[f32]| m[r * n..(r + 1) * n].iter().zip(u).map(|(p, q)| f64::from(p * q)).sum::<f64>();
+                (dot(&w, a) - dot(v, b)).powi(2)
+            }).sum::<f64>()).sum()
+        };
+        let target = float_target(&w, &h, &c).unwrap();
+        let (before, after) = (error(&w, &x_q), error(&target, &x_q));
+        assert!(after < 0.2 * before, "float target {after} vs the float weights {before}");
+        // Unperturbed inputs: the float weights.
+        assert_eq!(float_target(&w, &h_float, &h_float).unwrap(), w);
+        assert_eq!(c.tokens, t);
     }
 
     #[test]

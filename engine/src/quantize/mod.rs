@@ -5,9 +5,16 @@
 //! quantized and every other tensor is copied byte for byte (or, under SmoothQuant, rewritten
 //! by its factors), the matching output shard is written, and everything is dropped before the
 //! next shard, so memory stays bounded by the largest shard. Calibrated quantization
-//! ([`Calibrated`]) first runs the whole model over the calibration text and keeps every
-//! site's `Σ x xᵀ` for GPTQ (4 · Σ width² bytes per block, about 400 MiB for SmolLM2-135M:
-//! fine for small models; large ones would want them layer by layer). config.json gets a `quantization_config` naming the unquantized linear
+//! ([`Calibrated`]) runs the model over the calibration text first. SmoothQuant takes its
+//! activation maxima from the float model in one pass. GPTQ is sequential: block by block and
+//! site by site, each layer is quantized from the Hessian of the inputs it gets once every
+//! layer before it is quantized ([`calibrate::calibrate_sequential`]), and its written tensors
+//! are kept until its shard is written; each layer rounds the weights that best reproduce the
+//! float model's outputs from its quantized inputs ([`gptq::float_target`]). That adds to the
+//! shard's memory the model loaded twice for calibration (float, and with its block linears
+//! replaced by f32 copies of what was written: 4 bytes per weight), the written tensors, and
+//! the calibration tokens' hidden states in both models.
+//! config.json gets a `quantization_config` naming the unquantized linear
 //! modules concretely; tokenizer, generation and chat-template files are copied.
 //!
 //! Which tensors are quantized: the 2-D `.weight` of every Linear module (`*_proj`, including
@@ -29,11 +36,11 @@ pub mod smooth;
 
 use crate::float_dtype::FloatDtype;
 use crate::quant::pattern::fnmatch;
-use calibrate::{calibrate, Calibration, CalibrationOptions};
+use calibrate::{calibrate, calibrate_sequential, CalibrationOptions};
 use gptq::Factor;
 use math::{column_absmax_into, Grid, INT4, INT8};
 use smooth::{module_site, Rescale, Smoothing};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use memmap2::Mmap;
 use report::{Report, TensorStats};
 use safetensors::tensor::TensorView;
@@ -336,27 +343,33 @@ pub struct Calibrated {
     pub data: CalibrationOptions,
     /// SmoothQuant with this migration strength α (0..1) before quantizing.
     pub smoothquant: Option<f32>,
-    /// GPTQ instead of rounding to nearest.
+    /// GPTQ instead of rounding to nearest, sequentially: each block linear from the inputs
+    /// it gets once the layers before it (earlier blocks, earlier sites of its block) are
+    /// quantized ([`calibrate::calibrate_sequential`]), toward the float model's outputs
+    /// ([`gptq::float_target`]).
     pub gptq: bool,
 }
 
 /// Calibration results that shape the quantization of every shard.
 struct Prepared {
-    cal: Calibration,
     smoothing: Option<Smoothing>,
     gptq: bool,
-    factors: Mutex<BTreeMap<(usize, crate::model::LinearSite), Arc<Factor>>>,
+    /// The written tensors of the block linears GPTQ quantized while calibrating, by module,
+    /// taken as their shard is written.
+    quantized: Mutex<BTreeMap<String, Vec<OutTensor<'static>>>>,
 }
 
 impl Prepared {
-    /// Calibrates on `input` and derives the smoothing factors (reading every shard's weights).
-    fn new(input: &Path, shards: &[String], c: &Calibrated) -> Result<Self, QuantizeError> {
+    /// Calibrates on `input`: derives the smoothing factors from the float model (reading
+    /// every shard's weights), then, for GPTQ, quantizes every selected block linear with the
+    /// `recipe` block by block ([`calibrate_sequential`]).
+    fn new(input: &Path, shards: &[String], c: &Calibrated, recipe: &Recipe, mse: bool, sel: &Selection<'_>) -> Result<Self, QuantizeError> {
         if let Some(a) = c.smoothquant.filter(|a| !(0.0..=1.0).contains(a)) {
             return Err(QuantizeError::Usage(format!("--smoothquant {a}: the migration strength must be in [0, 1]")));
         }
-        let cal = calibrate(input, &c.data, c.gptq)?;
         let smoothing = match c.smoothquant {
             Some(alpha) => {
+                let cal = calibrate(input, &c.data)?;
                 let (maxima, names) = column_absmax(input, shards)?;
                 let s = Smoothing::new(&cal, alpha, cal.heads, |name| maxima.get(name).cloned()).map_err(QuantizeError::Usage)?;
                 // Smoothing is exact only when both sides of every site are rewritten.
@@ -367,7 +380,56 @@ impl Prepared {
             }
             None => None,
         };
-        Ok(Prepared { cal, smoothing, gptq: c.gptq, factors: Mutex::default() })
+        let mut prep = Prepared { smoothing, gptq: c.gptq, quantized: Mutex::default() };
+        if c.gptq {
+            prep.quantize_sequentially(input, shards, c, recipe, mse, sel)?;
+        }
+        Ok(prep)
+    }
+
+    /// GPTQ on every selected dense block linear of the shards, each from the Hessian of its
+    /// (smoothed) inputs in a model whose earlier layers are quantized, rounding the weights
+    /// that best give the float model's outputs from those inputs ([`gptq::float_target`]);
+    /// keeps the tensors to write.
+    fn quantize_sequentially(&mut self, input: &Path, shards: &[String], c: &Calibrated, recipe: &Recipe, mse: bool, sel: &Selection<'_>) -> Result<(), QuantizeError> {
+        let maps = shards.iter().map(|s| map_file(&input.join(s)).map(|m| (input.join(s), m))).collect::<Result<Vec<_>, _>>()?;
+        let files = maps.iter().map(|(path, map)| read_shard(map, path)).collect::<Result<Vec<_>, _>>()?;
+        let smoothing = self.smoothing.as_ref();
+        let quantized = self.quantized.get_mut().expect("quantized tensors");
+        calibrate_sequential(input, &c.data, |layer, site, m| {
+            let (h, cross) = match smoothing.and_then(|s| s.factor(layer, site)) {
+                Some(s) => (m.hessian.divided(s), m.cross.divided(s)),
+                None => (m.hessian.clone(), m.cross.clone()),
+            };
+            let site_err = |msg: String| QuantizeError::Usage(format!("GPTQ, block {layer} {site:?} inputs: {msg}"));
+            let factor = Factor::new(&h).map_err(site_err)?;
+            let mut replaced = Vec::new();
+            for leaf in site_modules(site) {
+                let module = format!("model.layers.{layer}.{leaf}");
+                let name = format!("{module}.weight");
+                let Some(view) = files.iter().find_map(|f| f.tensor(&name).ok()) else { continue };
+                if view.shape().len() != 2 || !sel.selects(&module) {
+                    continue;
+                }
+                let (rows, cols) = (view.shape()[0], view.shape()[1]);
+                let rescale = smoothing.and_then(|s| s.rescale(&name));
+                let (dtype, w) = module_weights(&name, &view, rescale)?;
+                let tensor_err = |msg: String| QuantizeError::Tensor { name: name.clone(), msg };
+                // Weight-only layers: what the float layer computes from the float model's
+                // inputs, as far as the quantized model's inputs can reach it.
+                let w = if recipe.weight_only() { gptq::float_target(&w, &h, &cross).map_err(tensor_err)? } else { w };
+                let tensors = recipe.quantize(&module, &w, cols, dtype, mse, Some(&factor)).map_err(tensor_err)?;
+                // The model calibrates unsmoothed: undo the smoothing of what was written.
+                let mut w_hat = recipe.decode(&module, &tensors, rows, cols).map_err(|msg| tensor_err(format!("decoding what was written: {msg}")))?;
+                if let Some(r) = rescale {
+                    r.undo(&mut w_hat, cols);
+                }
+                quantized.insert(module, tensors);
+                replaced.push((name, w_hat));
+            }
+            Ok(replaced)
+        })?;
+        Ok(())
     }
 
     /// The rewrite of tensor `name`, if smoothing changes it.
@@ -375,22 +437,20 @@ impl Prepared {
         self.smoothing.as_ref().and_then(|s| s.rescale(name))
     }
 
-    /// The GPTQ factor of `module`'s (smoothed) inputs, when GPTQ runs and it was calibrated;
-    /// factored once per site (Q, K and V share one) and kept while the block lasts.
-    fn factor(&self, module: &str) -> Result<Option<Arc<Factor>>, String> {
-        let Some((layer, site)) = module_site(module).filter(|_| self.gptq) else { return Ok(None) };
-        let Some(h) = self.cal.site(layer, site).and_then(|s| s.hessian.as_ref()) else { return Ok(None) };
-        let mut cache = self.factors.lock().expect("factor cache");
-        cache.retain(|k, _| k.0 == layer);
-        if let Some(f) = cache.get(&(layer, site)) {
-            return Ok(Some(f.clone()));
-        }
-        let f = Arc::new(match self.smoothing.as_ref().and_then(|s| s.factor(layer, site)) {
-            Some(s) => Factor::new(&h.divided(s))?,
-            None => Factor::new(h)?,
-        });
-        cache.insert((layer, site), f.clone());
-        Ok(Some(f))
+    /// The tensors GPTQ wrote for `module` while calibrating (once).
+    fn take(&self, module: &str) -> Option<Vec<OutTensor<'static>>> {
+        self.quantized.lock().expect("quantized tensors").remove(module)
+    }
+}
+
+/// The modules (after `model.layers.N.`) reading a site's inputs.
+fn site_modules(site: crate::model::LinearSite) -> &'static [&'static str] {
+    use crate::model::LinearSite as S;
+    match site {
+        S::Qkv => &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+        S::Output => &["self_attn.o_proj"],
+        S::GateUp => &["mlp.gate_proj", "mlp.up_proj"],
+        S::Down => &["mlp.down_proj"],
     }
 }
 
@@ -474,15 +534,20 @@ struct Selection<'a> {
 }
 
 impl Selection<'_> {
+    /// Whether `module` is quantized, counting the `--exclude` patterns it matches.
     fn quantized(&mut self, module: &str) -> bool {
-        let mut excluded = is_router(module) || (is_head(module) && !self.head);
-        excluded |= self.experts_only && !is_expert(module);
         for (p, hits) in self.patterns.iter().zip(self.hits.iter_mut()) {
-            if fnmatch(p.as_bytes(), module.as_bytes()) {
-                *hits += 1;
-                excluded = true;
-            }
+            *hits += usize::from(fnmatch(p.as_bytes(), module.as_bytes()));
         }
+        self.selects(module)
+    }
+
+    /// Whether `module` is quantized.
+    fn selects(&self, module: &str) -> bool {
+        let excluded = is_router(module)
+            || (is_head(module) && !self.head)
+            || (self.experts_only && !is_expert(module))
+            || self.patterns.iter().any(|p| fnmatch(p.as_bytes(), module.as_bytes()));
         !excluded
     }
 }
@@ -592,25 +657,33 @@ impl ShardPlan<'_> {
     /// after SmoothQuant's `rescale` when given, and records its statistics in `res`.
     fn quantize(&self, name: &str, module: &str, view: &TensorView<'_>, rescale: Option<&Rescale>, res: &mut ShardResult) -> Result<Vec<OutTensor<'static>>, QuantizeError> {
         let (rows, cols) = (view.shape()[0], view.shape()[1]);
-        let (dtype, w) = match rescale {
-            Some(r) => {
-                res.smoothed += 1;
-                smoothed(name, view, cols, r)?
-            }
-            None => float_weights(name, view)?,
-        };
+        res.smoothed += usize::from(rescale.is_some());
+        let (dtype, w) = module_weights(name, view, rescale)?;
         let tensor_err = |msg: String| QuantizeError::Tensor { name: name.to_string(), msg };
-        let factor = self.prep.map(|p| p.factor(module)).transpose().map_err(tensor_err)?.flatten();
-        // No calibration inputs are gathered for the output head: it is rounded to nearest.
-        if self.prep.is_some_and(|p| p.gptq) && factor.is_none() && !is_head(module) {
-            tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
-            res.uncalibrated.push(module.to_string());
-        }
         let recipe = self.recipe_for(module);
-        let tensors = recipe.quantize(module, &w, cols, dtype, self.mse, factor.as_deref()).map_err(tensor_err)?;
+        let tensors = match self.prep.and_then(|p| p.take(module)) {
+            Some(t) => t,
+            None => {
+                // No calibration inputs are gathered for the output head: it is rounded to nearest.
+                if self.prep.is_some_and(|p| p.gptq) && !is_head(module) {
+                    tracing::warn!(module, "no calibration inputs reached this layer: rounded to nearest");
+                    res.uncalibrated.push(module.to_string());
+                }
+                recipe.quantize(module, &w, cols, dtype, self.mse, None).map_err(tensor_err)?
+            }
+        };
         let w_hat = recipe.decode(module, &tensors, rows, cols).map_err(|msg| tensor_err(format!("decoding what was written: {msg}")))?;
         res.stats.push(TensorStats::measure(name, &w, &w_hat, cols, recipe.block_cols(cols)));
         Ok(tensors)
+    }
+}
+
+/// The f32 values of the float weight `view` (named `name`), after SmoothQuant's `rescale`
+/// when given.
+fn module_weights(name: &str, view: &TensorView<'_>, rescale: Option<&Rescale>) -> Result<(FloatDtype, Vec<f32>), QuantizeError> {
+    match rescale {
+        Some(r) => smoothed(name, view, view.shape()[1], r),
+        None => float_weights(name, view),
     }
 }
 
@@ -705,8 +778,8 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     }
     let tied = opts.head.is_some() && cfg.get("tie_word_embeddings").and_then(Value::as_bool) == Some(true);
 
-    let prep = opts.calibrated.as_ref().map(|c| Prepared::new(input, &shards, c)).transpose()?;
     let mut sel = Selection { patterns: &opts.exclude, experts_only: opts.experts_only, head: opts.head.is_some(), hits: vec![0; opts.exclude.len()] };
+    let prep = opts.calibrated.as_ref().map(|c| Prepared::new(input, &shards, c, &opts.recipe, opts.mse_observer, &sel)).transpose()?;
     let mut ignored = BTreeSet::new();
     if opts.head.is_none() {
         ignored.insert("lm_head".to_string());
@@ -786,6 +859,16 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         smoothed,
         uncalibrated,
     })
+}
+
+impl Recipe {
+    /// Whether activations stay in 16 bits at run time (weight-only W4A16). GPTQ aims such
+    /// layers at the float model's outputs ([`gptq::float_target`]); layers whose activations
+    /// are quantized keep their float weights as the target, which measured better for W4A8
+    /// (calibration does not simulate the activation rounding the target would chase).
+    pub fn weight_only(&self) -> bool {
+        matches!(self, Recipe::CompressedTensors(compressed_tensors::Scheme::Int4 { int8_act: false, .. }))
+    }
 }
 
 /// The scheme a recipe implements (for reports; `-asym` for int4 with zero points).

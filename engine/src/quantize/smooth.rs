@@ -32,6 +32,18 @@ pub struct Rescale {
 }
 
 impl Rescale {
+    /// Undoes [`Self::apply`] (rows multiplied, columns divided).
+    pub fn undo(&self, w: &mut [f32], cols: usize) {
+        for (r, row) in w.chunks_exact_mut(cols).enumerate() {
+            if let Some(d) = &self.rows {
+                row.iter_mut().for_each(|x| *x *= d[r]);
+            }
+            if let Some(f) = &self.cols {
+                row.iter_mut().zip(f).for_each(|(x, s)| *x /= s);
+            }
+        }
+    }
+
     /// Applies the rescale to `w` (`[rows, cols]` row-major, or a vector when `cols` is 1).
     pub fn apply(&self, w: &mut [f32], cols: usize) {
         for (r, row) in w.chunks_exact_mut(cols).enumerate() {
@@ -153,7 +165,7 @@ mod tests {
 
     #[test]
     fn factors_follow_the_formula_and_share_v_channels() {
-        let stats = |absmax: Vec<f32>| SiteStats { absmax, hessian: None };
+        let stats = |absmax: Vec<f32>| SiteStats { absmax };
         let mut cal = Calibration { heads: (2, 1), ..Calibration::default() };
         cal.sites.insert((0, LinearSite::Output), stats(vec![1.0, 4.0, 9.0, 16.0]));
         cal.sites.insert((0, LinearSite::Qkv), stats(vec![4.0, 0.0, 1.0]));
@@ -189,6 +201,8 @@ mod tests {
         let mut w = vec![2.0, 2.0, 8.0, 8.0];
         r.apply(&mut w, 2);
         assert_eq!(w, [1.0, 3.0, 2.0, 6.0]);
+        r.undo(&mut w, 2);
+        assert_eq!(w, [2.0, 2.0, 8.0, 8.0]);
         assert_eq!(module_site("model.layers.12.mlp.down_proj"), Some((12, LinearSite::Down)));
         assert_eq!(module_site("model.layers.1.mlp.experts.0.down_proj"), None);
     }
