@@ -40,39 +40,9 @@ impl Hessian {
         Hessian { width, sum: vec![0.0; width * width], tokens: 0 }
     }
 
-    /// Adds the rows of `x` (row-major, `width` wide).
+    /// Adds the rows of `x` (row-major, `width` wide): `Σ x xᵀ`.
     pub fn add(&mut self, x: &[f32]) {
-        let (n, t) = (self.width, x.len() / self.width);
-        assert_eq!(x.len(), t * n, "rows of {n}");
-        if t == 0 {
-            return;
-        }
-        // SAFETY: dst is the n x n matrix `sum` (row-major); lhs is xᵀ (n x t: element (i, k) at
-        // x[k * n + i]) and rhs is x (t x n: element (k, j) at x[k * n + j]), all in bounds.
-        unsafe {
-            gemm::gemm(
-                n,
-                n,
-                t,
-                self.sum.as_mut_ptr(),
-                1,
-                n as isize,
-                true,
-                x.as_ptr(),
-                n as isize,
-                1,
-                x.as_ptr(),
-                1,
-                n as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(0),
-            );
-        }
-        self.tokens += t;
+        self.add_cross(x, x);
     }
 
     /// Adds the cross moment `Σ a bᵀ` of paired rows of `a` and `b` (same shape as `x` in
@@ -83,7 +53,8 @@ impl Hessian {
         if t == 0 {
             return;
         }
-        // SAFETY: as in `add`, with aᵀ on the left and b on the right (same shapes as x).
+        // SAFETY: dst is the n x n matrix `sum` (row-major); lhs is aᵀ (n x t: element (i, k)
+        // at a[k * n + i]) and rhs is b (t x n: element (k, j) at b[k * n + j]), all in bounds.
         unsafe {
             gemm::gemm(
                 n,
