@@ -133,16 +133,16 @@ pub fn calibrate(input: &Path, opts: &CalibrationOptions) -> Result<Calibration,
 /// quantized (the GPTQ reference's "true sequential").
 pub const STAGES: [LinearSite; 4] = [LinearSite::Qkv, LinearSite::Output, LinearSite::GateUp, LinearSite::Down];
 
-/// The rows of one site's inputs in one forward pass.
-struct SiteRows {
-    at: (usize, LinearSite),
-    rows: Vec<f32>,
+/// The rows of every site's inputs of one block in one forward pass, in [`STAGES`] order.
+struct BlockRows {
+    layer: usize,
+    rows: [Vec<f32>; 4],
 }
 
-impl ActivationObserver for SiteRows {
+impl ActivationObserver for BlockRows {
     fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], _: usize) {
-        if (layer, site) == self.at {
-            self.rows.extend_from_slice(rows);
+        if let Some(i) = STAGES.iter().position(|&s| s == site).filter(|_| layer == self.layer) {
+            self.rows[i].extend_from_slice(rows);
         }
     }
 }
@@ -158,18 +158,18 @@ pub struct SiteMoments {
 }
 
 /// Accumulates [`SiteMoments`] over forward passes, given each pass's float rows first.
-struct MomentsObserver {
+struct MomentsObserver<'a> {
     at: (usize, LinearSite),
-    float_rows: Vec<f32>,
+    float_rows: &'a [f32],
     moments: Option<SiteMoments>,
 }
 
-impl ActivationObserver for MomentsObserver {
+impl ActivationObserver for MomentsObserver<'_> {
     fn observe(&mut self, layer: usize, site: LinearSite, rows: &[f32], width: usize) {
         if (layer, site) == self.at {
             let m = self.moments.get_or_insert_with(|| SiteMoments { hessian: Hessian::new(width), cross: Hessian::new(width) });
             m.hessian.add(rows);
-            m.cross.add_cross(&self.float_rows, rows);
+            m.cross.add_cross(self.float_rows, rows);
         }
     }
 }
@@ -186,12 +186,14 @@ impl ActivationObserver for MomentsObserver {
 /// model's. The float model runs alongside on its own hidden states, so that each moment also
 /// pairs the float inputs of the same tokens with the quantized model's ([`SiteMoments`]).
 ///
-/// Cost: per block, each model runs its first three sites' partial passes and two whole ones
-/// over the calibration tokens (about three float forward passes each without the output
-/// head). Memory: the float model loaded twice, the hidden states of every calibration token
-/// (4 · tokens · hidden_size bytes, twice per model), one site's moments, and the replaced
-/// weights as f32 (twice a BF16 model's linear weights once all are replaced). Returns the
-/// tokens run.
+/// Cost: per block, the model being quantized runs its first three sites' partial passes and
+/// two whole ones over the calibration tokens (about three forward passes without the output
+/// head), and the float model, which does not change, one whole pass that keeps every site's
+/// inputs. Memory: the model loaded twice, the hidden states of every calibration token
+/// (4 · tokens · hidden_size bytes, twice per model), the float model's inputs of one block's
+/// sites (4 · tokens · (3 · hidden_size + intermediate_size) bytes), one site's moments, and
+/// the replaced weights as f32 (twice a BF16 model's linear weights once all are replaced).
+/// Returns the tokens run.
 pub fn calibrate_sequential(
     input: &Path,
     opts: &CalibrationOptions,
@@ -208,12 +210,17 @@ pub fn calibrate_sequential(
     let mut float_hidden = hidden.clone();
     for layer in 0..layers {
         let failed = |e: crate::model::ForwardError| usage(format!("calibration, block {layer}: {e}"));
-        for site in STAGES {
-            let mut obs = MomentsObserver { at: (layer, site), float_rows: Vec::new(), moments: None };
-            for ((group, x), fx) in groups.iter().zip(&hidden).zip(&float_hidden) {
-                let mut rows = SiteRows { at: (layer, site), rows: Vec::new() };
-                run_block(&float.model, layer, group, &mut fx.clone(), Some(&mut rows), Some(site)).map_err(failed)?;
-                obs.float_rows = rows.rows;
+        // The float model: one pass per group gives every site's inputs and the next block's.
+        let mut float_rows = Vec::with_capacity(groups.len());
+        for (group, fx) in groups.iter().zip(float_hidden.iter_mut()) {
+            let mut rows = BlockRows { layer, rows: Default::default() };
+            run_block(&float.model, layer, group, fx, Some(&mut rows), None).map_err(failed)?;
+            float_rows.push(rows.rows);
+        }
+        for (i, site) in STAGES.into_iter().enumerate() {
+            let mut obs = MomentsObserver { at: (layer, site), float_rows: &[], moments: None };
+            for ((group, x), fr) in groups.iter().zip(&hidden).zip(&float_rows) {
+                obs.float_rows = &fr[i];
                 run_block(&loaded.model, layer, group, &mut x.clone(), Some(&mut obs), Some(site)).map_err(failed)?;
             }
             let moments = obs.moments.ok_or_else(|| usage(format!("calibration: block {layer} has no {site:?} inputs")))?;
@@ -223,9 +230,8 @@ pub fn calibrate_sequential(
                 linear.set_f32(&w, &caps, LinearPolicy::DEFAULT).map_err(usage)?;
             }
         }
-        for ((group, x), fx) in groups.iter().zip(hidden.iter_mut()).zip(float_hidden.iter_mut()) {
+        for (group, x) in groups.iter().zip(hidden.iter_mut()) {
             run_block(&loaded.model, layer, group, x, None, None).map_err(failed)?;
-            run_block(&float.model, layer, group, fx, None, None).map_err(failed)?;
         }
         tracing::info!(block = layer, of = layers, tokens, "block quantized");
     }
