@@ -312,16 +312,19 @@ fn batching_does_not_change_moe_results() {
 /// group 32) on random Mixtral (`w1`/`w3`/`w2` experts) and Qwen2-MoE (shared expert) models.
 /// The plan must show every routed expert projection quantized and everything else (attention,
 /// routers, shared experts, dense layers, head) in float, and the model must compute the f64
-/// reference over the dequantized weights: W4A16 keeps activations in f32, so only rounding
-/// differs (bound 1e-4 of the spread, as for float models); W4A8 also rounds activations to int8
-/// per token at every expert projection (bound 3% of the spread, measured 1.1% and 0.4%). A wrongly
-/// decoded or misrouted expert moves logits by tens of percent.
+/// reference over the dequantized weights: W4A16 with f32 activations differs only by rounding
+/// (bound 1e-4 of the spread, as for float models); where the CPU has AVX-512 BF16 the default
+/// policy rounds W4A16 activations to bf16 (8 significant bits) at every expert projection
+/// (bound 1%, measured 0.21% on Mixtral, 0.09% on Qwen2-MoE); W4A8 rounds them to int8 per token (bound 3% of the
+/// spread, measured 1.1% and 0.4%). A wrongly decoded or misrouted expert moves logits by tens
+/// of percent.
 #[test]
 fn experts_only_quantization_runs_as_planned() {
     use tessera_engine::quantize::{quantize_dir, Format, QuantizeOptions, Recipe, Scheme};
     for family in [MoeFamily::Mixtral, MoeFamily::QwenMoe] {
         let input = random_moe(family, false);
-        for (recipe, bound) in [(Recipe::resolve(Scheme::W4A8, Some(Format::Quark), None, false), 0.03), (Recipe::resolve(Scheme::W4A16, None, Some(32), false), 1e-4)] {
+        let w4a16_bound = if tessera_kernels::cpu::caps::bf16_dot_available() { 1e-2 } else { 1e-4 };
+        for (recipe, bound) in [(Recipe::resolve(Scheme::W4A8, Some(Format::Quark), None, false), 0.03), (Recipe::resolve(Scheme::W4A16, None, Some(32), false), w4a16_bound)] {
             let recipe = recipe.unwrap();
             let out = tmp(&format!("moe-quant-{family:?}"));
             quantize_dir(&QuantizeOptions { input: input.clone(), output: out.clone(), recipe, exclude: vec![], experts_only: true, calibrated: None, mse_observer: false, head: None }).unwrap();
