@@ -143,17 +143,26 @@ fn lower_inverse(l: &[f64], n: usize) -> Vec<f64> {
 /// upper, so `U = R⁻¹ = J M⁻¹ J`: one Cholesky and one triangular inverse.
 fn inverse_factor(h: &Hessian, order: &[usize]) -> Result<Vec<f32>, String> {
     let n = h.width;
+    let rev: Vec<usize> = order.iter().rev().copied().collect();
+    let l = damped_cholesky(h, &rev)?;
+    let m_inv = lower_inverse(&l, n);
+    Ok((0..n * n).map(|k| if k % n >= k / n { m_inv[(n - 1 - k / n) * n + (n - 1 - k % n)] as f32 } else { 0.0 }).collect())
+}
+
+/// The lower Cholesky factor of `h` with rows and columns taken in `order`, damped by
+/// `DAMP` times the mean diagonal (zero diagonals read as 1), the damping raised tenfold up
+/// to three times while the matrix is not positive definite.
+fn damped_cholesky(h: &Hessian, order: &[usize]) -> Result<Vec<f64>, String> {
+    let n = h.width;
     let diag: Vec<f64> = (0..n).map(|i| f64::from(h.sum[i * n + i])).map(|d| if d > 0.0 { d } else { 1.0 }).collect();
     let mean = diag.iter().sum::<f64>() / n as f64;
-    let rev: Vec<usize> = order.iter().rev().copied().collect();
     let mut damp = DAMP / 10.0;
     for _ in 0..4 {
         damp *= 10.0;
-        let mut a: Vec<f64> = rev.iter().flat_map(|&i| rev.iter().map(move |&j| (i, j))).map(|(i, j)| if i == j { diag[i] } else { f64::from(h.sum[i * n + j]) }).collect();
+        let mut a: Vec<f64> = order.iter().flat_map(|&i| order.iter().map(move |&j| (i, j))).map(|(i, j)| if i == j { diag[i] } else { f64::from(h.sum[i * n + j]) }).collect();
         (0..n).for_each(|i| a[i * n + i] += damp * mean);
         if cholesky_lower(&mut a, n).is_ok() {
-            let m_inv = lower_inverse(&a, n);
-            return Ok((0..n * n).map(|k| if k % n >= k / n { m_inv[(n - 1 - k / n) * n + (n - 1 - k % n)] as f32 } else { 0.0 }).collect());
+            return Ok(a);
         }
     }
     Err(format!("the {n}x{n} Hessian of the calibration inputs is not positive definite even with damping {damp}"))
@@ -172,19 +181,8 @@ pub fn float_target(w: &[f32], h: &Hessian, cross: &Hessian) -> Result<Vec<f32>,
     if cross.width != n || !w.len().is_multiple_of(n) {
         return Err(format!("a {n}-wide target from a {}-wide cross moment and {} weights", cross.width, w.len()));
     }
-    let diag: Vec<f64> = (0..n).map(|i| f64::from(h.sum[i * n + i])).map(|d| if d > 0.0 { d } else { 1.0 }).collect();
-    let mean = diag.iter().sum::<f64>() / n as f64;
-    let mut damp = DAMP / 10.0;
-    let l = loop {
-        damp *= 10.0;
-        if damp > DAMP * 1e3 {
-            return Err(format!("the {n}x{n} Hessian of the calibration inputs is not positive definite even with damping {damp}"));
-        }
-        let mut a: Vec<f64> = (0..n * n).map(|k| if k / n == k % n { diag[k / n] + damp * mean } else { f64::from(h.sum[k]) }).collect();
-        if cholesky_lower(&mut a, n).is_ok() {
-            break a;
-        }
-    };
+    let identity: Vec<usize> = (0..n).collect();
+    let l = damped_cholesky(h, &identity)?;
     let lt: Vec<f64> = (0..n * n).map(|k| l[(k % n) * n + k / n]).collect();
     let mut out = vec![0f32; w.len()];
     out.par_chunks_mut(n).zip(w.par_chunks(n)).for_each(|(o, row)| {
