@@ -1,7 +1,8 @@
 //! Decode attention (one query token, SmolLM2-135M's 9 query / 3 KV heads of 64) over a paged
 //! cache of 16-token blocks at 1k, 4k and 8k context, for every KV-cache format side by side
 //! in one run, plus the encode cost per token. Compressed formats read fewer bytes; this shows
-//! what their decoding costs in exchange.
+//! what their decoding costs in exchange. Prefill attention: a 512-query chunk at the start of
+//! a sequence and at the end of a 4k one, for the plain and 8-bit formats and QJL.
 //! Run: `cargo bench -p tessera-kernels --bench kv_attention`.
 
 #![allow(missing_docs)] // criterion's macros generate undocumented functions
@@ -130,6 +131,24 @@ fn decode_attention(c: &mut Criterion) {
     }
 }
 
+fn prefill_attention(c: &mut Criterion) {
+    const CHUNK: usize = 512;
+    let mut r = ChaCha8Rng::seed_from_u64(7);
+    let q = randn(&mut r, CHUNK * SHAPE.q_width());
+    let mut out = vec![0f32; CHUNK * SHAPE.q_width()];
+    for ctx in [CHUNK, 4096] {
+        let mut g = c.benchmark_group(format!("prefill_attention_{CHUNK}_queries_ctx{ctx}"));
+        g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+        g.throughput(Throughput::Elements(CHUNK as u64));
+        for (name, kf, vf) in formats().into_iter().filter(|(n, _, _)| ["f32", "bf16", "int8", "k=qjl1,v=bf16", "tq3_0"].contains(&n.as_str())) {
+            let cache = Cache::new(kf, vf, ctx, &mut r);
+            let view = cache.view();
+            g.bench_function(BenchmarkId::from_parameter(&name), |b| b.iter(|| attention(SHAPE, &q, CHUNK, ctx - CHUNK, &view, &mut out)));
+        }
+        g.finish();
+    }
+}
+
 fn encode(c: &mut Criterion) {
     let mut r = ChaCha8Rng::seed_from_u64(6);
     let rows = randn(&mut r, BLOCK * SHAPE.kv_width());
@@ -144,5 +163,5 @@ fn encode(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode_attention, encode);
+criterion_group!(benches, decode_attention, prefill_attention, encode);
 criterion_main!(benches);

@@ -2,16 +2,18 @@
 //!
 //! The cache hands attention a [`KvView`]: the layer's K and V formats and a list of
 //! [`KvTile`]s (one per block), each holding one page per KV head in the format's own layout.
-//! Decode reads compressed pages directly through the formats' score/accumulate hooks and
-//! never materializes a dense K/V; prefill decodes one sub-tile at a time into a scratch. Scores and
-//! the value accumulation are small GEMMs per (head, key sub-tile); the softmax is the
-//! streaming (flash-attention) form, so memory stays bounded by the sub-tile size. Keys a
-//! sequence also keeps exactly ([`ExactKeys`]: QJL's sink and recent window) replace the
-//! codec's scores for the positions they cover.
+//! Prefill and decode read compressed pages directly through the formats' score/accumulate
+//! hooks and never materialize a dense K/V. The keys a query sees are cut into fixed ranges at
+//! absolute positions, each softmaxed on its own and merged in order (flash-decoding), and
+//! every query row is computed that one way, whether it is one decode token or one of a
+//! prefill chunk's: a row's result never depends on the chunk or batch it runs in (see
+//! [`attention_batch`]). Keys a sequence also keeps exactly ([`ExactKeys`]: QJL's sink and
+//! recent window) replace the codec's scores for the positions they cover.
 
 use crate::cpu::{pool, SyncPtr};
 use crate::cpu::dot::dots_f32;
-use crate::kv::{dense, isa, KvCodec, KvPage};
+use crate::cpu::exp::{exp, exp_shifted};
+use crate::kv::{isa, KvCodec, KvPage};
 use std::ops::Range;
 
 /// Head geometry.
@@ -148,22 +150,6 @@ impl<'a> KvView<'a> {
         }
     }
 
-    /// `q` (rows of `q_width`) as the keys' storage expects it: each query head multiplied by
-    /// its KV head's [`Self::query_scale`] (borrowed unchanged when there is none).
-    fn scaled_queries<'q>(&self, shape: AttnShape, q: &'q [f32]) -> std::borrow::Cow<'q, [f32]> {
-        if self.query_scale.is_none() {
-            return q.into();
-        }
-        let (hd, group) = (shape.head_dim, shape.n_heads / shape.n_kv_heads);
-        let mut out = q.to_vec();
-        for row in out.chunks_exact_mut(shape.q_width()) {
-            for (h, x) in row.chunks_exact_mut(hd).enumerate() {
-                self.scale_query(h / group, x);
-            }
-        }
-        out.into()
-    }
-
     /// Multiplies one query head of KV head `g`'s group by the group's [`Self::query_scale`].
     fn scale_query(&self, g: usize, x: &mut [f32]) {
         if let Some(scale) = self.query_scale {
@@ -173,125 +159,23 @@ impl<'a> KvView<'a> {
     }
 }
 
-/// Keys scored per inner step.
-const SUB_TILE: usize = 128;
-/// Queries per task.
+/// Queries per prefill task: a task scores one block of a long job's queries against every
+/// key range they see, one range after another.
 const QUERY_BLOCK: usize = 64;
-/// Below this many queries (decode steps) attention uses [`decode_attention`]: direct
-/// dot/axpy loops split over the keys (a GEMM call's setup costs more than the work).
-const GEMM_MIN_QUERIES: usize = 4;
-/// Keys per decode task.
-const DECODE_SPLIT: usize = 256;
-
+/// Below this many queries (decode steps) a job's tasks split its keys instead of its queries
+/// (flash-decoding), so one token's attention still spreads over the pool.
+const SPLIT_KEYS_BELOW: usize = 4;
+/// Keys per key range. Ranges start at absolute positions (multiples of this), whatever the
+/// job: every query row meets the same ranges and folds them the same way, so its result
+/// does not depend on how many queries share its call (prefill chunk, prefix-cache hit, decode
+/// step).
+const KEY_RANGE: usize = 256;
 
 /// Attention for `m` query rows at positions `pos0..pos0 + m` (query `i` sees keys at
 /// positions `<= pos0 + i`). `q` and `out` are `m × q_width`.
 pub fn attention(shape: AttnShape, q: &[f32], m: usize, pos0: usize, kv: &KvView<'_>, out: &mut [f32]) {
-    let (hd, qw) = (shape.head_dim, shape.q_width());
-    assert!(shape.n_kv_heads > 0 && shape.n_heads.is_multiple_of(shape.n_kv_heads));
-    assert_eq!(q.len(), m * qw);
-    assert_eq!(out.len(), m * qw);
-    kv.check(shape);
-    let group = shape.n_heads / shape.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    if m < GEMM_MIN_QUERIES {
-        let mut job = AttnJob { q, m, pos0, kv: kv.clone(), out };
-        return decode_batch(shape, &mut [&mut job]);
-    }
-    let q = &*kv.scaled_queries(shape, q);
-    let out_ptr = SyncPtr::new(out.as_mut_ptr());
-    // Tasks are (KV head, block of queries): balances the pool, each block stops at the keys
-    // its last query can see (half the work of masking a full square for a causal prefill),
-    // and a compressed page is decoded once for all the query heads that share it.
-    let blocks = m.div_ceil(QUERY_BLOCK);
-    pool::for_each(shape.n_kv_heads * blocks, |task| {
-        let (g, qb) = (task / blocks, task % blocks);
-        let i0 = qb * QUERY_BLOCK;
-        let mq = QUERY_BLOCK.min(m - i0);
-        let q0 = pos0 + i0; // position of this block's first query
-        let mut row_max = vec![f32::NEG_INFINITY; group * mq];
-        let mut row_sum = vec![0f32; group * mq];
-        let mut acc = vec![0f32; group * mq * hd];
-        let mut s = vec![0f32; mq * SUB_TILE];
-        let (mut kscratch, mut vscratch) = (Vec::new(), Vec::new());
-        let qp = &q[i0 * qw..];
-        for tile in &kv.tiles {
-            let mut off = 0;
-            while off < tile.len {
-                let start = tile.start + off;
-                if start > q0 + mq - 1 {
-                    break;
-                }
-                let n = SUB_TILE.min(tile.len - off);
-                let keys = dense(kv.k, g, kv.key_page(tile, g), off..off + n, &mut kscratch);
-                let values = dense(kv.v, g, kv.value_page(tile, g), off..off + n, &mut vscratch);
-                for hh in 0..group {
-                    let h = g * group + hh;
-                    let (rmax, rsum) = (&mut row_max[hh * mq..(hh + 1) * mq], &mut row_sum[hh * mq..(hh + 1) * mq]);
-                    let acc = &mut acc[hh * mq * hd..(hh + 1) * mq * hd];
-                    // SAFETY: s is mq x n (row stride n); q rows have stride qw; keys are n x hd
-                    // (row stride hd), as `dense` returns them.
-                    unsafe {
-                        gemm::gemm(
-                            mq, n, hd, s.as_mut_ptr(), 1, n as isize, false,
-                            qp.as_ptr().add(h * hd), 1, qw as isize,
-                            keys.as_ptr(), hd as isize, 1,
-                            0.0, scale, false, false, false, gemm::Parallelism::None,
-                        );
-                    }
-                    for i in 0..mq {
-                        let query = &qp[i * qw + h * hd..i * qw + (h + 1) * hd];
-                        exact_scores(kv, g, q0 + i, query, start..start + n, scale, &mut s[i * n..(i + 1) * n]);
-                    }
-                    for i in 0..mq {
-                        let row = &mut s[i * n..(i + 1) * n];
-                        let visible = (q0 + i + 1).saturating_sub(start).min(n);
-                        if visible == 0 {
-                            row.fill(0.0);
-                            continue;
-                        }
-                        let tmax = row[..visible].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                        let new_max = rmax[i].max(tmax);
-                        let corr = (rmax[i] - new_max).exp();
-                        let mut sum = 0f32;
-                        for p in row[..visible].iter_mut() {
-                            *p = (*p - new_max).exp();
-                            sum += *p;
-                        }
-                        row[visible..].fill(0.0);
-                        rsum[i] = rsum[i] * corr + sum;
-                        rmax[i] = new_max;
-                        if corr != 1.0 {
-                            acc[i * hd..(i + 1) * hd].iter_mut().for_each(|a| *a *= corr);
-                        }
-                    }
-                    // acc (mq x hd) += P (mq x n) · V (n x hd).
-                    // SAFETY: shapes as above.
-                    unsafe {
-                        gemm::gemm(
-                            mq, hd, n, acc.as_mut_ptr(), 1, hd as isize, true,
-                            s.as_ptr(), 1, n as isize,
-                            values.as_ptr(), 1, hd as isize,
-                            1.0, 1.0, false, false, false, gemm::Parallelism::None,
-                        );
-                    }
-                }
-                off += n;
-            }
-        }
-        for hh in 0..group {
-            let h = g * group + hh;
-            for i in 0..mq {
-                let sum = row_sum[hh * mq + i];
-                let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-                for d in 0..hd {
-                    // SAFETY: (i0 + i, h*hd + d) is inside out (m x qw); each (head, block)
-                    // belongs to one task.
-                    unsafe { *out_ptr.get().add((i0 + i) * qw + h * hd + d) = acc[(hh * mq + i) * hd + d] * inv };
-                }
-            }
-        }
-    });
+    let mut job = AttnJob { q, m, pos0, kv: kv.clone(), out };
+    attention_batch(shape, std::slice::from_mut(&mut job));
 }
 
 /// One sequence's attention: `m` query rows at positions `pos0..pos0 + m` over its cache.
@@ -308,21 +192,106 @@ pub struct AttnJob<'a> {
     pub out: &'a mut [f32],
 }
 
-/// Attention for several sequences. Long query blocks (prefill) run one after another, each
-/// parallel inside; the short ones (decode steps) share a single parallel region, so a batch
-/// of decodes costs one fork-join per layer rather than one per sequence. Each job's result is
-/// bit-identical to [`attention`] on it alone.
+/// Attention for several sequences, prefill chunks and decode steps alike, in one parallel
+/// region.
+///
+/// Every query row is computed one way, whatever its job: the keys it sees are cut into
+/// [`KEY_RANGE`] ranges at absolute positions; per range its scores come from the key codec,
+/// then one max, the exps summed in key order and the values accumulated through the value
+/// codec; the ranges' states are merged in range order. Long jobs split their queries into
+/// blocks (a task per (KV head, query block) walks every range the block sees and writes its
+/// rows); short ones (decode steps) split their keys (a task per (KV head, key range), merged
+/// after the parallel region). So a row's bits do not depend on what else is batched, on the
+/// prefill chunk it falls in, or on whether the rows before it came from the prefix cache.
 pub fn attention_batch(shape: AttnShape, jobs: &mut [AttnJob<'_>]) {
-    let (mut short, mut long): (Vec<&mut AttnJob<'_>>, Vec<&mut AttnJob<'_>>) = jobs.iter_mut().partition(|j| j.m < GEMM_MIN_QUERIES);
-    for j in long.iter_mut() {
-        attention(shape, j.q, j.m, j.pos0, &j.kv, j.out);
+    let (hd, qw) = (shape.head_dim, shape.q_width());
+    assert!(shape.n_kv_heads > 0 && shape.n_heads.is_multiple_of(shape.n_kv_heads));
+    let group = shape.n_heads / shape.n_kv_heads;
+    for j in jobs.iter() {
+        assert!(j.q.len() == j.m * qw && j.out.len() == j.m * qw, "attention job shape");
+        j.kv.check(shape);
     }
-    if !short.is_empty() {
-        decode_batch(shape, &mut short);
+    let mut tasks = Vec::new();
+    for (ji, j) in jobs.iter().enumerate() {
+        for g in 0..shape.n_kv_heads {
+            if j.m < SPLIT_KEYS_BELOW {
+                let ranges = key_ranges(&j.kv.tiles, j.pos0 + j.m);
+                tasks.extend(ranges.into_iter().map(|r| Task { job: ji, g, rows: 0..j.m, ranges: vec![r], split_keys: true }));
+            } else {
+                for i0 in (0..j.m).step_by(QUERY_BLOCK) {
+                    let rows = i0..(i0 + QUERY_BLOCK).min(j.m);
+                    let ranges = key_ranges(&j.kv.tiles, j.pos0 + rows.end);
+                    tasks.push(Task { job: ji, g, rows, ranges, split_keys: false });
+                }
+            }
+        }
+    }
+    let shared: Vec<(&[f32], usize, &KvView<'_>, SyncPtr)> = jobs.iter_mut().map(|j| (j.q, j.pos0, &j.kv, SyncPtr::new(j.out.as_mut_ptr()))).collect();
+    let partials: Vec<Vec<Partial>> = pool::map(tasks.len(), |ti| {
+        let t = &tasks[ti];
+        let (q, pos0, kv, out) = shared[t.job];
+        let (i0, mq) = (t.rows.start, t.rows.len());
+        let q = &q[i0 * qw..(i0 + mq) * qw];
+        let prepared = Prepared::new(shape, q, mq, kv, t.g);
+        let parts: Vec<Partial> = t.ranges.iter().map(|r| range_task(shape, (mq, pos0 + i0, kv), t.g, &prepared, r)).collect();
+        if t.split_keys {
+            return parts;
+        }
+        let parts: Vec<&Partial> = parts.iter().collect();
+        for row in 0..mq * group {
+            let (i, h) = (row / group, t.g * group + row % group);
+            // SAFETY: head h of query row i0 + i lies inside the job's `m × q_width` output;
+            // each (KV head, query block), hence each (row, head), belongs to one task.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((i0 + i) * qw + h * hd), hd) };
+            merge_row(&parts, row, hd, dst);
+        }
+        Vec::new()
+    });
+    // The key-split tasks' partial states, merged per job, KV head and row in range order.
+    let mut ti = 0;
+    while ti < tasks.len() {
+        let t = &tasks[ti];
+        let n = tasks[ti..].iter().take_while(|u| u.split_keys && u.job == t.job && u.g == t.g).count();
+        if n == 0 {
+            ti += 1;
+            continue;
+        }
+        let parts: Vec<&Partial> = partials[ti..ti + n].iter().flatten().collect();
+        let job = &mut jobs[t.job];
+        for row in 0..job.m * group {
+            let (i, h) = (row / group, t.g * group + row % group);
+            merge_row(&parts, row, hd, &mut job.out[i * qw + h * hd..i * qw + (h + 1) * hd]);
+        }
+        ti += n;
     }
 }
 
-/// One task's partial softmax state for every (query row, head of the group).
+/// One parallel task of [`attention_batch`]: the queries `rows` of job `job` and KV head `g`
+/// over `ranges` (all the ranges the rows see, or one of them when the job splits its keys).
+struct Task {
+    job: usize,
+    g: usize,
+    rows: Range<usize>,
+    ranges: Vec<Vec<Piece>>,
+    split_keys: bool,
+}
+
+/// Softmax-merges the partial states of one row (a query and a head of the group) over
+/// consecutive key ranges, in order, into that head's output `dst`.
+fn merge_row(parts: &[&Partial], row: usize, hd: usize, dst: &mut [f32]) {
+    let mx = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.max[row]));
+    dst.fill(0.0);
+    let mut total = 0f32;
+    for p in parts.iter().filter(|p| p.max[row] > f32::NEG_INFINITY) {
+        let c = exp(p.max[row] - mx);
+        total += p.sum[row] * c;
+        dst.iter_mut().zip(&p.acc[row * hd..(row + 1) * hd]).for_each(|(d, a)| *d += a * c);
+    }
+    let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+    dst.iter_mut().for_each(|d| *d *= inv);
+}
+
+/// One key range's partial softmax state for every (query row, head of the group).
 struct Partial {
     max: Vec<f32>,
     sum: Vec<f32>,
@@ -332,57 +301,72 @@ struct Partial {
 /// A run of keys inside one tile: (tile index, first slot, count).
 type Piece = (usize, usize, usize);
 
-/// A decode job's key ranges: at most DECODE_SPLIT keys each, as tile pieces. A range spans
-/// tile boundaries, so a paged cache's small blocks cost no extra tasks.
+/// The keys before `end` as ranges of tile pieces, cut at absolute positions that are
+/// multiples of [`KEY_RANGE`] (a range spans tile boundaries, so a paged cache's small blocks
+/// cost no extra tasks). Always at least one range, possibly empty.
 fn key_ranges(tiles: &[KvTile<'_>], end: usize) -> Vec<Vec<Piece>> {
     let mut ranges: Vec<Vec<Piece>> = vec![Vec::new()];
-    let mut filled = 0;
     for (ti, t) in tiles.iter().enumerate() {
         let visible = end.saturating_sub(t.start).min(t.len);
         let mut off = 0;
         while off < visible {
-            if filled == DECODE_SPLIT {
+            let pos = t.start + off;
+            if pos.is_multiple_of(KEY_RANGE) && !ranges.last().expect("non-empty").is_empty() {
                 ranges.push(Vec::new());
-                filled = 0;
             }
-            let n = (DECODE_SPLIT - filled).min(visible - off);
+            let n = (KEY_RANGE - pos % KEY_RANGE).min(visible - off);
             ranges.last_mut().expect("non-empty").push((ti, off, n));
-            filled += n;
             off += n;
         }
     }
     ranges
 }
 
-/// One decode task: scores of the queries of KV head `g`'s group against the keys of
-/// `pieces`, softmax, and the weighted sum of values. Scores go through the key codec's
-/// prepared queries (each query is prepared once per task, not per key).
-fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: usize, pieces: &[Piece]) -> Partial {
-    let (q, m, pos0, kv) = job;
-    let (hd, qw) = (shape.head_dim, shape.q_width());
+/// A task's queries of KV head `g`'s group, one row per (query, head of the group): prepared
+/// for the key codec, and (when there is a query scale to apply or exact keys to score) as the
+/// keys are stored. Made once per task, whatever the number of key ranges it walks.
+struct Prepared {
+    /// `rows × query_width` for [`KvCodec::scores`].
+    codec: Vec<f32>,
+    /// `rows × head_dim`, or empty.
+    scaled: Vec<f32>,
+}
+
+impl Prepared {
+    fn new(shape: AttnShape, q: &[f32], m: usize, kv: &KvView<'_>, g: usize) -> Prepared {
+        let (hd, qw) = (shape.head_dim, shape.q_width());
+        let group = shape.n_heads / shape.n_kv_heads;
+        let (rows, pw) = (m * group, kv.k.query_width());
+        let mut codec = vec![0f32; rows * pw];
+        let copy = kv.query_scale.is_some() || kv.exact.is_some();
+        let mut scaled = vec![0f32; if copy { rows * hd } else { 0 }];
+        for i in 0..m {
+            for hh in 0..group {
+                let h = g * group + hh;
+                let row = i * group + hh;
+                let mut qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
+                if copy {
+                    let head = &mut scaled[row * hd..(row + 1) * hd];
+                    head.copy_from_slice(qh);
+                    kv.scale_query(g, head);
+                    qh = head;
+                }
+                kv.k.prepare_query(g, qh, &mut codec[row * pw..(row + 1) * pw]);
+            }
+        }
+        Prepared { codec, scaled }
+    }
+}
+
+/// One task's work on one key range: scores of the `m` queries at `pos0..` (prepared) of KV
+/// head `g`'s group against the keys of `pieces`, softmax, and the weighted sum of values.
+/// Every row's arithmetic depends on its own query and the range's keys only.
+fn range_task(shape: AttnShape, (m, pos0, kv): (usize, usize, &KvView<'_>), g: usize, q: &Prepared, pieces: &[Piece]) -> Partial {
+    let hd = shape.head_dim;
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let rows = m * group;
-    let pw = kv.k.query_width();
-    let mut prepared = vec![0f32; rows * pw];
-    // The queries as the keys are stored (scaled), one row per (query, head of the group),
-    // when there is a scale to apply or exact keys to score against them.
-    let copy = kv.query_scale.is_some() || kv.exact.is_some();
-    let mut scaled = vec![0f32; if copy { rows * hd } else { 0 }];
-    for i in 0..m {
-        for hh in 0..group {
-            let h = g * group + hh;
-            let row = i * group + hh;
-            let mut qh = &q[i * qw + h * hd..i * qw + (h + 1) * hd];
-            if copy {
-                let head = &mut scaled[row * hd..(row + 1) * hd];
-                head.copy_from_slice(qh);
-                kv.scale_query(g, head);
-                qh = head;
-            }
-            kv.k.prepare_query(g, qh, &mut prepared[row * pw..(row + 1) * pw]);
-        }
-    }
+    let (prepared, scaled) = (&q.codec, &q.scaled);
     // Scores piece by piece (each block rows x n, pieces one after another), masked -inf.
     let len: usize = pieces.iter().map(|p| p.2).sum();
     let mut scores = vec![0f32; rows * len];
@@ -390,7 +374,7 @@ fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: us
     for &(ti, off, n) in pieces {
         let tile = &kv.tiles[ti];
         let block = &mut scores[base * rows..(base + n) * rows];
-        kv.k.scores(g, kv.key_page(tile, g), off..off + n, &prepared, block);
+        kv.k.scores(g, kv.key_page(tile, g), off..off + n, prepared, block);
         let first = tile.start + off;
         for (row, r) in block.chunks_exact_mut(n).enumerate() {
             let i = row / group;
@@ -412,75 +396,31 @@ fn decode_task(shape: AttnShape, job: (&[f32], usize, usize, &KvView<'_>), g: us
             base += n;
         }
     }
-    // One exp per score, then the weighted sum of values.
+    // One exp per score, then the weighted sum of values. Each row's exps are summed in eight
+    // lanes chosen by the key's absolute position, folded in a fixed order at the end: the
+    // same rounding whatever the tile layout, without one long chain of dependent adds.
+    let mut lanes = vec![[0f32; 8]; rows];
     let mut base = 0;
     for &(ti, off, n) in pieces {
         let block = &mut scores[base * rows..(base + n) * rows];
+        let first = kv.tiles[ti].start + off;
         for (row, r) in block.chunks_exact_mut(n).enumerate() {
             let mx = p.max[row];
             if mx == f32::NEG_INFINITY {
                 r.fill(0.0);
                 continue;
             }
-            // One running sum across pieces: the same rounding whatever the tile layout.
-            let mut sum = p.sum[row];
-            for v in r.iter_mut() {
-                *v = (*v - mx).exp();
-                sum += *v;
+            exp_shifted(r, mx);
+            let lane = &mut lanes[row];
+            for (j, &w) in r.iter().enumerate() {
+                lane[(first + j) % 8] += w;
             }
-            p.sum[row] = sum;
         }
         kv.v.accumulate(g, kv.value_page(&kv.tiles[ti], g), off..off + n, block, &mut p.acc);
         base += n;
     }
+    for (s, l) in p.sum.iter_mut().zip(&lanes) {
+        *s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
     p
-}
-
-/// Flash-decoding for jobs with a few queries each: tasks are (job, KV head, key range); each
-/// task scores all query heads sharing the KV head against each key it reads (the cache is
-/// read once per KV head, not once per query head), and the partial softmax states are merged
-/// per job at the end.
-fn decode_batch(shape: AttnShape, jobs: &mut [&mut AttnJob<'_>]) {
-    let (hd, qw) = (shape.head_dim, shape.q_width());
-    let group = shape.n_heads / shape.n_kv_heads;
-    for j in jobs.iter() {
-        assert!(j.q.len() == j.m * qw && j.out.len() == j.m * qw, "attention job shape");
-        j.kv.check(shape);
-    }
-    let ranges: Vec<_> = jobs.iter().map(|j| key_ranges(&j.kv.tiles, j.pos0 + j.m)).collect();
-    let tasks: Vec<(usize, usize, usize)> = (0..jobs.len())
-        .flat_map(|ji| {
-            let nr = ranges[ji].len();
-            (0..shape.n_kv_heads).flat_map(move |g| (0..nr).map(move |r| (ji, g, r)))
-        })
-        .collect();
-    let shared: Vec<(&[f32], usize, usize, &KvView<'_>)> = jobs.iter().map(|j| (j.q, j.m, j.pos0, &j.kv)).collect();
-    let partials: Vec<Partial> = pool::map(tasks.len(), |i| {
-        let (ji, g, r) = tasks[i];
-        decode_task(shape, shared[ji], g, &ranges[ji][r])
-    });
-    let mut first = 0;
-    for (ji, job) in jobs.iter_mut().enumerate() {
-        let nr = ranges[ji].len();
-        let rows = job.m * group;
-        for g in 0..shape.n_kv_heads {
-            let parts = &partials[first + g * nr..first + (g + 1) * nr];
-            for row in 0..rows {
-                let (i, hh) = (row / group, row % group);
-                let h = g * group + hh;
-                let mx = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.max[row]));
-                let dst = &mut job.out[i * qw + h * hd..i * qw + (h + 1) * hd];
-                dst.fill(0.0);
-                let mut total = 0f32;
-                for p in parts.iter().filter(|p| p.max[row] > f32::NEG_INFINITY) {
-                    let c = (p.max[row] - mx).exp();
-                    total += p.sum[row] * c;
-                    dst.iter_mut().zip(&p.acc[row * hd..(row + 1) * hd]).for_each(|(d, a)| *d += a * c);
-                }
-                let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
-                dst.iter_mut().for_each(|d| *d *= inv);
-            }
-        }
-        first += shape.n_kv_heads * nr;
-    }
 }

@@ -71,6 +71,17 @@ impl Paged {
         KvView { k: self.k.as_ref(), v: self.v.as_ref(), tiles, query_scale: None, exact: None }
     }
 
+    /// The view a sequence has of its cache while its first `end` tokens are written: the
+    /// tiles that begin before `end`, the last one cut there (its pages keep their slots).
+    fn view_until(&self, shape: AttnShape, end: usize) -> KvView<'_> {
+        let mut v = self.view(shape);
+        v.tiles.retain(|t| t.start < end);
+        for t in &mut v.tiles {
+            t.len = t.len.min(end - t.start);
+        }
+        v
+    }
+
     /// Every token's keys and values as the format stores them (`total × kv_width`).
     fn decoded(&self, shape: AttnShape) -> (Vec<f32>, Vec<f32>) {
         let (hd, kw) = (shape.head_dim, shape.kv_width());
@@ -165,6 +176,40 @@ fn decode_attention_is_independent_of_the_tile_layout() {
         attention(shape, &q, m, total - m, &one.view(shape), &mut a);
         attention(shape, &q, m, total - m, &paged.view(shape), &mut b);
         assert_eq!(a, b, "{f}");
+    }
+}
+
+/// A query row's attention has the same bits whatever chunk computes it: a prompt's queries
+/// all at once, in chunks of 1 to 77 queries (decode steps, short and long prefill chunks,
+/// chunks that start mid-tile and mid key range), each chunk seeing the cache as it is while
+/// that chunk runs, in every format. This is what makes a prefix-cache hit's recomputed tail
+/// equal to the whole prompt computed at once.
+#[test]
+fn a_rows_attention_does_not_depend_on_its_chunk() {
+    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let mut r = rng(23);
+    let (kw, qw, total) = (shape.kv_width(), shape.q_width(), 600);
+    let q = randn(&mut r, total * qw);
+    let keys = randn(&mut r, total * kw);
+    let values = randn(&mut r, total * kw);
+    let lens: Vec<usize> = (0..total).step_by(16).map(|s| 16.min(total - s)).collect();
+    let chunks = [1, 2, 3, 4, 63, 77, 5, 1, 250, 130, 64];
+    assert_eq!(chunks.iter().sum::<usize>(), total);
+    for (kf, vf) in formats() {
+        let paged = Paged::new(shape, kf, vf, &keys, &values, &lens);
+        let mut whole = vec![f32::NAN; total * qw];
+        attention(shape, &q, total, 0, &paged.view(shape), &mut whole);
+        let mut pieces = vec![f32::NAN; total * qw];
+        let mut pos = 0;
+        for m in chunks {
+            let rows = pos * qw..(pos + m) * qw;
+            attention(shape, &q[rows.clone()], m, pos, &paged.view_until(shape, pos + m), &mut pieces[rows]);
+            pos += m;
+        }
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for (t, (a, b)) in whole.chunks_exact(qw).zip(pieces.chunks_exact(qw)).enumerate() {
+            assert!(bits(a) == bits(b), "{kf}/{vf}: query {t} differs between one chunk and many");
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod caps;
 pub mod dot;
+pub mod exp;
 pub mod interleaved;
 pub mod pool;
 #[cfg(target_arch = "x86_64")]
