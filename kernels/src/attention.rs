@@ -244,6 +244,7 @@ pub fn attention_batch(shape: AttnShape, jobs: &mut [AttnJob<'_>]) {
             // each (KV head, query block), hence each (row, head), belongs to one task.
             let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((i0 + i) * qw + h * hd), hd) };
             merge_row(&parts, row, hd, dst);
+            kv.v.finish_values(t.g, dst);
         }
         Vec::new()
     });
@@ -260,7 +261,9 @@ pub fn attention_batch(shape: AttnShape, jobs: &mut [AttnJob<'_>]) {
         let job = &mut jobs[t.job];
         for row in 0..job.m * group {
             let (i, h) = (row / group, t.g * group + row % group);
-            merge_row(&parts, row, hd, &mut job.out[i * qw + h * hd..i * qw + (h + 1) * hd]);
+            let dst = &mut job.out[i * qw + h * hd..i * qw + (h + 1) * hd];
+            merge_row(&parts, row, hd, dst);
+            job.kv.v.finish_values(t.g, dst);
         }
         ti += n;
     }

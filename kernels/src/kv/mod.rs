@@ -113,12 +113,20 @@ pub trait KvCodec: Send + Sync {
         dots_f32(isa, queries, keys, hd, &mut out[..queries.len() / hd * n]);
     }
     /// `acc[i] += sum_j weights[i * n + j] * value(slot slots.start + j)` for `nq` rows
-    /// (`acc` is `nq × head_dim`).
+    /// (`acc` is `nq × head_dim`), in the codec's value space: attention passes each finished
+    /// row through [`Self::finish_values`] once.
     fn accumulate(&self, head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
         let (hd, n, isa) = (self.head_dim(), slots.len(), isa());
         let mut scratch = Vec::new();
         let values = dense(self, head, page, slots, &mut scratch);
         weighted_sum_f32(isa, &weights[..acc.len() / hd * n], values, hd, acc);
+    }
+    /// Maps rows of value sums built by [`Self::accumulate`] (`rows.len() / head_dim` rows)
+    /// from the codec's value space to values. A linear map, so it can wait until the key
+    /// ranges' sums are merged: once per output row rather than once per page. Identity
+    /// unless the codec sums values in another space (TQ3_0 sums them rotated).
+    fn finish_values(&self, head: usize, rows: &mut [f32]) {
+        let _ = (head, rows);
     }
     /// The page as `tokens × head_dim` f32 when that is its layout (no decoding needed).
     fn as_f32<'a>(&self, page: KvPage<'a>) -> Option<&'a [f32]> {
@@ -214,12 +222,23 @@ pub(crate) mod tests_support {
                 }
             }
             let weights = random_rows(13, nq, n);
-            let mut acc = vec![0.5f32; nq * hd];
-            codec.accumulate(head, page, lo..hi, &weights, &mut acc);
+            // Two runs of slots summed into the same rows, then finished once, as attention
+            // sums a key range's pages.
+            let mut acc = vec![0f32; nq * hd];
+            let cut = lo + n / 2;
+            let (w1, w2): (Vec<f32>, Vec<f32>) = (
+                weights.chunks_exact(n).flat_map(|w| w[..cut - lo].to_vec()).collect(),
+                weights.chunks_exact(n).flat_map(|w| w[cut - lo..].to_vec()).collect(),
+            );
+            codec.accumulate(head, page, lo..cut, &w1, &mut acc);
+            codec.accumulate(head, page, cut..hi, &w2, &mut acc);
+            for row in acc.chunks_exact_mut(hd) {
+                codec.finish_values(head, row);
+            }
             for qi in 0..nq {
                 for d in 0..hd {
-                    let want: f32 = 0.5 + (0..n).map(|j| weights[qi * n + j] * decoded[j * hd + d]).sum::<f32>();
-                    let mag: f32 = 0.5 + (0..n).map(|j| (weights[qi * n + j] * decoded[j * hd + d]).abs()).sum::<f32>();
+                    let want: f32 = (0..n).map(|j| weights[qi * n + j] * decoded[j * hd + d]).sum::<f32>();
+                    let mag: f32 = 1e-3 + (0..n).map(|j| (weights[qi * n + j] * decoded[j * hd + d]).abs()).sum::<f32>();
                     let got = acc[qi * hd + d];
                     assert!((got - want).abs() <= 1e-5 * mag, "{}: accumulate {got} vs {want}", codec.name());
                 }

@@ -24,7 +24,7 @@
 //! the dot products are unchanged); values are summed rotated and rotated back once per call.
 
 use super::{KvCodec, KvGeometry, KvPage, KvPageMut};
-use crate::cpu::dot::{axpy_f32, dot_f32};
+use crate::cpu::dot::{dots_f32, weighted_sum_f32};
 use half::f16;
 use std::ops::Range;
 
@@ -238,6 +238,16 @@ impl Tq3Codec {
         self.head_dim / BLOCK * BLOCK_BYTES
     }
 
+    /// The rotated reconstructions of `slots`, one row of `head_dim` after another.
+    fn rotated_run(&self, page: &[u8], slots: Range<usize>) -> Vec<f32> {
+        let hd = self.head_dim;
+        let mut out = vec![0f32; slots.len() * hd];
+        for (slot, o) in slots.zip(out.chunks_exact_mut(hd)) {
+            self.rotated(page, slot, o);
+        }
+        out
+    }
+
     /// The rotated reconstruction of slot `slot` (`head_dim` values, block by block).
     fn rotated(&self, page: &[u8], slot: usize, out: &mut [f32]) {
         let rec = &page[slot * self.record()..(slot + 1) * self.record()];
@@ -282,30 +292,17 @@ impl KvCodec for Tq3Codec {
         per_block(out, forward);
     }
     fn scores(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, queries: &[f32], out: &mut [f32]) {
-        let (hd, n, isa) = (self.head_dim, slots.len(), super::isa());
-        let mut key = vec![0f32; hd];
-        for (j, slot) in slots.enumerate() {
-            self.rotated(page.bytes, slot, &mut key);
-            for (qi, q) in queries.chunks_exact(hd).enumerate() {
-                out[qi * n + j] = dot_f32(isa, q, &key);
-            }
-        }
+        let keys = self.rotated_run(page.bytes, slots);
+        dots_f32(super::isa(), queries, &keys, self.head_dim, out);
     }
+    /// Sums in the rotated space (the values' reconstructions before the inverse transform);
+    /// [`KvCodec::finish_values`] transforms each finished row once.
     fn accumulate(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, weights: &[f32], acc: &mut [f32]) {
-        let (hd, n, isa) = (self.head_dim, slots.len(), super::isa());
-        let mut sums = vec![0f32; acc.len()];
-        let mut value = vec![0f32; hd];
-        for (j, slot) in slots.enumerate() {
-            self.rotated(page.bytes, slot, &mut value);
-            for (qi, s) in sums.chunks_exact_mut(hd).enumerate() {
-                let w = weights[qi * n + j];
-                if w != 0.0 {
-                    axpy_f32(isa, w, &value, s);
-                }
-            }
-        }
-        per_block(&mut sums, inverse);
-        acc.iter_mut().zip(&sums).for_each(|(a, s)| *a += s);
+        let values = self.rotated_run(page.bytes, slots);
+        weighted_sum_f32(super::isa(), weights, &values, self.head_dim, acc);
+    }
+    fn finish_values(&self, _head: usize, rows: &mut [f32]) {
+        per_block(rows, inverse);
     }
 }
 
