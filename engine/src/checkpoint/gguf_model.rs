@@ -80,6 +80,11 @@ fn stacked_gguf_experts(name: &str) -> Option<(usize, &'static str)> {
 /// Loads a GGUF checkpoint.
 pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
     let f = GgufFile::open(path).map_err(|error| LoadError::Gguf { path: path.into(), error })?;
+    from_file(f, path)
+}
+
+/// A checkpoint from an opened GGUF file (`path` names it in errors and gives the default name).
+pub(crate) fn from_file(f: GgufFile, path: &Path) -> Result<Checkpoint, LoadError> {
     let arch_name = meta(&f, "general.architecture")?
         .as_str()
         .ok_or_else(|| LoadError::Config { key: "general.architecture".into(), msg: "expected a string".into() })?

@@ -22,6 +22,7 @@ use tessera_kernels::ggml::GgmlType;
 
 pub use gguf::{GgufError, GgufFile, MetaValue};
 pub use gguf_model::GgufVocab;
+pub(crate) use gguf_model::from_file as gguf_from_file;
 
 /// Errors while loading a checkpoint. Messages name the file, key or tensor at fault.
 #[derive(Debug, thiserror::Error)]

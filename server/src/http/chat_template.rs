@@ -22,14 +22,45 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    limits: RenderLimits,
+}
+
+/// Bounds on one rendering. The template comes with the model file: these keep a broken or
+/// hostile one (an endless loop, runaway recursion, a huge output) from hanging a request or
+/// exhausting memory; rendering fails with an error that names the limit instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// Template instructions one rendering may execute (minijinja's fuel).
+    pub fuel: u64,
+    /// Largest rendered prompt, in bytes.
+    pub max_output_bytes: usize,
+    /// Deepest nesting of macro calls and loops (minijinja caps it at 500).
+    pub max_depth: usize,
+}
+
+impl Default for RenderLimits {
+    /// Far above what real templates need: SmolLM2's spends about 20 instructions per message,
+    /// so 20 million is a conversation of a million messages (more than a request body holds);
+    /// 64 MiB of prompt is far past any context length; 64 levels of nesting stay well inside
+    /// a tokio worker's 2 MiB stack.
+    fn default() -> Self {
+        RenderLimits { fuel: 20_000_000, max_output_bytes: 64 << 20, max_depth: 64 }
+    }
 }
 
 const NAME: &str = "chat";
 
 impl ChatTemplate {
-    /// Compiles `source`; the error describes the syntax problem.
+    /// Compiles `source` with the default [`RenderLimits`]; the error describes the syntax problem.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, String> {
+        Self::with_limits(source, bos_token, eos_token, RenderLimits::default())
+    }
+
+    /// Compiles `source`, to be rendered within `limits`.
+    pub fn with_limits(source: &str, bos_token: &str, eos_token: &str, limits: RenderLimits) -> Result<Self, String> {
         let mut env = Environment::new();
+        env.set_fuel(Some(limits.fuel));
+        env.set_recursion_limit(limits.max_depth);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -37,23 +68,33 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_template_owned(NAME, source.to_owned()).map_err(|e| format!("the chat template does not compile: {e}"))?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned() })
+        Ok(ChatTemplate { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned(), limits })
     }
 
     /// The prompt text for `messages`, ending with the assistant's turn opener. The error is the
-    /// template's own complaint (e.g. from `raise_exception`) or a rendering failure.
+    /// template's own complaint (e.g. from `raise_exception`), a limit of [`RenderLimits`]
+    /// reached, or another rendering failure.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
         let tmpl = self.env.get_template(NAME).map_err(|e| e.to_string())?;
-        tmpl.render(context! {
+        let mut out = BoundedWriter { buf: Vec::new(), limit: self.limits.max_output_bytes };
+        let ctx = context! {
             messages => messages,
             add_generation_prompt => true,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
-        })
-        .map_err(|e| match e.kind() {
+        };
+        tmpl.render_captured_to(ctx, &mut out).map_err(|e| match e.kind() {
+            ErrorKind::OutOfFuel => format!(
+                "rendering the chat template was stopped after {} instructions (an endless or very long loop?)",
+                self.limits.fuel
+            ),
+            ErrorKind::WriteFailure => {
+                format!("the rendered chat template exceeds {} bytes", self.limits.max_output_bytes)
+            }
             ErrorKind::InvalidOperation => e.detail().unwrap_or("the chat template rejected the messages").to_owned(),
             _ => format!("rendering the chat template failed: {e}"),
-        })
+        })?;
+        String::from_utf8(out.buf).map_err(|_| "the rendered chat template is not valid UTF-8".to_owned())
     }
 
     /// The text to tokenize: when tokenization will prepend BOS itself (`add_bos`) and the
@@ -63,6 +104,26 @@ impl ChatTemplate {
             Some(rest) if add_bos && !self.bos_token.is_empty() => rest,
             _ => rendered,
         }
+    }
+}
+
+/// Collects output up to a byte limit; writing past it fails.
+struct BoundedWriter {
+    buf: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for BoundedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.limit {
+            return Err(std::io::Error::other("output limit reached"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -116,6 +177,41 @@ mod tests {
         let t = ChatTemplate::new("{% for m in messages %}{{ m.name or '-' }}:{{ m.content }};{% endfor %}", "", "").unwrap();
         let named = ChatMessage { name: Some("ann".into()), ..msg("user", "x") };
         assert_eq!(t.render(&[named, msg("user", "y")]).unwrap(), "ann:x;-:y;");
+    }
+
+    /// Templates that would never end, recurse without bound or render without bound fail
+    /// with an error naming the limit, under the server's default limits, within seconds.
+    #[test]
+    fn hostile_templates_stop_at_a_limit() {
+        let cases = [
+            ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "20000000 instructions"),
+            ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursion limit exceeded"),
+            ("{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}", "recursion limit exceeded"),
+            ("{% for i in range(100000) %}{{ 'x' * 10000 }}{% endfor %}", "exceeds 67108864 bytes"),
+        ];
+        for (src, want) in cases {
+            let t = ChatTemplate::new(src, "", "").unwrap();
+            let start = std::time::Instant::now();
+            let err = t.render(&[msg("user", "hi")]).unwrap_err();
+            assert!(err.contains(want), "{src}: {err}");
+            assert!(start.elapsed().as_secs_f64() < 10.0, "{src}: {:?}", start.elapsed());
+        }
+    }
+
+    /// Rendering runs on tokio worker threads (2 MiB of stack): the deepest nesting the
+    /// limits allow must fit there.
+    #[test]
+    fn deepest_recursion_fits_a_worker_stack() {
+        let src = "{% macro f(n) %}{% for m in messages %}{% if m.content %}{{ f(n + 1) }}{% endif %}{% endfor %}{% endmacro %}{{ f(0) }}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let err = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || t.render(&[msg("user", "x")]))
+            .unwrap()
+            .join()
+            .expect("no stack overflow")
+            .unwrap_err();
+        assert!(err.contains("recursion limit exceeded"), "{err}");
     }
 
     #[test]
