@@ -12,13 +12,13 @@
 # Environment: FUZZ_SANITIZER (none | address; default none: the targets are safe Rust over
 # parsers, and without ASan they run about twice as fast), FUZZ_ARGS (extra libFuzzer flags),
 # FUZZ_RSS_MB (memory limit, default 2048), FUZZ_TIMEOUT (seconds per input before a hang
-# is reported, default 10).
+# is reported, default 10), FUZZ_KEEP (inputs per target that minimize commits, default 60).
 #
 # The ordinary test suite replays the stored corpora without libFuzzer (engine/tests/fuzz_corpus.rs,
 # server/tests/fuzz_corpus.rs). A crash leaves its input in fuzz/artifacts/<target>/: fix the
 # bug, add a regression test, and keep the input in fuzz/regressions/<target>/.
 # The stable toolchain stands in for nightly (RUSTC_BOOTSTRAP=1); one fuzzer runs at a time
-# (-jobs=1) on the 2-core machines. The tokenizer_decode and openai_request targets use the
+# (one process: no -jobs/-fork) on the 2-core machines. The tokenizer_decode and openai_request targets use the
 # default model's tokenizer: scripts/fetch-default-model.sh fetches it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,7 +56,7 @@ fuzz() {
   mkdir -p "$work" "fuzz/artifacts/$target"
   # shellcheck disable=SC2086
   cargo fuzz run --sanitizer "$SAN" "$target" "$work" "fuzz/corpus/$target" -- \
-    -jobs=1 -workers=1 -rss_limit_mb="$RSS" -timeout="$TIMEOUT" -print_final_stats=1 \
+    -rss_limit_mb="$RSS" -timeout="$TIMEOUT" -print_final_stats=1 \
     -artifact_prefix="fuzz/artifacts/$target/" "$@" ${FUZZ_ARGS:-}
 }
 
@@ -69,11 +69,14 @@ minimize() {
   mkdir -p "$fresh" "$work"
   cargo fuzz run --sanitizer "$SAN" "$target" "$fresh" "fuzz/corpus/$target" "$work" -- \
     -merge=1 -rss_limit_mb="$RSS" -timeout="$TIMEOUT"
-  # Seeds keep their names; the rest is what the merge kept.
+  # Seeds keep their names; of the rest of what the merge kept, the FUZZ_KEEP smallest
+  # inputs are committed (the replay run in CI stays short and the repository small; the
+  # whole corpus stays in fuzz/target/corpus/ for the next long run).
   find "fuzz/corpus/$target" -type f ! -name 'seed-*' -delete
-  for f in "$fresh"/*; do
-    [ -e "fuzz/corpus/$target/$(basename "$f")" ] || cp "$f" "fuzz/corpus/$target/"
-  done
+  find "$fresh" -type f -printf '%s %p\n' | sort -n | head -n "${FUZZ_KEEP:-60}" | cut -d' ' -f2- |
+    while read -r f; do
+      [ -e "fuzz/corpus/$target/$(basename "$f")" ] || cp "$f" "fuzz/corpus/$target/"
+    done
   ls "fuzz/corpus/$target" | wc -l | xargs echo "$target corpus files:"
 }
 

@@ -111,7 +111,8 @@ pub(crate) fn from_file(f: GgufFile, path: &Path) -> Result<Checkpoint, LoadErro
             return Err(LoadError::Config { key: a("rope.dimension_count"), msg: format!("{rot} (partial rotary is not supported; head_dim {head_dim})") });
         }
     }
-    let num_layers = meta_usize(&f, &a("block_count"))?;
+    // Checked before the MoE layer flags are sized by it.
+    let num_layers = super::config_dim(&a("block_count"), meta_usize(&f, &a("block_count"))?)?;
     // Mixtral GGUFs are `llama` with experts: softmax top-k, renormalized, every layer MoE.
     let moe = match f.get(&a("expert_count")) {
         None => None,
