@@ -69,7 +69,7 @@ pub fn openai_request(data: &[u8]) {
 
 /// Limits of the chat-template target: the server's depth limit, less fuel and output (the
 /// same checks, reached sooner, so that hostile templates do not slow the fuzzer down).
-pub const TEMPLATE_FUZZ_LIMITS: RenderLimits = RenderLimits { fuel: 200_000, max_output_bytes: 1 << 20, max_depth: 64 };
+pub const TEMPLATE_FUZZ_LIMITS: RenderLimits = RenderLimits { fuel: 50_000, max_output_bytes: 1 << 20, max_depth: 64 };
 
 /// A template and a conversation through compilation and rendering: the input is
 /// `template NUL role NUL content NUL role NUL content ...` (invalid UTF-8 replaced).

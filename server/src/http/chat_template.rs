@@ -67,6 +67,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
+        env.add_function("range", range);
         env.add_template_owned(NAME, source.to_owned()).map_err(|e| format!("the chat template does not compile: {e}"))?;
         Ok(ChatTemplate { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned(), limits })
     }
@@ -105,6 +106,36 @@ impl ChatTemplate {
             _ => rendered,
         }
     }
+}
+
+/// Most items `range` makes. minijinja's own allows 100,000, and one `x in range(100000)` is a
+/// single instruction (one unit of fuel) that compares 100,000 values: a loop of those took
+/// over 10 s per input under the fuzz target's small fuel (its first finding), and would take
+/// hours under the server's. Chat templates iterate over messages, not long ranges.
+///
+/// Fuel counts instructions, not time: an instruction over a 10,000-item list or a long string
+/// (minijinja repeats strings up to 100 MB) still costs far more than one unit, so a hostile
+/// template can still be slow within the limits; bounding wall time needs rendering off the
+/// request thread with a deadline (not done yet).
+pub const MAX_RANGE: i128 = 10_000;
+
+/// Python's `range(stop)` / `range(start, stop[, step])` as a list of at most [`MAX_RANGE`] items.
+fn range(first: i64, stop: Option<i64>, step: Option<i64>) -> Result<minijinja::Value, Error> {
+    let (start, stop) = match stop {
+        Some(stop) => (i128::from(first), i128::from(stop)),
+        None => (0, i128::from(first)),
+    };
+    let step = i128::from(step.unwrap_or(1));
+    if step == 0 {
+        return Err(Error::new(ErrorKind::InvalidOperation, "range() step must not be zero"));
+    }
+    let span = if step > 0 { stop - start } else { start - stop };
+    let len = if span > 0 { (span - 1) / step.abs() + 1 } else { 0 };
+    if len > MAX_RANGE {
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("range() of {len} items (at most {MAX_RANGE})")));
+    }
+    // Each item lies between start and stop, both i64.
+    Ok((0..len).map(|i| (start + i * step) as i64).collect::<Vec<i64>>().into())
 }
 
 /// Collects output up to a byte limit; writing past it fails.
@@ -184,10 +215,12 @@ mod tests {
     #[test]
     fn hostile_templates_stop_at_a_limit() {
         let cases = [
-            ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "20000000 instructions"),
+            ("{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}", "20000000 instructions"),
             ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursion limit exceeded"),
             ("{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}", "recursion limit exceeded"),
-            ("{% for i in range(100000) %}{{ 'x' * 10000 }}{% endfor %}", "exceeds 67108864 bytes"),
+            ("{% for i in range(10000) %}{% for j in range(10000) %}{{ 'x' * 10000 }}{% endfor %}{% endfor %}", "exceeds 67108864 bytes"),
+            // The chat_template fuzz target's hang: `in` over a long range inside a long loop.
+            ("{% for i in range(100000) %}{{ i in range(100000) }}{% endfor %}", "range() of 100000 items (at most 10000)"),
         ];
         for (src, want) in cases {
             let t = ChatTemplate::new(src, "", "").unwrap();
@@ -196,6 +229,21 @@ mod tests {
             assert!(err.contains(want), "{src}: {err}");
             assert!(start.elapsed().as_secs_f64() < 10.0, "{src}: {:?}", start.elapsed());
         }
+    }
+
+    #[test]
+    fn range_follows_python() {
+        let t = ChatTemplate::new(
+            "{{ range(3)|list }} {{ range(1, 4)|list }} {{ range(5, 0, -2)|list }} {{ range(2, 2)|list }} {{ range(0, 5, 9)|list }}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(t.render(&[]).unwrap(), "[0, 1, 2] [1, 2, 3] [5, 3, 1] [] [0]");
+        let extreme = ChatTemplate::new("{{ range(-9223372036854775808, 9223372036854775807, -1)|list }}{{ range(1, 2, 0) }}", "", "").unwrap();
+        assert_eq!(extreme.render(&[]).unwrap_err(), "range() step must not be zero");
+        let huge = ChatTemplate::new("{{ range(-9223372036854775808, 9223372036854775807) }}", "", "").unwrap();
+        assert!(huge.render(&[]).unwrap_err().contains("at most 10000"));
     }
 
     /// Rendering runs on tokio worker threads (2 MiB of stack): the deepest nesting the
