@@ -73,7 +73,8 @@ minimize() {
   # inputs are committed (the replay run in CI stays short and the repository small; the
   # whole corpus stays in fuzz/target/corpus/ for the next long run).
   find "fuzz/corpus/$target" -type f ! -name 'seed-*' -delete
-  find "$fresh" -type f -printf '%s %p\n' | sort -n | head -n "${FUZZ_KEEP:-60}" | cut -d' ' -f2- |
+  find "$fresh" -type f -printf '%s %p\n' | sort -n >"$fresh.sizes"
+  head -n "${FUZZ_KEEP:-60}" "$fresh.sizes" | cut -d' ' -f2- |
     while read -r f; do
       [ -e "fuzz/corpus/$target/$(basename "$f")" ] || cp "$f" "fuzz/corpus/$target/"
     done

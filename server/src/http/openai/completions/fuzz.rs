@@ -18,7 +18,7 @@ pub(crate) fn requests(value: &Value, tok: &Tokenizer, max_model_len: usize) -> 
     }
     let n = common.n()?;
     if own.best_of.is_some_and(|b| b != n) {
-        return Err(ApiError::invalid("best_of", "best_of must equal n"));
+        return Err(ApiError::invalid("best_of", "best_of must equal n: ranking extra candidates is not supported"));
     }
     let echo = own.echo.unwrap_or(false);
     let prompts = parse_prompts(own.prompt.as_ref(), tok)?;
