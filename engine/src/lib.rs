@@ -15,6 +15,8 @@ pub mod checkpoint;
 pub mod convert;
 pub mod device;
 pub mod float_dtype;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod generate;
 pub mod kv;
 mod loaded;

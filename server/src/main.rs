@@ -1,10 +1,8 @@
 //! `tessera`: Tessera's command-line entry point.
 
-mod cli;
-mod http;
-
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
+use tessera_server::cli;
 
 /// Tessera: an LLM serving stack for quantized models.
 #[derive(Parser, Debug)]

@@ -80,6 +80,11 @@ fn stacked_gguf_experts(name: &str) -> Option<(usize, &'static str)> {
 /// Loads a GGUF checkpoint.
 pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
     let f = GgufFile::open(path).map_err(|error| LoadError::Gguf { path: path.into(), error })?;
+    from_file(f, path)
+}
+
+/// A checkpoint from an opened GGUF file (`path` names it in errors and gives the default name).
+pub(crate) fn from_file(f: GgufFile, path: &Path) -> Result<Checkpoint, LoadError> {
     let arch_name = meta(&f, "general.architecture")?
         .as_str()
         .ok_or_else(|| LoadError::Config { key: "general.architecture".into(), msg: "expected a string".into() })?
@@ -106,7 +111,8 @@ pub fn load(path: &Path) -> Result<Checkpoint, LoadError> {
             return Err(LoadError::Config { key: a("rope.dimension_count"), msg: format!("{rot} (partial rotary is not supported; head_dim {head_dim})") });
         }
     }
-    let num_layers = meta_usize(&f, &a("block_count"))?;
+    // Checked before the MoE layer flags are sized by it.
+    let num_layers = super::config_dim(&a("block_count"), meta_usize(&f, &a("block_count"))?)?;
     // Mixtral GGUFs are `llama` with experts: softmax top-k, renormalized, every layer MoE.
     let moe = match f.get(&a("expert_count")) {
         None => None,

@@ -81,7 +81,8 @@ pub(super) fn model_config(cfg: &Value) -> Result<ModelConfig, LoadError> {
     let attn_bias = arch == Architecture::Qwen2Moe || cfg_bool(cfg, "attention_bias", false)?;
     let hidden = cfg_usize(cfg, "hidden_size")?;
     let heads = cfg_usize(cfg, "num_attention_heads")?;
-    let num_layers = cfg_usize(cfg, "num_hidden_layers")?;
+    // Checked before the MoE layer flags are sized by it.
+    let num_layers = super::config_dim("num_hidden_layers", cfg_usize(cfg, "num_hidden_layers")?)?;
     let c = ModelConfig {
         arch,
         vocab_size: cfg_usize(cfg, "vocab_size")?,
@@ -119,8 +120,8 @@ fn moe_config(cfg: &Value, arch: Architecture, num_layers: usize) -> Result<Opti
         },
         Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
             let step = cfg_usize_or(cfg, "decoder_sparse_step", 1)?.max(1);
-            let dense: Vec<u64> = match cfg.get("mlp_only_layers") {
-                None | Some(Value::Null) => vec![],
+            let dense: std::collections::BTreeSet<u64> = match cfg.get("mlp_only_layers") {
+                None | Some(Value::Null) => Default::default(),
                 Some(Value::Array(a)) => a.iter().map(|v| v.as_u64().ok_or_else(|| config_err("mlp_only_layers", "expected layer indices"))).collect::<Result<_, _>>()?,
                 Some(_) => return Err(config_err("mlp_only_layers", "expected a list")),
             };
@@ -161,7 +162,9 @@ fn moe_config(cfg: &Value, arch: Architecture, num_layers: usize) -> Result<Opti
                     scaling: cfg_f32(cfg, "routed_scaling_factor", 1.0)?,
                 },
                 expert_ffn,
-                shared_ffn: expert_ffn * cfg_usize_or(cfg, "n_shared_experts", 0)?,
+                shared_ffn: expert_ffn
+                    .checked_mul(cfg_usize_or(cfg, "n_shared_experts", 0)?)
+                    .ok_or_else(|| config_err("n_shared_experts", "times moe_intermediate_size overflows"))?,
                 shared_gate: false,
                 correction_bias,
                 layers: (0..num_layers).map(|l| l >= first_dense && l.is_multiple_of(freq)).collect(),

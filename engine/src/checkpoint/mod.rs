@@ -22,6 +22,7 @@ use tessera_kernels::ggml::GgmlType;
 
 pub use gguf::{GgufError, GgufFile, MetaValue};
 pub use gguf_model::GgufVocab;
+pub(crate) use gguf_model::from_file as gguf_from_file;
 
 /// Errors while loading a checkpoint. Messages name the file, key or tensor at fault.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +135,18 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
 }
 
+/// Largest size any one hyper-parameter may have (counts, widths, lengths).
+pub const MAX_CONFIG_DIM: usize = 1 << 24;
+
+/// A size read from a checkpoint's configuration, checked to be in `1..=MAX_CONFIG_DIM`
+/// before anything is sized by it.
+pub(crate) fn config_dim(key: &str, v: usize) -> Result<usize, LoadError> {
+    if v == 0 || v > MAX_CONFIG_DIM {
+        return Err(LoadError::Config { key: key.into(), msg: format!("{v} is out of range (1..={MAX_CONFIG_DIM})") });
+    }
+    Ok(v)
+}
+
 impl ModelConfig {
     /// Checks the shape relations the model code relies on.
     pub fn validate(&self) -> Result<(), LoadError> {
@@ -148,9 +161,7 @@ impl ModelConfig {
             ("head_dim", self.head_dim),
             ("max_position_embeddings", self.max_position_embeddings),
         ] {
-            if v == 0 || v > 1 << 24 {
-                return bad(k, format!("{v} is out of range"));
-            }
+            config_dim(k, v)?;
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad("num_kv_heads", format!("{} does not divide num_heads {}", self.num_kv_heads, self.num_heads));
@@ -166,7 +177,7 @@ impl ModelConfig {
         }
         if let Some(moe) = &self.moe {
             moe.routing.validate().or_else(|(key, msg)| bad(key, msg))?;
-            if moe.expert_ffn == 0 || moe.expert_ffn > 1 << 24 || moe.shared_ffn > 1 << 24 {
+            if moe.expert_ffn == 0 || moe.expert_ffn > MAX_CONFIG_DIM || moe.shared_ffn > MAX_CONFIG_DIM {
                 return bad("moe_intermediate_size", format!("{} (shared {}) is out of range", moe.expert_ffn, moe.shared_ffn));
             }
             if moe.layers.len() != self.num_layers {

@@ -22,38 +22,80 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    limits: RenderLimits,
+}
+
+/// Bounds on one rendering. The template comes with the model file: these keep a broken or
+/// hostile one (an endless loop, runaway recursion, a huge output) from hanging a request or
+/// exhausting memory; rendering fails with an error that names the limit instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// Template instructions one rendering may execute (minijinja's fuel).
+    pub fuel: u64,
+    /// Largest rendered prompt, in bytes.
+    pub max_output_bytes: usize,
+    /// Deepest nesting of macro calls and loops (minijinja caps it at 500).
+    pub max_depth: usize,
+}
+
+impl Default for RenderLimits {
+    /// Far above what real templates need: SmolLM2's spends about 20 instructions per message,
+    /// so 20 million is a conversation of a million messages (more than a request body holds);
+    /// 64 MiB of prompt is far past any context length; 64 levels of nesting stay well inside
+    /// a tokio worker's 2 MiB stack.
+    fn default() -> Self {
+        RenderLimits { fuel: 20_000_000, max_output_bytes: 64 << 20, max_depth: 64 }
+    }
 }
 
 const NAME: &str = "chat";
 
 impl ChatTemplate {
-    /// Compiles `source`; the error describes the syntax problem.
+    /// Compiles `source` with the default [`RenderLimits`]; the error describes the syntax problem.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, String> {
+        Self::with_limits(source, bos_token, eos_token, RenderLimits::default())
+    }
+
+    /// Compiles `source`, to be rendered within `limits`.
+    pub fn with_limits(source: &str, bos_token: &str, eos_token: &str, limits: RenderLimits) -> Result<Self, String> {
         let mut env = Environment::new();
+        env.set_fuel(Some(limits.fuel));
+        env.set_recursion_limit(limits.max_depth);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
+        env.add_function("range", range);
         env.add_template_owned(NAME, source.to_owned()).map_err(|e| format!("the chat template does not compile: {e}"))?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned() })
+        Ok(ChatTemplate { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned(), limits })
     }
 
     /// The prompt text for `messages`, ending with the assistant's turn opener. The error is the
-    /// template's own complaint (e.g. from `raise_exception`) or a rendering failure.
+    /// template's own complaint (e.g. from `raise_exception`), a limit of [`RenderLimits`]
+    /// reached, or another rendering failure.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
         let tmpl = self.env.get_template(NAME).map_err(|e| e.to_string())?;
-        tmpl.render(context! {
+        let mut out = BoundedWriter { buf: Vec::new(), limit: self.limits.max_output_bytes };
+        let ctx = context! {
             messages => messages,
             add_generation_prompt => true,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
-        })
-        .map_err(|e| match e.kind() {
+        };
+        tmpl.render_captured_to(ctx, &mut out).map_err(|e| match e.kind() {
+            ErrorKind::OutOfFuel => format!(
+                "rendering the chat template was stopped after {} instructions (an endless or very long loop?)",
+                self.limits.fuel
+            ),
+            ErrorKind::WriteFailure => {
+                format!("the rendered chat template exceeds {} bytes", self.limits.max_output_bytes)
+            }
             ErrorKind::InvalidOperation => e.detail().unwrap_or("the chat template rejected the messages").to_owned(),
             _ => format!("rendering the chat template failed: {e}"),
-        })
+        })?;
+        String::from_utf8(out.buf).map_err(|_| "the rendered chat template is not valid UTF-8".to_owned())
     }
 
     /// The text to tokenize: when tokenization will prepend BOS itself (`add_bos`) and the
@@ -63,6 +105,56 @@ impl ChatTemplate {
             Some(rest) if add_bos && !self.bos_token.is_empty() => rest,
             _ => rendered,
         }
+    }
+}
+
+/// Most items `range` makes. minijinja's own allows 100,000, and one `x in range(100000)` is a
+/// single instruction (one unit of fuel) that compares 100,000 values: a loop of those took
+/// over 10 s per input under the fuzz target's small fuel (its first finding), and would take
+/// hours under the server's. Chat templates iterate over messages, not long ranges.
+///
+/// Fuel counts instructions, not time: an instruction over a 10,000-item list or a long string
+/// (minijinja repeats strings up to 100 MB) still costs far more than one unit, so a hostile
+/// template can still be slow within the limits; bounding wall time needs rendering off the
+/// request thread with a deadline (not done yet).
+pub const MAX_RANGE: i128 = 10_000;
+
+/// Python's `range(stop)` / `range(start, stop[, step])` as a list of at most [`MAX_RANGE`] items.
+fn range(first: i64, stop: Option<i64>, step: Option<i64>) -> Result<minijinja::Value, Error> {
+    let (start, stop) = match stop {
+        Some(stop) => (i128::from(first), i128::from(stop)),
+        None => (0, i128::from(first)),
+    };
+    let step = i128::from(step.unwrap_or(1));
+    if step == 0 {
+        return Err(Error::new(ErrorKind::InvalidOperation, "range() step must not be zero"));
+    }
+    let span = if step > 0 { stop - start } else { start - stop };
+    let len = if span > 0 { (span - 1) / step.abs() + 1 } else { 0 };
+    if len > MAX_RANGE {
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("range() of {len} items (at most {MAX_RANGE})")));
+    }
+    // Each item lies between start and stop, both i64.
+    Ok((0..len).map(|i| (start + i * step) as i64).collect::<Vec<i64>>().into())
+}
+
+/// Collects output up to a byte limit; writing past it fails.
+struct BoundedWriter {
+    buf: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for BoundedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.limit {
+            return Err(std::io::Error::other("output limit reached"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -116,6 +208,58 @@ mod tests {
         let t = ChatTemplate::new("{% for m in messages %}{{ m.name or '-' }}:{{ m.content }};{% endfor %}", "", "").unwrap();
         let named = ChatMessage { name: Some("ann".into()), ..msg("user", "x") };
         assert_eq!(t.render(&[named, msg("user", "y")]).unwrap(), "ann:x;-:y;");
+    }
+
+    /// Templates that would never end, recurse without bound or render without bound fail
+    /// with an error naming the limit, under the server's default limits, within seconds.
+    #[test]
+    fn hostile_templates_stop_at_a_limit() {
+        let cases = [
+            ("{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}", "20000000 instructions"),
+            ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursion limit exceeded"),
+            ("{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}", "recursion limit exceeded"),
+            ("{% for i in range(10000) %}{% for j in range(10000) %}{{ 'x' * 10000 }}{% endfor %}{% endfor %}", "exceeds 67108864 bytes"),
+            // The chat_template fuzz target's hang: `in` over a long range inside a long loop.
+            ("{% for i in range(100000) %}{{ i in range(100000) }}{% endfor %}", "range() of 100000 items (at most 10000)"),
+        ];
+        for (src, want) in cases {
+            let t = ChatTemplate::new(src, "", "").unwrap();
+            let start = std::time::Instant::now();
+            let err = t.render(&[msg("user", "hi")]).unwrap_err();
+            assert!(err.contains(want), "{src}: {err}");
+            assert!(start.elapsed().as_secs_f64() < 10.0, "{src}: {:?}", start.elapsed());
+        }
+    }
+
+    #[test]
+    fn range_follows_python() {
+        let t = ChatTemplate::new(
+            "{{ range(3)|list }} {{ range(1, 4)|list }} {{ range(5, 0, -2)|list }} {{ range(2, 2)|list }} {{ range(0, 5, 9)|list }}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(t.render(&[]).unwrap(), "[0, 1, 2] [1, 2, 3] [5, 3, 1] [] [0]");
+        let extreme = ChatTemplate::new("{{ range(-9223372036854775808, 9223372036854775807, -1)|list }}{{ range(1, 2, 0) }}", "", "").unwrap();
+        assert_eq!(extreme.render(&[]).unwrap_err(), "range() step must not be zero");
+        let huge = ChatTemplate::new("{{ range(-9223372036854775808, 9223372036854775807) }}", "", "").unwrap();
+        assert!(huge.render(&[]).unwrap_err().contains("at most 10000"));
+    }
+
+    /// Rendering runs on tokio worker threads (2 MiB of stack): the deepest nesting the
+    /// limits allow must fit there.
+    #[test]
+    fn deepest_recursion_fits_a_worker_stack() {
+        let src = "{% macro f(n) %}{% for m in messages %}{% if m.content %}{{ f(n + 1) }}{% endif %}{% endfor %}{% endmacro %}{{ f(0) }}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let err = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || t.render(&[msg("user", "x")]))
+            .unwrap()
+            .join()
+            .expect("no stack overflow")
+            .unwrap_err();
+        assert!(err.contains("recursion limit exceeded"), "{err}");
     }
 
     #[test]

@@ -8,9 +8,9 @@
 mod auth;
 pub mod chat_template;
 pub mod errors;
-mod json;
+pub(crate) mod json;
 mod models;
-mod openai;
+pub(crate) mod openai;
 mod ops;
 mod sse;
 

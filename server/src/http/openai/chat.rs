@@ -16,6 +16,8 @@ use serde_json::Value;
 use std::sync::Arc;
 use tessera_engine::serve::TokenLogprob;
 
+pub(crate) mod fuzz;
+
 const ROLE: &str = "assistant";
 
 /// Fields only the chat endpoint has.

@@ -16,6 +16,8 @@ use std::sync::Arc;
 use tessera_engine::serve::TokenLogprob;
 use tessera_engine::tokenizer::Tokenizer;
 
+pub(crate) mod fuzz;
+
 const OBJECT: &str = "text_completion";
 
 /// Fields only the completions endpoint has.
