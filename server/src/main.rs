@@ -30,7 +30,7 @@ enum Command {
     /// Quantize a Hugging Face directory file to file (compressed-tensors or Quark).
     Quantize(cli::quantize::QuantizeArgs),
     /// OpenAI-compatible HTTP server (continuous batching over a paged KV cache).
-    Serve(cli::serve::ServeArgs),
+    Serve(Box<cli::serve::ServeArgs>),
 }
 
 /// Pins glibc's mmap threshold at 1 MiB and raises its trim threshold to 32 MiB.
@@ -66,7 +66,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Perplexity(a) => cli::perplexity::run(a),
         Command::Quantize(a) => cli::quantize::run(a),
-        Command::Serve(a) => cli::serve::run(a, cli.log_format),
+        Command::Serve(a) => cli::serve::run(*a, cli.log_format),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,7 +6,8 @@ use super::kv_args::kv_dtype;
 use super::model_path;
 use super::perplexity::ComputePath;
 use super::{init_logging, LogFormat};
-use crate::http::{self, AppState, ServerOptions};
+use crate::http::conn::ConnOptions;
+use crate::http::{self, AppState, DrainOptions, ServerOptions};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::de::{self, Deserializer, Visitor};
@@ -92,6 +93,25 @@ pub struct ServeArgs {
     /// Seconds running requests get to finish after SIGINT/SIGTERM before they are aborted [default: 10].
     #[arg(long)]
     shutdown_grace_secs: Option<f64>,
+    /// Least seconds the listener stays open after SIGINT/SIGTERM (health answering 503) so
+    /// load balancers notice before connections are refused [default: 0].
+    #[arg(long)]
+    shutdown_delay_secs: Option<f64>,
+    /// Most connections served at once; more are answered 503 (health excepted) and idle ones
+    /// closed to make room [default: the open-file limit less 128, at most 8192].
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Seconds a connection has to send a request's headers (from its opening or its previous
+    /// response), and then its body [default: 30].
+    #[arg(long)]
+    header_read_timeout_secs: Option<f64>,
+    /// Seconds an idle connection (no request in progress, nothing received) stays open [default: 15].
+    #[arg(long)]
+    keep_alive_timeout_secs: Option<f64>,
+    /// Default deadline of a generation request, and the longest one a request's
+    /// `request_timeout` may set; past it the request is aborted and answered 408 [default: none].
+    #[arg(long)]
+    request_timeout_secs: Option<f64>,
     /// Force one arithmetic on every linear layer [default: chosen per batch segment].
     #[arg(long, value_enum)]
     #[serde(default, deserialize_with = "value_enum")]
@@ -197,6 +217,11 @@ pub struct ServeConfig {
     max_model_len: Option<usize>,
     max_body_bytes: usize,
     shutdown_grace_secs: f64,
+    shutdown_delay_secs: f64,
+    max_connections: Option<usize>,
+    header_read_timeout_secs: f64,
+    keep_alive_timeout_secs: f64,
+    request_timeout_secs: Option<f64>,
     #[serde(serialize_with = "value_enum_name")]
     compute: Option<ComputePath>,
     #[serde(serialize_with = "display")]
@@ -207,6 +232,15 @@ pub struct ServeConfig {
 
 const DEFAULT_KV_FRACTION: f64 = 0.2;
 const DEFAULT_MAX_BODY: usize = 8 << 20;
+const DEFAULT_HEADER_READ_SECS: f64 = 30.0;
+const DEFAULT_KEEP_ALIVE_SECS: f64 = 15.0;
+/// Longest duration any of the seconds options takes (a year).
+const MAX_SECS: f64 = 365.0 * 86400.0;
+/// Descriptors kept free of connections by the default `--max-connections` (model files,
+/// logs, the runtime, over-limit connections being answered).
+const FD_HEADROOM: u64 = 128;
+/// Largest default `--max-connections`.
+const MAX_DEFAULT_CONNECTIONS: u64 = 8192;
 
 impl ServeArgs {
     /// Reads a configuration file (TOML, the flags' keys).
@@ -237,6 +271,11 @@ impl ServeArgs {
             max_model_len: self.max_model_len.or(file.max_model_len),
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
             shutdown_grace_secs: self.shutdown_grace_secs.or(file.shutdown_grace_secs),
+            shutdown_delay_secs: self.shutdown_delay_secs.or(file.shutdown_delay_secs),
+            max_connections: self.max_connections.or(file.max_connections),
+            header_read_timeout_secs: self.header_read_timeout_secs.or(file.header_read_timeout_secs),
+            keep_alive_timeout_secs: self.keep_alive_timeout_secs.or(file.keep_alive_timeout_secs),
+            request_timeout_secs: self.request_timeout_secs.or(file.request_timeout_secs),
             compute: self.compute.or(file.compute),
             device: self.device.or(file.device),
             log_format: self.log_format.or(file.log_format),
@@ -264,8 +303,22 @@ impl ServeArgs {
             (None, f) => bail!("--kv-cache-memory-fraction must be in (0, 1], got {f}"),
         };
         let grace = a.shutdown_grace_secs.unwrap_or(10.0);
-        if !(grace.is_finite() && grace >= 0.0) {
-            bail!("--shutdown-grace-secs must be a non-negative number of seconds, got {grace}");
+        let delay = a.shutdown_delay_secs.unwrap_or(0.0);
+        for (name, secs) in [("--shutdown-grace-secs", grace), ("--shutdown-delay-secs", delay)] {
+            if !(secs.is_finite() && (0.0..=MAX_SECS).contains(&secs)) {
+                bail!("{name} must be a non-negative number of seconds, got {secs}");
+            }
+        }
+        let header_read = a.header_read_timeout_secs.unwrap_or(DEFAULT_HEADER_READ_SECS);
+        let keep_alive = a.keep_alive_timeout_secs.unwrap_or(DEFAULT_KEEP_ALIVE_SECS);
+        for (name, secs) in [
+            ("--header-read-timeout-secs", Some(header_read)),
+            ("--keep-alive-timeout-secs", Some(keep_alive)),
+            ("--request-timeout-secs", a.request_timeout_secs),
+        ] {
+            if secs.is_some_and(|s| !(s > 0.0 && s <= MAX_SECS)) {
+                bail!("{name} must be a positive number of seconds, got {}", secs.unwrap_or_default());
+            }
         }
         let d = EngineConfig::default();
         let cfg = ServeConfig {
@@ -284,6 +337,11 @@ impl ServeArgs {
             max_model_len: a.max_model_len,
             max_body_bytes: a.max_body_bytes.map_or(DEFAULT_MAX_BODY, |b| b.0),
             shutdown_grace_secs: grace,
+            shutdown_delay_secs: delay,
+            max_connections: a.max_connections,
+            header_read_timeout_secs: header_read,
+            keep_alive_timeout_secs: keep_alive,
+            request_timeout_secs: a.request_timeout_secs,
             compute: a.compute,
             device: a.device.as_deref().map_or(Ok(Device::Cpu), str::parse).map_err(|e: String| anyhow!("--device: {e}"))?,
             log_format: a.log_format,
@@ -294,6 +352,7 @@ impl ServeArgs {
             ("--block-size", cfg.block_size),
             ("--kv-cache-memory", cfg.kv_cache_bytes),
             ("--max-body-bytes", cfg.max_body_bytes),
+            ("--max-connections", cfg.max_connections.unwrap_or(1)),
         ] {
             if v == 0 {
                 bail!("{name} must be positive");
@@ -330,13 +389,59 @@ fn mem_total() -> Result<usize> {
         .context("no MemTotal in /proc/meminfo (pass --kv-cache-memory)")
 }
 
-/// Resolves when SIGINT or SIGTERM arrives.
-async fn shutdown_signal() {
+/// The default `--max-connections` for an open-file limit: the limit less headroom for the
+/// process's other descriptors, at least 1 and at most [`MAX_DEFAULT_CONNECTIONS`].
+fn default_max_connections(nofile: u64) -> usize {
+    nofile.saturating_sub(FD_HEADROOM).clamp(1, MAX_DEFAULT_CONNECTIONS) as usize
+}
+
+/// Raises the soft open-file limit (RLIMIT_NOFILE) to the hard limit and logs it; returns the
+/// soft limit in effect.
+fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "reading the open-file limit failed");
+        return 1024;
+    }
+    let old = lim.rlim_cur;
+    // An infinite hard limit is refused for RLIMIT_NOFILE: use the kernel's ceiling then.
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let target = if lim.rlim_max == libc::RLIM_INFINITY { nr_open.unwrap_or(old) } else { lim.rlim_max };
+    if target > old {
+        let raised = libc::rlimit { rlim_cur: target, rlim_max: lim.rlim_max };
+        // SAFETY: setrlimit reads the struct we pass.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            tracing::info!(from = old, to = target, "raised the open-file soft limit to the hard limit");
+            return target;
+        }
+        tracing::warn!(soft = old, hard = target, error = %std::io::Error::last_os_error(), "raising the open-file soft limit failed");
+    } else {
+        tracing::info!(soft = old, hard = lim.rlim_max, "open-file limit");
+    }
+    old
+}
+
+/// Resolves when SIGINT or SIGTERM first arrives; a second one exits the process at once
+/// (status 128 + the signal's number) without draining.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    async move {
+        let first = tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        };
+        tracing::info!(signal = first, "signal received: draining (send it again to exit at once)");
+        tokio::spawn(async move {
+            let (name, code) = tokio::select! {
+                _ = int.recv() => ("SIGINT", 128 + libc::SIGINT),
+                _ = term.recv() => ("SIGTERM", 128 + libc::SIGTERM),
+            };
+            tracing::warn!(signal = name, "second signal: exiting now without draining");
+            std::process::exit(code);
+        });
     }
 }
 
@@ -345,6 +450,9 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
     let cfg = ServeArgs { log_format, ..args }.resolve(mem_total)?;
     init_logging(cfg.log_format.unwrap_or_default(), "info");
     tracing::info!(config = %serde_json::to_string(&cfg)?, "effective configuration");
+    let nofile = raise_fd_limit();
+    let max_connections = cfg.max_connections.unwrap_or_else(|| default_max_connections(nofile));
+    tracing::info!(max_connections, open_file_limit = nofile, "connection limit");
     let policy = cfg.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy);
     let model = LoadedModel::load(&cfg.model, policy).with_context(|| format!("loading {}", cfg.model.display()))?;
     let engine = Engine::start(Arc::new(model), cfg.engine_config()).map_err(|e| anyhow!("starting the engine: {e}"))?;
@@ -352,10 +460,18 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
         served_model_name: cfg.served_model_name.clone(),
         api_key: cfg.api_key.clone(),
         max_body_bytes: cfg.max_body_bytes,
+        request_timeout: cfg.request_timeout_secs.map(Duration::from_secs_f64),
+        conn: ConnOptions {
+            max_connections,
+            header_read_timeout: Duration::from_secs_f64(cfg.header_read_timeout_secs),
+            keep_alive_timeout: Duration::from_secs_f64(cfg.keep_alive_timeout_secs),
+        },
     };
     let state = AppState::new(engine, options);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
+        // Before "listening": a signal from then on drains instead of killing the process.
+        let signals = shutdown_signal();
         let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
             .await
             .with_context(|| format!("listening on {}:{}", cfg.host, cfg.port))?;
@@ -367,7 +483,11 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
             kv_blocks = info.num_blocks,
             "listening on http://{addr}"
         );
-        http::serve(listener, state, shutdown_signal(), Duration::from_secs_f64(cfg.shutdown_grace_secs)).await?;
+        let drain = DrainOptions {
+            grace: Duration::from_secs_f64(cfg.shutdown_grace_secs),
+            delay: Duration::from_secs_f64(cfg.shutdown_delay_secs),
+        };
+        http::serve(listener, state, signals, drain).await?;
         Ok(())
     })
 }
@@ -423,6 +543,15 @@ mod tests {
         assert_eq!(c.kv_cache_bytes, 2 << 30);
         assert_eq!(c.engine_config(), EngineConfig { kv_cache_bytes: 2 << 30, ..EngineConfig::default() });
         assert_eq!((c.max_body_bytes, c.shutdown_grace_secs, c.compute, c.api_key), (DEFAULT_MAX_BODY, 10.0, None, None));
+        assert_eq!((c.shutdown_delay_secs, c.max_connections, c.request_timeout_secs), (0.0, None, None));
+        assert_eq!((c.header_read_timeout_secs, c.keep_alive_timeout_secs), (30.0, 15.0));
+    }
+
+    #[test]
+    fn the_default_connection_limit_leaves_descriptors_free() {
+        assert_eq!(default_max_connections(1024), 896);
+        assert_eq!(default_max_connections(1 << 20), 8192);
+        assert_eq!(default_max_connections(16), 1);
     }
 
     #[test]
@@ -433,6 +562,8 @@ mod tests {
             "--kv-cache-memory", "64MiB", "--no-prefix-caching", "--max-waiting-requests", "2",
             "--max-model-len", "1024", "--max-body-bytes", "1KiB", "--shutdown-grace-secs", "2.5",
             "--compute", "int8-act", "--kv-cache-dtype", "int8", "--kv-cache-dtype-k", "hqmq-s96-r4", "--device", "cuda:1",
+            "--shutdown-delay-secs", "3", "--max-connections", "100", "--header-read-timeout-secs", "4",
+            "--keep-alive-timeout-secs", "5", "--request-timeout-secs", "60",
         ])
         .resolve(gib)
         .unwrap();
@@ -453,6 +584,8 @@ mod tests {
             }
         );
         assert_eq!((c.max_body_bytes, c.shutdown_grace_secs, c.compute), (1024, 2.5, Some(ComputePath::Int8Act)));
+        assert_eq!((c.shutdown_delay_secs, c.max_connections, c.request_timeout_secs), (3.0, Some(100), Some(60.0)));
+        assert_eq!((c.header_read_timeout_secs, c.keep_alive_timeout_secs), (4.0, 5.0));
         let logged = serde_json::to_value(&c).unwrap();
         assert_eq!((logged["api_key"].as_str(), logged["compute"].as_str()), (Some("<set>"), Some("int8-act")));
         assert_eq!(logged["kv_cache_dtype"].as_str(), Some("k=hqmq-s96-r4,v=int8"));
@@ -469,6 +602,11 @@ mod tests {
             &["--kv-cache-memory-fraction", "1.5"],
             &["--max-num-seqs", "0"],
             &["--shutdown-grace-secs=-1"],
+            &["--shutdown-delay-secs=-1"],
+            &["--max-connections", "0"],
+            &["--header-read-timeout-secs", "0"],
+            &["--keep-alive-timeout-secs", "inf"],
+            &["--request-timeout-secs", "0"],
             &["--model", "/nonexistent/model.gguf"],
             &["--device", "tpu"],
         ] {

@@ -62,6 +62,46 @@ impl ApiError {
         )
     }
 
+    /// 503 once shutdown has begun (code `shutting_down`; Retry-After is added).
+    pub fn shutting_down() -> Self {
+        ApiError {
+            code: Some("shutting_down"),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "The server is shutting down; retry on another instance.")
+        }
+    }
+
+    /// 503 for a connection over `--max-connections` (code `too_many_connections`).
+    pub fn too_many_connections() -> Self {
+        ApiError {
+            code: Some("too_many_connections"),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "The server has too many open connections; retry shortly.")
+        }
+    }
+
+    /// 408 for a request past its deadline (`request_timeout`) or whose body came too slowly.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        ApiError { code: Some("request_timeout"), ..Self::new(StatusCode::REQUEST_TIMEOUT, "timeout_error", message) }
+    }
+
+    /// 499 (nginx's "client closed request") for a client that closed its side of the
+    /// connection before its answer was ready; the request was aborted.
+    pub fn client_closed() -> Self {
+        ApiError {
+            code: Some("client_closed_request"),
+            ..Self::new(
+                StatusCode::from_u16(499).expect("499 is a valid status"),
+                "invalid_request_error",
+                "The client closed its side of the connection before the response was ready; the request was aborted.",
+            )
+        }
+    }
+
+    /// An error with the given status and message (a plain-text rejection made JSON).
+    pub fn from_status(status: StatusCode, message: impl Into<String>) -> Self {
+        let kind = if status.is_server_error() { "server_error" } else { "invalid_request_error" };
+        Self::new(status, kind, message)
+    }
+
     /// 500 for a failure on the server's side (never caused by the request's content).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)

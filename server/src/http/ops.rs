@@ -1,5 +1,6 @@
 //! Operational endpoints (never behind the API key): `/health`, `/version`, `/metrics`.
 
+use super::errors::ApiError;
 use super::AppState;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -10,15 +11,22 @@ use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// 200 while the engine serves, 503 once shutdown has begun or if the engine thread died.
+/// 200 `{"status": "ok"}` while the engine serves; 503 with Retry-After once shutdown has
+/// begun (`shutting_down`) or if the engine thread died (`engine_stopped`), the body an
+/// OpenAI-shaped error whose `code` (and top-level `status`) says which.
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
-    if state.shutting_down.load(Ordering::SeqCst) {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting_down"}))).into_response()
+    let down = if state.shutting_down.load(Ordering::SeqCst) {
+        ApiError::shutting_down()
     } else if !state.engine.is_running() {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "engine_stopped"}))).into_response()
+        ApiError { code: Some("engine_stopped"), ..ApiError::internal("The engine has stopped.") }
     } else {
-        Json(json!({"status": "ok"})).into_response()
-    }
+        return Json(json!({"status": "ok"})).into_response();
+    };
+    let mut body = down.to_json();
+    body["status"] = json!(down.code);
+    let mut resp = super::json_response(StatusCode::SERVICE_UNAVAILABLE, &body);
+    resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    resp
 }
 
 /// `{"version": "<crate version>"}`.

@@ -107,3 +107,17 @@ async fn chat_parameters() {
     assert_eq!(contents(&v)[0], greedy[..greedy.find(&word).unwrap()]);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
 }
+
+#[tokio::test]
+async fn every_openai_role_is_accepted() {
+    let s = shared();
+    let v = s
+        .chat(json!({"messages": [
+            {"role": "developer", "content": "Answer briefly."},
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": "Let me check."},
+            {"role": "tool", "content": "Paris"},
+        ], "max_tokens": 2, "temperature": 0}))
+        .await;
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}

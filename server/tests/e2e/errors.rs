@@ -73,6 +73,9 @@ async fn invalid_chat_parameters() {
         (json!({"messages": m, "max_completion_tokens": -1}), "max_completion_tokens"),
         (json!({"messages": m, "temperature": -1}), "temperature"),
         (json!({"messages": m, "n": 0}), "n"),
+        (json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "wizard", "content": "Hi"}]}), "messages[1].role"),
+        (json!({"messages": [{"role": "", "content": "Hi"}]}), "messages[0].role"),
+        (json!({"messages": [{"role": "function", "content": "Hi"}]}), "messages[0].role"),
     ];
     for (body, param) in cases {
         let (status, v) = s.post("/v1/chat/completions", &body).await;
@@ -132,6 +135,20 @@ async fn malformed_bodies_unknown_models_routes_and_methods() {
         let (status, v) = json_of(req.send().await.unwrap()).await;
         assert_error(status, &v, 405, "invalid_request_error", None, &format!("{method} {path}"));
     }
+}
+
+#[tokio::test]
+async fn extractor_and_routing_rejections_are_json() {
+    let s = shared();
+    let c = s.client();
+    for (path, want) in [("/v1/models/%ff", 400), ("/v1/models/%ff%fe", 400), ("/v1/nothing%ff", 404), ("/v1/models/a%2Fb", 404)] {
+        let (status, v) = json_of(c.get(s.url(path)).send().await.unwrap()).await;
+        assert_error(status, &v, want, "invalid_request_error", if want == 404 && path.starts_with("/v1/models/") { Some("model") } else { None }, path);
+    }
+    // Plain-text answers of any layer become JSON with their status.
+    let resp = c.request("OPTIONS".parse().unwrap(), s.url("/v1/completions")).send().await.unwrap();
+    let (status, v) = json_of(resp).await;
+    assert_error(status, &v, 405, "invalid_request_error", None, "OPTIONS");
 }
 
 #[tokio::test]

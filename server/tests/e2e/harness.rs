@@ -88,7 +88,31 @@ impl Server {
 
     /// Same, with extra environment variables.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_tessera")), args, env)
+    }
+
+    /// Starts `tessera serve ARGS` with its soft open-file limit lowered to `soft` (the hard
+    /// limit unchanged), as under `ulimit -Sn SOFT`.
+    pub fn start_with_soft_nofile(args: &[&str], soft: u64) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+        // SAFETY: getrlimit/setrlimit are async-signal-safe and touch only the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                lim.rlim_cur = soft.min(lim.rlim_max);
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Self::spawn(cmd, args, &[])
+    }
+
+    fn spawn(mut cmd: Command, args: &[&str], env: &[(&str, &str)]) -> Server {
         cmd.arg("serve").args(args);
         for (flag, value) in DEFAULTS {
             if !args.contains(flag) {
@@ -137,6 +161,11 @@ impl Server {
             assert!(t0.elapsed() < Duration::from_secs(10), "not in the log:\n{}", self.logs().join("\n"));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// `host:port` of the server (for raw TCP connections).
+    pub fn addr(&self) -> &str {
+        self.base.trim_start_matches("http://")
     }
 
     /// The server's pid.
@@ -273,4 +302,55 @@ pub fn streamed_texts(events: &[Value], n: usize, chat: bool) -> Vec<String> {
         }
     }
     out
+}
+
+/// A raw TCP connection to the server (loopback).
+pub async fn connect(s: &Server) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(s.addr()).await.unwrap()
+}
+
+/// Reads until the server closes the connection (EOF or reset) or `limit` passes: the bytes
+/// read, and whether it closed.
+pub async fn read_until_closed(stream: &mut tokio::net::TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return (out, false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (out, true),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A raw HTTP/1.1 response: status, lower-cased headers, body (de-chunked).
+pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let text_end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or_else(|| panic!("no header end: {:?}", String::from_utf8_lossy(raw)));
+    let head = std::str::from_utf8(&raw[..text_end]).unwrap();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .map(|l| {
+            let (k, v) = l.split_once(':').unwrap();
+            (k.trim().to_ascii_lowercase(), v.trim().to_owned())
+        })
+        .collect();
+    let mut body = raw[text_end + 4..].to_vec();
+    if headers.iter().any(|(k, v)| k == "transfer-encoding" && v == "chunked") {
+        let mut out = Vec::new();
+        let mut rest = &body[..];
+        loop {
+            let eol = rest.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
+            let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap().trim(), 16).unwrap();
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
+            rest = &rest[eol + 2 + size + 2..];
+        }
+        body = out;
+    }
+    (status, headers, body)
 }

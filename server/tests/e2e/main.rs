@@ -3,6 +3,8 @@
 mod chat;
 mod completions;
 mod config;
+mod connections;
+mod deadlines;
 mod device;
 mod errors;
 mod harness;

@@ -7,18 +7,23 @@ use super::request::{CommonParams, DefaultMaxTokens, RequestShape};
 use super::response::{stop_reason_json, Meta};
 use crate::http::chat_template::ChatMessage;
 use crate::http::errors::ApiError;
+use crate::http::conn::PeerSocket;
 use crate::http::{json, AppState};
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
+use std::time::Instant;
 use tessera_engine::serve::TokenLogprob;
 
 pub(crate) mod fuzz;
 
 const ROLE: &str = "assistant";
+
+/// The roles a message may have (OpenAI's; `developer` and `tool` reach the template as given).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// Fields only the chat endpoint has.
 #[derive(Debug, Deserialize)]
@@ -90,16 +95,18 @@ impl ChunkChoice {
 }
 
 /// The handler.
-pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
+pub async fn chat_completions(State(state): State<Arc<AppState>>, peer: Option<Extension<PeerSocket>>, body: Body) -> Response {
+    let started = Instant::now();
     let meta = Meta::new("chatcmpl", state.model_name());
-    super::respond(meta.id.clone(), run(state, body, meta)).await
+    super::respond(meta.id.clone(), run(state, body, meta, started, peer.map(|Extension(p)| p))).await
 }
 
-async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, ApiError> {
-    let value = json::read_object(body, state.max_body_bytes()).await?;
+async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, peer: Option<PeerSocket>) -> Result<Response, ApiError> {
+    let value = super::read_body(&state, body, started).await?;
     let mut common: CommonParams = json::fields(&value)?;
     let own: ChatParams = json::fields(&value)?;
     state.check_model(common.model.as_deref())?;
+    let interrupts = super::Interrupts::new(&state, &common, started, peer)?;
     common.max_tokens = own.max_completion_tokens.or(common.max_tokens);
     let logprobs = chat_logprobs(own.logprobs, own.top_logprobs)?;
     let messages = messages(own.messages)?;
@@ -126,7 +133,7 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, A
         Some("prompt") => ApiError { param: Some("messages".into()), ..e },
         _ => e,
     })?;
-    super::deliver(Shaper { logprobs: logprobs.is_some() }, meta, events, choices, prompt_tokens, &common).await
+    super::deliver(Shaper { logprobs: logprobs.is_some() }, meta, events, choices, prompt_tokens, &common, interrupts).await
 }
 
 /// `logprobs: true` with `top_logprobs` alternatives becomes the engine's top-n.
@@ -149,6 +156,12 @@ fn messages(input: Option<Vec<MessageIn>>) -> Result<Vec<ChatMessage>, ApiError>
         .into_iter()
         .enumerate()
         .map(|(i, m)| {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!("Invalid role {:?}: a message's role must be one of {}", m.role, ROLES.join(", ")),
+                ));
+            }
             let content = match m.content {
                 None => String::new(),
                 Some(Content::Text(t)) => t,

@@ -6,13 +6,15 @@ use super::logprobs::CompletionLogprobs;
 use super::request::{CommonParams, DefaultMaxTokens, RequestShape};
 use super::response::{stop_reason_json, Meta};
 use crate::http::errors::ApiError;
+use crate::http::conn::PeerSocket;
 use crate::http::{json, AppState};
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
+use std::time::Instant;
 use tessera_engine::serve::TokenLogprob;
 use tessera_engine::tokenizer::Tokenizer;
 
@@ -54,16 +56,18 @@ impl Choice {
 }
 
 /// The handler.
-pub async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
+pub async fn completions(State(state): State<Arc<AppState>>, peer: Option<Extension<PeerSocket>>, body: Body) -> Response {
+    let started = Instant::now();
     let meta = Meta::new("cmpl", state.model_name());
-    super::respond(meta.id.clone(), run(state, body, meta)).await
+    super::respond(meta.id.clone(), run(state, body, meta, started, peer.map(|Extension(p)| p))).await
 }
 
-async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, ApiError> {
-    let value = json::read_object(body, state.max_body_bytes()).await?;
+async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, peer: Option<PeerSocket>) -> Result<Response, ApiError> {
+    let value = super::read_body(&state, body, started).await?;
     let common: CommonParams = json::fields(&value)?;
     let own: CompletionParams = json::fields(&value)?;
     state.check_model(common.model.as_deref())?;
+    let interrupts = super::Interrupts::new(&state, &common, started, peer)?;
     if own.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
@@ -87,7 +91,7 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, A
     let events = generation::submit_all(state.engine(), reqs)?;
     let texts = prompts.into_iter().map(|p| p.text).collect();
     let shaper = Shaper { n, echo, logprobs: own.logprobs.is_some(), prompt_texts: texts, offsets: vec![0; choices] };
-    super::deliver(shaper, meta, events, choices, prompt_tokens, &common).await
+    super::deliver(shaper, meta, events, choices, prompt_tokens, &common, interrupts).await
 }
 
 fn parse_prompts(v: Option<&Value>, tok: &Tokenizer) -> Result<Vec<Prompt>, ApiError> {

@@ -7,7 +7,9 @@ use crate::http::errors::ApiError;
 use crate::http::sse::SseSender;
 use futures_util::stream::{self, BoxStream, SelectAll};
 use futures_util::StreamExt;
+use prometheus::IntCounter;
 use serde::Serialize;
+use std::time::{Duration, Instant};
 use tessera_engine::serve::{Engine, Event, FinishReason, GenRequest, RequestStream, StopReason, TokenLogprob};
 
 /// The events of all choices of one request, tagged with the choice index.
@@ -114,6 +116,37 @@ pub trait ChunkShaper: Send + 'static {
     fn finish(&mut self, choice: usize, finish: Finish) -> Self::Choice;
 }
 
+/// A request's deadline (`request_timeout` or the server's default).
+#[derive(Clone, Debug)]
+pub struct Deadline {
+    /// When it falls.
+    pub at: Instant,
+    /// The timeout it came from (for the message).
+    pub after: Duration,
+    /// Counts the requests that ran past it.
+    pub counter: IntCounter,
+}
+
+impl Deadline {
+    /// The 408 answered when the deadline has passed (counted and logged).
+    pub fn expired(&self) -> ApiError {
+        self.counter.inc();
+        tracing::info!(timeout_secs = self.after.as_secs_f64(), "request timed out; aborting it");
+        ApiError::timeout(format!(
+            "The request did not finish within its timeout of {} s and was aborted.",
+            self.after.as_secs_f64()
+        ))
+    }
+}
+
+/// Resolves at the deadline; never without one.
+pub async fn until(deadline: Option<&Deadline>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// What a stream sent, for the request's log line.
 #[derive(Debug, Default)]
 pub struct StreamSummary {
@@ -121,10 +154,14 @@ pub struct StreamSummary {
     pub completion_tokens: usize,
     /// The client went away before the end.
     pub disconnected: bool,
+    /// The deadline passed before the end (an error event was sent).
+    pub timed_out: bool,
 }
 
 /// Streams every choice's chunks, then (with `include_usage`) a usage chunk, then `[DONE]`.
-/// An engine error is sent as an `{"error": ...}` event and ends the stream.
+/// An engine error, or the deadline passing, is sent as an `{"error": ...}` event and ends the
+/// stream (the choices still running are aborted).
+#[allow(clippy::too_many_arguments)]
 pub async fn stream<S: ChunkShaper>(
     mut shaper: S,
     meta: Meta,
@@ -132,6 +169,7 @@ pub async fn stream<S: ChunkShaper>(
     choices: usize,
     prompt_tokens: usize,
     include_usage: bool,
+    deadline: Option<Deadline>,
     sse: SseSender,
 ) -> StreamSummary {
     let mut summary = StreamSummary::default();
@@ -149,7 +187,16 @@ pub async fn stream<S: ChunkShaper>(
     }
     let mut failed = false;
     while open {
-        let Some((i, event)) = sse.next_or_closed(&mut events).await else { break };
+        let next = tokio::select! {
+            next = sse.next_or_closed(&mut events) => next,
+            () = until(deadline.as_ref()) => {
+                summary.timed_out = true;
+                let error = deadline.as_ref().map(Deadline::expired).expect("only a deadline expires");
+                open = sse.send_json(&error.to_json()).await.is_ok();
+                break;
+            }
+        };
+        let Some((i, event)) = next else { break };
         let chunk = match event {
             Event::PromptLogprobs(l) => shaper.prompt_logprobs(i, l),
             Event::Delta { text, tokens } => shaper.delta(i, text, tokens),
@@ -169,7 +216,7 @@ pub async fn stream<S: ChunkShaper>(
         }
     }
     drop(events);
-    if open && include_usage && !failed {
+    if open && include_usage && !failed && !summary.timed_out {
         let usage = Usage::new(prompt_tokens, summary.completion_tokens);
         open = sse.send_json(&meta.envelope(S::OBJECT, Vec::<S::Choice>::new(), Some(Some(usage)))).await.is_ok();
     }

@@ -5,6 +5,7 @@ use crate::http::errors::ApiError;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
+use std::time::Duration;
 use tessera_engine::sample::SamplingParams;
 use tessera_engine::serve::GenRequest;
 
@@ -51,7 +52,13 @@ pub struct CommonParams {
     pub user: Option<String>,
     /// Most tokens to generate.
     pub max_tokens: Option<usize>,
+    /// Seconds the request may take, from its arrival to its last token (an extension, as
+    /// vLLM's are; at most the server's `--request-timeout-secs` when that is set).
+    pub request_timeout: Option<f64>,
 }
+
+/// Longest `request_timeout` accepted (seconds).
+pub const MAX_REQUEST_TIMEOUT: f64 = 1e6;
 
 /// `stream_options`.
 #[derive(Debug, Default, Deserialize)]
@@ -116,6 +123,20 @@ impl CommonParams {
             n @ 1..=MAX_N => Ok(n),
             n => Err(ApiError::invalid("n", format!("n must be between 1 and {MAX_N}, got {n}"))),
         }
+    }
+
+    /// How long the request may take: its `request_timeout`, at most `server` (the server's
+    /// default and limit); `None`: no deadline.
+    pub fn timeout(&self, server: Option<Duration>) -> Result<Option<Duration>, ApiError> {
+        let Some(secs) = self.request_timeout else { return Ok(server) };
+        if !(secs > 0.0 && secs <= MAX_REQUEST_TIMEOUT) {
+            return Err(ApiError::invalid(
+                "request_timeout",
+                format!("request_timeout must be a number of seconds in (0, {MAX_REQUEST_TIMEOUT}], got {secs}"),
+            ));
+        }
+        let asked = Duration::from_secs_f64(secs);
+        Ok(Some(server.map_or(asked, |s| s.min(asked))))
     }
 
     /// Whether the answer streams.
@@ -313,6 +334,21 @@ mod tests {
         for (body, param) in [(json!({"n": -1}), "n"), (json!({"seed": "x"}), "seed"), (json!({"stream": 1}), "stream")] {
             assert_eq!(fields::<CommonParams>(&body).unwrap_err().param.as_deref(), Some(param));
         }
+    }
+
+    #[test]
+    fn request_timeouts_are_validated_and_capped_by_the_server() {
+        let secs = |v: serde_json::Value, server: Option<u64>| parse(v).timeout(server.map(Duration::from_secs));
+        assert_eq!(secs(json!({}), None).unwrap(), None);
+        assert_eq!(secs(json!({}), Some(5)).unwrap(), Some(Duration::from_secs(5)));
+        assert_eq!(secs(json!({"request_timeout": 2.5}), None).unwrap(), Some(Duration::from_millis(2500)));
+        assert_eq!(secs(json!({"request_timeout": 60}), Some(5)).unwrap(), Some(Duration::from_secs(5)));
+        for bad in [json!(0), json!(-1), json!(1e7)] {
+            let e = secs(json!({"request_timeout": bad}), None).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("request_timeout")), "{bad}");
+        }
+        let e = fields::<CommonParams>(&json!({"request_timeout": "soon"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("request_timeout"));
     }
 
     #[test]
