@@ -52,9 +52,9 @@ pub fn openai_request(data: &[u8]) {
     let value = ctx.runtime.block_on(json::read_object(Body::from(body.to_vec()), MAX_BODY));
     let result = value.and_then(|v| {
         if endpoint % 2 == 1 {
-            chat::fuzz::requests(&v, &ctx.template, ctx.tokenizer, MAX_MODEL_LEN)
+            chat::validate(&v, "chatcmpl-fuzz", &ctx.template, ctx.tokenizer, MAX_MODEL_LEN).map(|v| v.reqs)
         } else {
-            completions::fuzz::requests(&v, ctx.tokenizer, MAX_MODEL_LEN)
+            completions::validate(&v, "cmpl-fuzz", ctx.tokenizer, MAX_MODEL_LEN).map(|v| v.reqs)
         }
     });
     match result {

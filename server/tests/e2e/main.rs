@@ -12,4 +12,5 @@ mod loadtest;
 mod ops;
 mod python;
 mod quantized;
+mod resilience;
 mod scheduling;

@@ -5,7 +5,7 @@ use super::generation::{self, ChoiceOutput, ChunkShaper, Finish};
 use super::logprobs::ChatLogprobs;
 use super::request::{CommonParams, DefaultMaxTokens, RequestShape};
 use super::response::{stop_reason_json, Meta};
-use crate::http::chat_template::ChatMessage;
+use crate::http::chat_template::{ChatMessage, ChatTemplate};
 use crate::http::errors::ApiError;
 use crate::http::conn::PeerSocket;
 use crate::http::{json, AppState};
@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
-use tessera_engine::serve::TokenLogprob;
+use tessera_engine::serve::{GenRequest, TokenLogprob};
+use tessera_engine::tokenizer::Tokenizer;
 
-pub(crate) mod fuzz;
 
 const ROLE: &str = "assistant";
 
@@ -103,29 +103,12 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, peer: Option<E
 
 async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, peer: Option<PeerSocket>) -> Result<Response, ApiError> {
     let value = super::read_body(&state, body, started).await?;
-    let mut common: CommonParams = json::fields(&value)?;
-    let own: ChatParams = json::fields(&value)?;
-    state.check_model(common.model.as_deref())?;
-    let interrupts = super::Interrupts::new(&state, &common, started, peer)?;
-    common.max_tokens = own.max_completion_tokens.or(common.max_tokens);
-    let logprobs = chat_logprobs(own.logprobs, own.top_logprobs)?;
-    let messages = messages(own.messages)?;
     let template = state.chat_template().map_err(ApiError::bad_request)?;
-    let rendered = template.render(&messages).map_err(|e| ApiError::invalid("messages", e))?;
     let model = state.engine().model();
-    let text = template.without_duplicate_bos(&rendered, model.checkpoint.special.add_bos);
-    let prompt = model
-        .tokenizer
-        .encode(text)
-        .map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))?;
-    let shape = RequestShape {
-        max_model_len: state.engine().info().max_model_len,
-        logprobs,
-        prompt_logprobs: None,
-        default_max_tokens: DefaultMaxTokens::RestOfContext,
-    };
-    let prompt_tokens = prompt.len();
-    let reqs = common.requests(&meta.id, &[prompt], shape)?;
+    let v = validate(&value, &meta.id, template, &model.tokenizer, state.engine().info().max_model_len)?;
+    state.check_model(v.common.model.as_deref())?;
+    let interrupts = super::Interrupts::new(&state, &v.common, started, peer)?;
+    let (common, logprobs, prompt_tokens, reqs) = (v.common, v.logprobs, v.prompt_tokens, v.reqs);
     super::log_request(&common, 1, reqs.len(), prompt_tokens);
     let choices = reqs.len();
     // The prompt is the conversation: errors about it name `messages`.
@@ -137,6 +120,36 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, pee
 }
 
 /// `logprobs: true` with `top_logprobs` alternatives becomes the engine's top-n.
+/// A chat body checked and turned into engine requests: what the handler submits, and what
+/// the `openai_request` fuzz target exercises ([`crate::fuzzing`]).
+pub(crate) struct Validated {
+    /// The parameters chat shares with completions.
+    pub common: CommonParams,
+    /// Top logprobs per token, when logprobs were asked for.
+    pub logprobs: Option<usize>,
+    /// Tokens of the rendered conversation.
+    pub prompt_tokens: usize,
+    /// One engine request per choice.
+    pub reqs: Vec<GenRequest>,
+}
+
+/// Checks a chat body (parsed JSON), renders the conversation with `template` and builds its
+/// engine requests, ids from `id`.
+pub(crate) fn validate(value: &Value, id: &str, template: &ChatTemplate, tok: &Tokenizer, max_model_len: usize) -> Result<Validated, ApiError> {
+    let mut common: CommonParams = json::fields(value)?;
+    let own: ChatParams = json::fields(value)?;
+    common.max_tokens = own.max_completion_tokens.or(common.max_tokens);
+    let logprobs = chat_logprobs(own.logprobs, own.top_logprobs)?;
+    let messages = messages(own.messages)?;
+    let rendered = template.render(&messages).map_err(|e| ApiError::invalid("messages", e))?;
+    let text = template.without_duplicate_bos(&rendered, tok.special().add_bos);
+    let prompt = tok.encode(text).map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))?;
+    let shape = RequestShape { max_model_len, logprobs, prompt_logprobs: None, default_max_tokens: DefaultMaxTokens::RestOfContext };
+    let prompt_tokens = prompt.len();
+    let reqs = common.requests(id, &[prompt], shape)?;
+    Ok(Validated { common, logprobs, prompt_tokens, reqs })
+}
+
 fn chat_logprobs(logprobs: Option<bool>, top: Option<usize>) -> Result<Option<usize>, ApiError> {
     match (logprobs.unwrap_or(false), top) {
         (_, Some(t)) if t > 20 => Err(ApiError::invalid("top_logprobs", format!("top_logprobs must be in [0, 20], got {t}"))),

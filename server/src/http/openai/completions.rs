@@ -15,10 +15,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
-use tessera_engine::serve::TokenLogprob;
+use tessera_engine::serve::{GenRequest, TokenLogprob};
 use tessera_engine::tokenizer::Tokenizer;
 
-pub(crate) mod fuzz;
 
 const OBJECT: &str = "text_completion";
 
@@ -34,7 +33,7 @@ struct CompletionParams {
 
 /// One prompt: its tokens and the text echoed for it.
 #[derive(Debug, PartialEq)]
-struct Prompt {
+pub(crate) struct Prompt {
     ids: Vec<u32>,
     text: String,
 }
@@ -64,10 +63,39 @@ pub async fn completions(State(state): State<Arc<AppState>>, peer: Option<Extens
 
 async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, peer: Option<PeerSocket>) -> Result<Response, ApiError> {
     let value = super::read_body(&state, body, started).await?;
-    let common: CommonParams = json::fields(&value)?;
-    let own: CompletionParams = json::fields(&value)?;
-    state.check_model(common.model.as_deref())?;
-    let interrupts = super::Interrupts::new(&state, &common, started, peer)?;
+    let v = validate(&value, &meta.id, &state.engine().model().tokenizer, state.engine().info().max_model_len)?;
+    state.check_model(v.common.model.as_deref())?;
+    let interrupts = super::Interrupts::new(&state, &v.common, started, peer)?;
+    let prompt_tokens: usize = v.prompts.iter().map(|p| p.ids.len()).sum();
+    super::log_request(&v.common, v.prompts.len(), v.reqs.len(), prompt_tokens);
+    let choices = v.reqs.len();
+    let events = generation::submit_all(state.engine(), v.reqs)?;
+    let texts = v.prompts.into_iter().map(|p| p.text).collect();
+    let shaper = Shaper { n: v.n, echo: v.echo, logprobs: v.logprobs, prompt_texts: texts, offsets: vec![0; choices] };
+    super::deliver(shaper, meta, events, choices, prompt_tokens, &v.common, interrupts).await
+}
+
+/// A completions body checked and turned into engine requests: what the handler submits,
+/// and what the `openai_request` fuzz target exercises ([`crate::fuzzing`]).
+pub(crate) struct Validated {
+    /// The parameters completions share with chat.
+    pub common: CommonParams,
+    /// Choices per prompt.
+    pub n: usize,
+    /// Whether the prompt is echoed before each choice.
+    pub echo: bool,
+    /// Whether logprobs were asked for.
+    pub logprobs: bool,
+    /// The prompts, as text and tokens.
+    pub prompts: Vec<Prompt>,
+    /// One engine request per (prompt, choice).
+    pub reqs: Vec<GenRequest>,
+}
+
+/// Checks a completions body (parsed JSON) and builds its engine requests, ids from `id`.
+pub(crate) fn validate(value: &Value, id: &str, tok: &Tokenizer, max_model_len: usize) -> Result<Validated, ApiError> {
+    let common: CommonParams = json::fields(value)?;
+    let own: CompletionParams = json::fields(value)?;
     if own.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
@@ -76,22 +104,16 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, pee
         return Err(ApiError::invalid("best_of", "best_of must equal n: ranking extra candidates is not supported"));
     }
     let echo = own.echo.unwrap_or(false);
-    let prompts = parse_prompts(own.prompt.as_ref(), &state.engine().model().tokenizer)?;
+    let prompts = parse_prompts(own.prompt.as_ref(), tok)?;
     let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
     let shape = RequestShape {
-        max_model_len: state.engine().info().max_model_len,
+        max_model_len,
         logprobs: own.logprobs,
         prompt_logprobs: own.logprobs.filter(|_| echo),
         default_max_tokens: DefaultMaxTokens::Fixed(16),
     };
-    let reqs = common.requests(&meta.id, &ids, shape)?;
-    let prompt_tokens: usize = ids.iter().map(Vec::len).sum();
-    super::log_request(&common, prompts.len(), reqs.len(), prompt_tokens);
-    let choices = reqs.len();
-    let events = generation::submit_all(state.engine(), reqs)?;
-    let texts = prompts.into_iter().map(|p| p.text).collect();
-    let shaper = Shaper { n, echo, logprobs: own.logprobs.is_some(), prompt_texts: texts, offsets: vec![0; choices] };
-    super::deliver(shaper, meta, events, choices, prompt_tokens, &common, interrupts).await
+    let reqs = common.requests(id, &ids, shape)?;
+    Ok(Validated { common, n, echo, logprobs: own.logprobs.is_some(), prompts, reqs })
 }
 
 fn parse_prompts(v: Option<&Value>, tok: &Tokenizer) -> Result<Vec<Prompt>, ApiError> {
