@@ -9,6 +9,7 @@ use prometheus::{Encoder, TextEncoder};
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use tessera_engine::serve::vllm_families;
 
 /// 200 while the engine serves, 503 once shutdown has begun or if the engine thread died.
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
@@ -26,11 +27,14 @@ pub async fn version() -> Json<serde_json::Value> {
     Json(json!({"version": env!("CARGO_PKG_VERSION")}))
 }
 
-/// The engine's registry in Prometheus' text format.
+/// The engine's registry in Prometheus' text format, Tessera's `tessera_` names followed by
+/// vLLM's `vllm:` names for the same series (labelled `model_name` with the served name).
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let encoder = TextEncoder::new();
     let mut buf = Vec::new();
-    match encoder.encode(&state.engine.registry().gather(), &mut buf) {
+    let mut families = state.engine.registry().gather();
+    families.extend(vllm_families(&families, state.model_name(), state.engine.info().block_size));
+    match encoder.encode(&families, &mut buf) {
         Ok(()) => ([(header::CONTENT_TYPE, encoder.format_type().to_owned())], buf).into_response(),
         Err(e) => super::errors::ApiError::internal(format!("encoding metrics failed: {e}")).into_response(),
     }

@@ -3,6 +3,7 @@
 mod chat;
 mod completions;
 mod config;
+mod deploy;
 mod device;
 mod errors;
 mod harness;
@@ -10,4 +11,5 @@ mod loadtest;
 mod ops;
 mod python;
 mod quantized;
+mod routers;
 mod scheduling;
