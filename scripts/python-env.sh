@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Makes .venv-test/ (git-ignored) with the Python packages the end-to-end tests use: the
-# official `openai` client from PyPI. Does nothing when it is already there. Prints the path
+# Makes .venv-test/ (git-ignored) with the Python packages the end-to-end tests use, all from
+# PyPI: the official `openai` client, vLLM's router (`vllm-router`, prebuilt wheels; the router
+# tests put it in front of tessera replicas), and `yamllint` plus `kubernetes-validate` (which
+# ships the Kubernetes schemas) for deploy/'s offline checks. Does nothing when they are there. Prints the path
 # of the python to run on stdout.
 #
 # Without the venv module (Debian's python3 without python3-venv), the packages go into
@@ -8,9 +10,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv-test"
-PACKAGES=("openai>=1.40")
+PACKAGES=("openai>=1.40" "vllm-router==0.1.17" "yamllint>=1.35" "kubernetes-validate>=1.31")
+IMPORTS="import openai, vllm_router.launch_router, yamllint, kubernetes_validate"
 PIP_FLAGS=(--quiet --disable-pip-version-check)
-if ! "$VENV/bin/python" -c "import openai" >/dev/null 2>&1; then
+if ! "$VENV/bin/python" -c "$IMPORTS" >/dev/null 2>&1; then
     rm -rf "$VENV"
     if python3 -m venv "$VENV" >/dev/null 2>&1 && "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
         "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" "${PACKAGES[@]}" >&2
@@ -25,6 +28,6 @@ PYTHONPATH="$VENV/site-packages\${PYTHONPATH:+:\$PYTHONPATH}" exec python3 "\$@"
 WRAPPER
         chmod +x "$VENV/bin/python"
     fi
-    "$VENV/bin/python" -c "import openai" >&2
+    "$VENV/bin/python" -c "$IMPORTS" >&2
 fi
 echo "$VENV/bin/python"

@@ -1,6 +1,7 @@
 //! The engine's Prometheus metrics: vLLM's semantics under a `tessera_` prefix.
 
 use crate::model::PlanEntry;
+use prometheus::proto::{LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// Every metric the engine updates, registered in one registry.
@@ -140,5 +141,109 @@ impl Metrics {
         self.kv_blocks_used.set(used as i64);
         self.kv_blocks_total.set(total as i64);
         self.kv_usage.set(if total == 0 { 0.0 } else { used as f64 / total as f64 });
+    }
+}
+
+/// vLLM's metric names for Tessera's own, one to one: the value, type, buckets and
+/// `finished_reason` labels are the same series, re-exported under `vllm:` with vLLM's
+/// `model_name` label, so routers (GIE's endpoint picker, vllm-router, SGLang's gateway) and
+/// dashboards written for vLLM read Tessera unchanged. Tessera's `tessera_` counters and vLLM's
+/// `vllm:` counters count the same things (prefix-cache queries and hits are prompt tokens in
+/// both; preemption in both recomputes).
+pub const VLLM_ALIASES: &[(&str, &str)] = &[
+    ("tessera_num_requests_running", "vllm:num_requests_running"),
+    ("tessera_num_requests_waiting", "vllm:num_requests_waiting"),
+    ("tessera_kv_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+    ("tessera_prompt_tokens_total", "vllm:prompt_tokens_total"),
+    ("tessera_generation_tokens_total", "vllm:generation_tokens_total"),
+    ("tessera_request_success_total", "vllm:request_success_total"),
+    ("tessera_num_preemptions_total", "vllm:num_preemptions_total"),
+    ("tessera_prefix_cache_queries_total", "vllm:prefix_cache_queries_total"),
+    ("tessera_prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
+    ("tessera_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
+    ("tessera_inter_token_latency_seconds", "vllm:inter_token_latency_seconds"),
+    ("tessera_request_time_per_output_token_seconds", "vllm:request_time_per_output_token_seconds"),
+    ("tessera_e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds"),
+    ("tessera_request_queue_time_seconds", "vllm:request_queue_time_seconds"),
+    ("tessera_iteration_tokens", "vllm:iteration_tokens_total"),
+];
+
+/// The `vllm:` families for `families` (Tessera's gathered registry): every family named in
+/// [`VLLM_ALIASES`] under its vLLM name with a `model_name` label (the served model name), plus
+/// `vllm:cache_config_info` (value 1; labels `block_size` and `num_gpu_blocks`, which GIE's
+/// prefix-cache scorer reads) from `block_size` and the pool's block count.
+pub fn vllm_families(families: &[MetricFamily], model_name: &str, block_size: usize) -> Vec<MetricFamily> {
+    let label = |name: &str, value: &str| {
+        let mut l = LabelPair::default();
+        l.set_name(name.to_owned());
+        l.set_value(value.to_owned());
+        l
+    };
+    let mut out = Vec::new();
+    let mut num_blocks = None;
+    for family in families {
+        if family.get_name() == "tessera_kv_cache_num_blocks" {
+            num_blocks = family.get_metric().first().map(|m| m.get_gauge().get_value());
+        }
+        let Some((_, vllm)) = VLLM_ALIASES.iter().find(|(t, _)| *t == family.get_name()) else { continue };
+        let mut f = family.clone();
+        f.set_name((*vllm).to_owned());
+        f.set_help(format!("{} (vLLM's name for {}).", family.get_help().trim_end_matches('.'), family.get_name()));
+        for m in f.mut_metric().iter_mut() {
+            let mut labels: Vec<LabelPair> = m.take_label().into_iter().collect();
+            labels.push(label("model_name", model_name));
+            labels.sort_by(|a, b| a.get_name().cmp(b.get_name()));
+            m.set_label(labels.into());
+        }
+        out.push(f);
+    }
+    let mut info = MetricFamily::default();
+    info.set_name("vllm:cache_config_info".to_owned());
+    info.set_help("Information of the KV-cache configuration (value 1; labels describe it).".to_owned());
+    info.set_field_type(MetricType::GAUGE);
+    let mut m = Metric::default();
+    let mut g = prometheus::proto::Gauge::default();
+    g.set_value(1.0);
+    m.set_gauge(g);
+    let blocks = num_blocks.map(|b| format!("{b}")).unwrap_or_default();
+    m.set_label(vec![label("block_size", &block_size.to_string()), label("model_name", model_name), label("num_gpu_blocks", &blocks)].into());
+    info.mut_metric().push(m);
+    out.push(info);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vllm_aliases_carry_values_labels_and_cache_info() {
+        let m = Metrics::new(&[("model", "m")], &[], 1.0).unwrap();
+        m.set_kv(3, 12);
+        m.waiting.set(5);
+        m.success.with_label_values(&["stop"]).inc_by(2);
+        m.ttft.observe(0.02);
+        let fams = m.registry.gather();
+        let v = vllm_families(&fams, "served", 16);
+        let get = |n: &str| v.iter().find(|f| f.get_name() == n).unwrap_or_else(|| panic!("{n} missing"));
+        assert_eq!(v.len(), VLLM_ALIASES.len() + 1, "every alias has a tessera source");
+        let w = get("vllm:num_requests_waiting");
+        assert_eq!(w.get_metric()[0].get_gauge().get_value(), 5.0);
+        assert_eq!(w.get_metric()[0].get_label()[0].get_name(), "model_name");
+        assert_eq!(w.get_metric()[0].get_label()[0].get_value(), "served");
+        assert_eq!(get("vllm:kv_cache_usage_perc").get_metric()[0].get_gauge().get_value(), 0.25);
+        let s = &get("vllm:request_success_total").get_metric()[0];
+        assert_eq!(s.get_counter().get_value(), 2.0);
+        let names: Vec<&str> = s.get_label().iter().map(|l| l.get_name()).collect();
+        assert_eq!(names, ["finished_reason", "model_name"]);
+        assert_eq!(get("vllm:time_to_first_token_seconds").get_metric()[0].get_histogram().get_sample_count(), 1);
+        let info = &get("vllm:cache_config_info").get_metric()[0];
+        let labels: Vec<(&str, &str)> = info.get_label().iter().map(|l| (l.get_name(), l.get_value())).collect();
+        assert_eq!(labels, [("block_size", "16"), ("model_name", "served"), ("num_gpu_blocks", "12")]);
+        assert_eq!(info.get_gauge().get_value(), 1.0);
+        // The text encoder accepts the colon names.
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new().encode(&v, &mut buf).unwrap();
+        assert!(String::from_utf8(buf).unwrap().contains("vllm:num_requests_waiting{model_name=\"served\"} 5"));
     }
 }

@@ -20,5 +20,6 @@ mod sequence;
 
 pub use config::{EngineConfig, EngineInfo};
 pub use handle::{Engine, RequestStream, SubmitError};
+pub use metrics::{vllm_families, VLLM_ALIASES};
 pub use output::OutputText;
 pub use request::{Event, FinishReason, GenRequest, StopReason, TokenLogprob, Usage};

@@ -10,6 +10,7 @@ use prometheus::{Encoder, TextEncoder};
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use tessera_engine::serve::vllm_families;
 
 /// 200 `{"status": "ok"}` while the engine serves; 503 with Retry-After once shutdown has
 /// begun (`shutting_down`) or if the engine thread died (`engine_stopped`), the body an
@@ -34,11 +35,14 @@ pub async fn version() -> Json<serde_json::Value> {
     Json(json!({"version": env!("CARGO_PKG_VERSION")}))
 }
 
-/// The engine's registry in Prometheus' text format.
+/// The engine's registry in Prometheus' text format, Tessera's `tessera_` names followed by
+/// vLLM's `vllm:` names for the same series (labelled `model_name` with the served name).
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let encoder = TextEncoder::new();
     let mut buf = Vec::new();
-    match encoder.encode(&state.engine.registry().gather(), &mut buf) {
+    let mut families = state.engine.registry().gather();
+    families.extend(vllm_families(&families, state.model_name(), state.engine.info().block_size));
+    match encoder.encode(&families, &mut buf) {
         Ok(()) => ([(header::CONTENT_TYPE, encoder.format_type().to_owned())], buf).into_response(),
         Err(e) => super::errors::ApiError::internal(format!("encoding metrics failed: {e}")).into_response(),
     }

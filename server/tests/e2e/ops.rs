@@ -73,10 +73,62 @@ async fn metrics_pass_promtool_and_count_requests() {
         .unwrap();
     child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // The text parses (a parse error exits 1) and every lint problem is one vLLM's own names
+    // have: `vllm:` contains a colon, and vLLM calls its tokens-per-step histogram
+    // `vllm:iteration_tokens_total`. Tessera's own names lint clean.
+    let unexpected: Vec<&str> = report
+        .lines()
+        .filter(|l| {
+            !(l.starts_with("vllm:")
+                && (l.ends_with("metric names should not contain ':'")
+                    || l == &"vllm:iteration_tokens_total non-counter metrics should not have \"_total\" suffix"))
+        })
+        .collect();
+    assert!(out.status.success() || out.status.code() == Some(3), "promtool check metrics failed:\n{report}");
+    assert!(unexpected.is_empty(), "promtool check metrics found problems:\n{report}");
+}
+
+/// vLLM's names (what routers and vLLM dashboards read) carry the same values as Tessera's,
+/// labelled with the served model name, and `vllm:cache_config_info` gives the block size and
+/// block count (`--block-size` and the pool's size from `--kv-cache-memory`).
+#[tokio::test]
+async fn metrics_export_vllm_names_for_routers() {
+    let s = shared();
+    s.complete(json!({"prompt": "The capital of France is", "max_tokens": 3})).await;
+    let text = s.metrics().await;
+    let series = |name: &str| -> Vec<&str> { text.lines().filter(|l| l.starts_with(&format!("{name}{{"))).collect() };
+    for (tessera, vllm) in [
+        ("tessera_num_requests_running", "vllm:num_requests_running"),
+        ("tessera_num_requests_waiting", "vllm:num_requests_waiting"),
+        ("tessera_kv_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+        ("tessera_prompt_tokens_total", "vllm:prompt_tokens_total"),
+        ("tessera_generation_tokens_total", "vllm:generation_tokens_total"),
+        ("tessera_prefix_cache_queries_total", "vllm:prefix_cache_queries_total"),
+        ("tessera_prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
+        ("tessera_num_preemptions_total", "vllm:num_preemptions_total"),
+        ("tessera_time_to_first_token_seconds_count", "vllm:time_to_first_token_seconds_count"),
+        ("tessera_e2e_request_latency_seconds_count", "vllm:e2e_request_latency_seconds_count"),
+        ("tessera_inter_token_latency_seconds_count", "vllm:inter_token_latency_seconds_count"),
+        ("tessera_request_queue_time_seconds_count", "vllm:request_queue_time_seconds_count"),
+        ("tessera_request_time_per_output_token_seconds_count", "vllm:request_time_per_output_token_seconds_count"),
+    ] {
+        let lines = series(vllm);
+        assert_eq!(lines.len(), 1, "{vllm}: {lines:?}");
+        assert!(lines[0].starts_with(&format!("{vllm}{{model_name=\"SmolLM2-135M-Instruct.Q4_1\"}} ")), "{}", lines[0]);
+        // One scrape: both names come from the same gather, so the values are equal.
+        assert_eq!(metric(&text, vllm), metric(&text, tessera), "{vllm} vs {tessera}");
+    }
+    assert!(metric(&text, "vllm:generation_tokens_total").unwrap() >= 3.0);
+    let usage = metric(&text, "vllm:kv_cache_usage_perc").unwrap();
+    assert!((0.0..=1.0).contains(&usage), "a fraction, not a percentage: {usage}");
+    assert!(text.contains("# TYPE vllm:time_to_first_token_seconds histogram"));
+    assert!(text.contains("# TYPE vllm:prompt_tokens_total counter"));
+    assert!(text.contains("# TYPE vllm:num_requests_waiting gauge"));
+    let blocks = metric(&text, "tessera_kv_cache_num_blocks").unwrap();
+    let info = series("vllm:cache_config_info");
+    assert_eq!(
+        info,
+        [format!("vllm:cache_config_info{{block_size=\"16\",model_name=\"SmolLM2-135M-Instruct.Q4_1\",num_gpu_blocks=\"{blocks}\"}} 1").as_str()]
     );
 }
