@@ -193,7 +193,7 @@ pub fn vllm_families(families: &[MetricFamily], model_name: &str, block_size: us
             let mut labels: Vec<LabelPair> = m.take_label().into_iter().collect();
             labels.push(label("model_name", model_name));
             labels.sort_by(|a, b| a.get_name().cmp(b.get_name()));
-            m.set_label(labels.into());
+            m.set_label(labels);
         }
         out.push(f);
     }
@@ -206,7 +206,7 @@ pub fn vllm_families(families: &[MetricFamily], model_name: &str, block_size: us
     g.set_value(1.0);
     m.set_gauge(g);
     let blocks = num_blocks.map(|b| format!("{b}")).unwrap_or_default();
-    m.set_label(vec![label("block_size", &block_size.to_string()), label("model_name", model_name), label("num_gpu_blocks", &blocks)].into());
+    m.set_label(vec![label("block_size", &block_size.to_string()), label("model_name", model_name), label("num_gpu_blocks", &blocks)]);
     info.mut_metric().push(m);
     out.push(info);
     out
@@ -243,7 +243,7 @@ mod tests {
         assert_eq!(info.get_gauge().get_value(), 1.0);
         // The text encoder accepts the colon names.
         let mut buf = Vec::new();
-        prometheus::TextEncoder::new().encode(&v, &mut buf).unwrap();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &v, &mut buf).unwrap();
         assert!(String::from_utf8(buf).unwrap().contains("vllm:num_requests_waiting{model_name=\"served\"} 5"));
     }
 }
