@@ -6,7 +6,7 @@
 # the bench JSONs to $OUT (default /tmp/tessera-bench-routers).
 #
 #   scripts/bench-routers.sh                  # replicas 1,2,3 x round_robin,cache_aware
-#   REPLICAS="1 2" POLICIES=cache_aware THREADS=1 scripts/bench-routers.sh
+#   REPLICAS="1 2" POLICIES=cache_aware THREADS=1 PREFIX_GROUPS=12 QUESTIONS=8 scripts/bench-routers.sh
 #
 # THREADS is each replica's RAYON_NUM_THREADS (its compute threads); on a small machine give
 # each replica a share of the cores, or replicas only fight over them.
@@ -16,7 +16,7 @@ cd "$ROOT"
 REPLICAS="${REPLICAS:-1 2 3}"
 POLICIES="${POLICIES:-round_robin cache_aware}"
 THREADS="${THREADS:-1}"
-GROUPS_N="${GROUPS:-12}"
+GROUPS_N="${PREFIX_GROUPS:-12}"
 QUESTIONS="${QUESTIONS:-8}"
 OUTPUT_LEN="${OUTPUT_LEN:-32}"
 CONCURRENCY="${CONCURRENCY:-8}"
@@ -94,7 +94,7 @@ print(json.dumps({
     "replicas": int(n), "policy": policy, "threads_per_replica": int(threads),
     "completed": find(r, "completed"), "failed": find(r, "failed"),
     "output_tok_s": find(r, "output_throughput"), "req_s": find(r, "request_throughput"),
-    "mean_ttft_ms": find(r, "mean_ttft_ms"), "p99_ttft_ms": find(r, "p99_ttft_ms"),
+    "mean_ttft_ms": (r.get("ttft_ms") or {}).get("mean"), "p99_ttft_ms": (r.get("ttft_ms") or {}).get("p99"),
     "prefix_hit_rate": (h1 - h0) / (q1 - q0) if q1 > q0 else None,
 }))
 PY

@@ -25,6 +25,10 @@ fn python() -> String {
     String::from_utf8(env.stdout).unwrap().trim().to_owned()
 }
 
+/// The router tests run one at a time: each starts several replicas and a router, and on a
+/// small machine three such sets at once starve each other.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Replicas on loopback, each with its own small KV pool.
 fn replicas(n: usize) -> Vec<Server> {
     (0..n).map(|_| Server::start(&["--kv-cache-memory", "128MiB"])).collect()
@@ -34,6 +38,7 @@ fn replicas(n: usize) -> Vec<Server> {
 struct Router {
     base: String,
     child: Child,
+    log: PathBuf,
 }
 
 impl Router {
@@ -45,9 +50,11 @@ impl Router {
         cmd.args(["-m", "vllm_router.launch_router", "--host", "127.0.0.1", "--port", &port.to_string(), "--policy", policy]);
         cmd.args(["--health-check-interval-secs", "1", "--log-level", "warning", "--worker-urls"]);
         cmd.args(workers.iter().map(|w| w.base.clone()));
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        let log = std::env::temp_dir().join(format!("tessera-e2e-vllm-router-{port}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        cmd.stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file);
         let child = cmd.spawn().expect("starting vllm-router");
-        let router = Router { base: format!("http://127.0.0.1:{port}"), child };
+        let router = Router { base: format!("http://127.0.0.1:{port}"), child, log };
         let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
         let deadline = Instant::now() + ROUTER_START;
         loop {
@@ -56,7 +63,11 @@ impl Router {
                     return router;
                 }
             }
-            assert!(Instant::now() < deadline, "vllm-router ({policy}) did not come up");
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(&router.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect();
+                panic!("vllm-router ({policy}) did not come up; its log ends:\n{}", tail.join("\n"));
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -85,6 +96,7 @@ impl Drop for Router {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -108,6 +120,7 @@ async fn finished_per_replica(workers: &[Server]) -> Vec<f64> {
 
 #[tokio::test]
 async fn the_openai_client_works_through_vllm_router() {
+    let _serial = SERIAL.lock().await;
     let python = python();
     let workers = replicas(2);
     for policy in ["round_robin", "cache_aware"] {
@@ -129,6 +142,7 @@ async fn the_openai_client_works_through_vllm_router() {
 /// sends the repeats where the prompt already is.
 #[tokio::test]
 async fn cache_aware_routing_raises_the_prefix_cache_hit_rate() {
+    let _serial = SERIAL.lock().await;
     let python = python();
     let workers = replicas(3);
     let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
@@ -153,6 +167,7 @@ async fn cache_aware_routing_raises_the_prefix_cache_hit_rate() {
         rates.push((policy, (h1 - h0) / (q1 - q0)));
         drop(router);
     }
+    eprintln!("prefix-cache hit rate by policy: {rates:?}");
     let (rr, ca) = (rates[0].1, rates[1].1);
     assert!(rr < 0.1, "round robin should miss: {rates:?}");
     assert!(ca > 0.5, "cache-aware should hit on two of three repeats: {rates:?}");
@@ -162,6 +177,7 @@ async fn cache_aware_routing_raises_the_prefix_cache_hit_rate() {
 /// sending to it and every later request succeeds on the others.
 #[tokio::test]
 async fn a_killed_replica_costs_only_its_in_flight_requests() {
+    let _serial = SERIAL.lock().await;
     let python = python();
     let workers = replicas(3);
     let router = Router::start(&python, "round_robin", &workers).await;
