@@ -82,7 +82,11 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta) -> Result<Response, A
     let prompt_tokens: usize = ids.iter().map(Vec::len).sum();
     super::log_request(&common, prompts.len(), reqs.len(), prompt_tokens);
     let choices = reqs.len();
-    let events = generation::submit_all(state.engine(), reqs)?;
+    // Too many sequences for the queue: with one choice per prompt, the prompts are at fault.
+    let events = generation::submit_all(state.engine(), reqs).map_err(|e| match e.param.as_deref() {
+        Some("n") if n == 1 => ApiError { param: Some("prompt".into()), ..e },
+        _ => e,
+    })?;
     let texts = prompts.into_iter().map(|p| p.text).collect();
     let shaper = Shaper { n, echo, logprobs: own.logprobs.is_some(), prompt_texts: texts, offsets: vec![0; choices] };
     super::deliver(shaper, meta, events, choices, prompt_tokens, &common).await
