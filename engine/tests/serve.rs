@@ -477,3 +477,158 @@ fn shutdown_aborts_after_the_grace_period() {
     assert_eq!(collect(short).finish.unwrap().0, FinishReason::Length);
     assert_eq!(collect(s).finish.unwrap().0, FinishReason::Abort);
 }
+
+/// The sum of a histogram's observations.
+fn histogram_sum(e: &Engine, name: &str) -> f64 {
+    let families = e.registry().gather();
+    let f = families.iter().find(|f| f.get_name() == name).unwrap_or_else(|| panic!("no metric {name}"));
+    f.get_metric()[0].get_histogram().get_sample_sum()
+}
+
+/// Tokens the engine has run through the model (prefill chunks and decodes).
+fn forwarded(e: &Engine) -> usize {
+    histogram_sum(e, "tessera_iteration_tokens") as usize
+}
+
+/// `n` sampled choices of one prompt, as the server builds them: choice `i` seeds `42 + i`.
+fn choices(prompt: &[u32], n: usize, max_tokens: usize, logprobs: Option<usize>) -> Vec<GenRequest> {
+    (0..n)
+        .map(|i| {
+            let sampling = SamplingParams { temperature: 1.5, seed: Some(42 + i as u64), logprobs, ..SamplingParams::default() };
+            let mut r = GenRequest::new(format!("c{i}"), prompt.to_vec(), sampling, max_tokens);
+            r.ignore_eos = true;
+            r.prompt_logprobs = logprobs;
+            r
+        })
+        .collect()
+}
+
+fn run_choices(e: &Engine, reqs: Vec<GenRequest>) -> Vec<Outcome> {
+    let streams = e.submit_all(reqs).unwrap();
+    let handles: Vec<_> = streams.into_iter().map(|s| std::thread::spawn(move || collect(s))).collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn assert_same(got: &[Outcome], want: &[Outcome], case: &str) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.ids, w.ids, "{case}: choice {i}");
+        assert_eq!(g.text, w.text, "{case}: choice {i}");
+        assert_eq!(g.logprobs, w.logprobs, "{case}: choice {i}");
+        assert_eq!(g.prompt_logprobs, w.prompt_logprobs, "{case}: choice {i}");
+        assert_eq!(g.finish, w.finish, "{case}: choice {i}");
+    }
+}
+
+/// The choices of one request share its prompt's prefill: the prompt runs through the model
+/// once (echo + logprobs included, its logprobs computed once), then each choice decodes on
+/// its own, and every choice is exactly what it is as a request of its own with its seed.
+/// Prompts ending mid-block (the fork copies the partial block) and on a block boundary, a
+/// prefill in several chunks, and QJL keys (whose exact keys the fork copies too).
+#[test]
+fn choices_share_one_prefill_and_equal_separate_requests() {
+    let qjl = KvDtype { k: "qjl1-w64-s4".parse().unwrap(), v: "bf16".parse().unwrap() };
+    for (kv, kv_name) in [(KvDtype::default(), "default"), (qjl, "qjl1")] {
+        let e = engine(EngineConfig { max_num_batched_tokens: 64 + 16, kv_dtype: kv.into(), ..no_cache() });
+        let long = tokens(&PROMPTS[1].repeat(8));
+        let aligned = long[..long.len() / 16 * 16 - 16].to_vec();
+        assert!(!long.len().is_multiple_of(16) && aligned.len() > 64, "{}", long.len());
+        let mut varied = 0;
+        for (prompt, n, logprobs) in [(&long, 4, Some(2)), (&aligned, 3, Some(0)), (&long, 3, None), (&aligned, 2, None)] {
+            let case = format!("{kv_name}, {} prompt tokens, n={n}, logprobs {logprobs:?}", prompt.len());
+            let (p, max_tokens) = (prompt.len(), 6);
+            let reqs = choices(prompt, n, max_tokens, logprobs);
+            let before = forwarded(&e);
+            let alone: Vec<Outcome> = reqs.iter().map(|r| collect(e.submit(r.clone()).unwrap())).collect();
+            assert_eq!(forwarded(&e) - before, n * (p + max_tokens - 1), "{case}: each request alone computes its prompt");
+            let (before, prompt_before) = (forwarded(&e), metric(&e, "tessera_prompt_tokens_total"));
+            let together = run_choices(&e, reqs);
+            assert_eq!(forwarded(&e) - before, p + n * (max_tokens - 1), "{case}: one prefill, then n decodes");
+            assert_eq!(metric(&e, "tessera_prompt_tokens_total") - prompt_before, p as f64, "{case}");
+            assert_same(&together, &alone, &case);
+            if logprobs.is_some() {
+                assert_eq!(together[0].prompt_logprobs.len(), p, "{case}");
+            }
+            let distinct: std::collections::HashSet<_> = together.iter().map(|o| o.ids.clone()).collect();
+            varied += usize::from(distinct.len() > 1);
+            assert_eq!(metric(&e, "tessera_kv_cache_blocks_used"), 0.0, "{case}");
+        }
+        assert!(varied > 0, "{kv_name}: the seeds give different continuations");
+        // Scoring only (echo with max_tokens 0): the prompt's logprobs once for every choice.
+        let mut reqs = choices(&long, 3, 0, Some(1));
+        reqs.iter_mut().for_each(|r| r.sampling = SamplingParams::greedy());
+        let alone = collect(e.submit(reqs[0].clone()).unwrap());
+        let before = forwarded(&e);
+        let together = run_choices(&e, reqs);
+        assert_eq!(forwarded(&e) - before, long.len());
+        for o in &together {
+            assert_eq!((&o.prompt_logprobs, &o.finish), (&alone.prompt_logprobs, &alone.finish));
+        }
+        e.shutdown(Duration::from_secs(1));
+    }
+}
+
+/// When the choice computing the shared prompt goes away before its prefill ends, the next
+/// choice takes over the prefill; the others still fork from it and finish as they would alone.
+#[test]
+fn aborting_the_prefilling_choice_hands_the_prefill_to_the_next() {
+    let e = engine(EngineConfig { max_num_batched_tokens: 32 + 16, ..no_cache() });
+    let prompt = tokens(&PROMPTS[1].repeat(10));
+    let reqs = choices(&prompt, 3, 5, Some(1));
+    let alone: Vec<Outcome> = reqs[1..].iter().map(|r| collect(e.submit(r.clone()).unwrap())).collect();
+    let mut streams = e.submit_all(reqs).unwrap().into_iter();
+    let first = streams.next().unwrap();
+    drop(first); // aborted while waiting or in the middle of its prefill
+    let rest: Vec<Outcome> = streams.map(collect).collect();
+    assert_same(&rest, &alone, "after the abort");
+    let t = Instant::now();
+    while metric(&e, "tessera_kv_cache_blocks_used") != 0.0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "blocks not freed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    e.shutdown(Duration::from_secs(1));
+}
+
+/// A request with more sequences than the waiting queue holds is refused as such at once
+/// (nothing queued), whatever is running; one that fits only later is `QueueFull`.
+#[test]
+fn more_choices_than_the_queue_holds_are_refused_up_front() {
+    let e = engine(EngineConfig { max_waiting: 4, max_num_seqs: 1, max_num_batched_tokens: 64, ..no_cache() });
+    let prompt = tokens(PROMPTS[0]);
+    let five = choices(&prompt, 5, 2, None);
+    assert_eq!(e.submit_all(five.clone()).err(), Some(SubmitError::TooManyChoices { choices: 5, max_waiting: 4 }));
+    // Choices that need no engine work take no slot.
+    let mut scoring_free = five.clone();
+    scoring_free[4].max_tokens = 0;
+    scoring_free[4].prompt_logprobs = None;
+    let out = run_choices(&e, scoring_free);
+    assert!(out[..4].iter().all(|o| o.ids.len() == 2) && out[4].ids.is_empty());
+    // Four fit the queue, but not beside a running request that holds a slot.
+    let busy = e.submit(greedy("busy", prompt.clone(), 400)).unwrap();
+    let more = e.submit(greedy("queued", prompt.clone(), 2)).unwrap();
+    assert!(matches!(e.submit_all(five[..4].to_vec()).err(), Some(SubmitError::QueueFull { .. })));
+    drop(busy);
+    assert_eq!(collect(more).ids.len(), 2);
+    assert_eq!(run_choices(&e, five[..4].to_vec()).len(), 4, "refusals leaked no queue slot");
+    e.shutdown(Duration::from_secs(1));
+}
+
+/// Forks under a pool too small for every choice at once: each choice still completes in
+/// full (forked, or computing its prompt itself when no block was free for the copy, or
+/// preempted and recomputed), and the pool drains.
+#[test]
+fn choices_complete_under_block_pressure() {
+    let m = model();
+    let bytes_per_block = m.model.config().num_layers * 2 * 16 * m.model.kv_width() * 4;
+    let e = engine(EngineConfig { kv_cache_bytes: 12 * bytes_per_block, ..no_cache() });
+    let prompt = tokens(PROMPTS[1]);
+    assert!(!prompt.len().is_multiple_of(16));
+    let out = run_choices(&e, choices(&prompt, 6, 60, None));
+    for o in &out {
+        let (reason, _, usage) = o.finish.clone().unwrap();
+        assert_eq!((reason, usage.completion_tokens, o.ids.len()), (FinishReason::Length, 60, 60));
+    }
+    assert!(metric(&e, "tessera_num_preemptions_total") > 0.0, "the pool was too small for all six");
+    assert_eq!(metric(&e, "tessera_kv_cache_blocks_used"), 0.0);
+    e.shutdown(Duration::from_secs(1));
+}

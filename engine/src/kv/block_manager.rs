@@ -125,6 +125,15 @@ impl BlockManager {
         hit
     }
 
+    /// Adds a reference to each of `blocks` (held by another sequence): a fork shares its
+    /// parent's full blocks.
+    pub fn share(&mut self, blocks: &[u32]) {
+        for &b in blocks {
+            assert!(self.meta[b as usize].refs > 0, "block {b} shared while free");
+            self.acquire(b);
+        }
+    }
+
     fn acquire(&mut self, b: u32) {
         let m = &mut self.meta[b as usize];
         if m.refs == 0 {
@@ -208,6 +217,46 @@ impl BlockManager {
                     self.free.push(b);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+impl BlockManager {
+    /// References held on block `b`.
+    pub(crate) fn refs(&self, b: u32) -> u32 {
+        self.meta[b as usize].refs
+    }
+
+    /// Panics unless the bookkeeping is consistent: every block is either referenced, free
+    /// (holding nothing reusable) or evictable (holding a registered prefix), exactly once;
+    /// the prefix map and the blocks' keys agree.
+    pub(crate) fn check_invariants(&self) {
+        let mut seen = vec![0u8; self.meta.len()];
+        for &b in &self.free {
+            let m = &self.meta[b as usize];
+            assert!(m.refs == 0 && m.key.is_none() && m.free_tick.is_none() && m.uid == 0, "free block {b}: {m:?}");
+            seen[b as usize] += 1;
+        }
+        for (&t, &b) in &self.evictable {
+            let m = &self.meta[b as usize];
+            assert!(m.refs == 0 && m.key.is_some() && m.free_tick == Some(t), "evictable block {b}: {m:?}");
+            seen[b as usize] += 1;
+        }
+        for (b, m) in self.meta.iter().enumerate() {
+            if m.refs > 0 {
+                assert!(m.free_tick.is_none(), "referenced block {b} is in the eviction order");
+                seen[b] += 1;
+            }
+            assert_eq!(seen[b], 1, "block {b} is in {} of free/evictable/referenced", seen[b]);
+            if let Some(k) = &m.key {
+                assert_eq!(self.cached.get(k), Some(&(b as u32)), "block {b}'s key maps elsewhere");
+                assert!(m.uid != ROOT);
+            }
+            assert!(m.sink.is_none() || m.key.as_ref().is_some_and(|k| k.parent == ROOT), "sink keys on block {b}");
+        }
+        for (k, &b) in &self.cached {
+            assert_eq!(self.meta[b as usize].key.as_ref(), Some(k), "cached key of block {b}");
         }
     }
 }
@@ -333,5 +382,88 @@ mod tests {
         let private = m.allocate(1).unwrap();
         m.attach_sink(private[0], keys);
         assert!(m.meta[private[0] as usize].sink.is_none());
+    }
+
+    /// Seeded random operations (allocations, prefix lookups, registrations, shares, releases)
+    /// against a shadow of who holds what: refcounts always equal the holders, a block is
+    /// never handed out while held, every hit holds exactly the tokens looked up, and releasing
+    /// everything frees the pool.
+    #[test]
+    fn random_operations_keep_refcounts_and_hits_exact() {
+        use rand::{Rng, SeedableRng};
+        use rand_chacha::ChaCha8Rng;
+        const BS: usize = 3;
+        const N: usize = 20;
+        let mut hits = 0;
+        for seed in 0..300u64 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut m = BlockManager::new(N, BS, seed % 5 != 0);
+            // Holders: (blocks, the tokens each block holds, registered prefix blocks, chain).
+            let mut holders: Vec<(Vec<u32>, Vec<u32>, usize, u64)> = Vec::new();
+            // What each registered block holds: the whole prefix up to and including it.
+            let mut content: HashMap<u32, Vec<u32>> = HashMap::new();
+            for _ in 0..200 {
+                match rng.gen_range(0..10) {
+                    0..=3 => {
+                        // A sequence: look its prompt up, allocate the rest, register what is full.
+                        let len = rng.gen_range(1..=12);
+                        let base = rng.gen_range(0..2u32);
+                        let mut t: Vec<u32> = (0..len as u32).map(|i| base * 50 + i).collect();
+                        if rng.gen_bool(0.3) {
+                            t[rng.gen_range(0..len)] = 7;
+                        }
+                        let hit = m.lookup(&t);
+                        for (i, &b) in hit.blocks.iter().enumerate() {
+                            assert_eq!(content.get(&b).map(Vec::as_slice), Some(&t[..(i + 1) * BS]), "seed {seed}: inexact hit");
+                        }
+                        hits += hit.blocks.len();
+                        let Some(more) = m.allocate(m.blocks_for(len) - hit.blocks.len()) else {
+                            m.release(&hit.blocks);
+                            continue;
+                        };
+                        for b in &more {
+                            assert!(holders.iter().all(|h| !h.0.contains(b)), "seed {seed}: block {b} handed out while held");
+                            content.remove(b);
+                        }
+                        let registered = hit.blocks.len();
+                        let mut blocks = hit.blocks;
+                        blocks.extend(more);
+                        let mut chain = hit.chain;
+                        for i in registered..len / BS {
+                            let c = m.register(blocks[i], chain, &t[i * BS..(i + 1) * BS]);
+                            if m.meta[blocks[i] as usize].uid == c && c != ROOT {
+                                content.insert(blocks[i], t[..(i + 1) * BS].to_vec());
+                            }
+                            chain = c;
+                        }
+                        holders.push((blocks, t, len / BS, chain));
+                    }
+                    4..=5 if !holders.is_empty() => {
+                        // A fork: another holder of the same full blocks.
+                        let h = &holders[rng.gen_range(0..holders.len())];
+                        let full = h.2;
+                        let fork = (h.0[..full].to_vec(), h.1[..full * BS].to_vec(), full, h.3);
+                        m.share(&fork.0);
+                        holders.push(fork);
+                    }
+                    _ if !holders.is_empty() => {
+                        let h = holders.swap_remove(rng.gen_range(0..holders.len()));
+                        m.release(&h.0);
+                    }
+                    _ => {}
+                }
+                m.check_invariants();
+                for b in 0..N as u32 {
+                    let held = holders.iter().map(|h| h.0.iter().filter(|&&x| x == b).count() as u32).sum::<u32>();
+                    assert_eq!(m.refs(b), held, "seed {seed}: block {b}");
+                }
+            }
+            for h in holders.drain(..) {
+                m.release(&h.0);
+            }
+            m.check_invariants();
+            assert_eq!(m.num_free(), N, "seed {seed}");
+        }
+        assert!(hits > 1000, "the workload reuses prefixes: {hits} blocks hit");
     }
 }

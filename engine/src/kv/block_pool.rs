@@ -53,6 +53,19 @@ impl BlockPool {
         self.num_blocks
     }
 
+    /// Copies block `src`'s contents (every layer's keys and values) into block `dst`: a fork's
+    /// private copy of its parent's partial last block.
+    pub fn copy_block(&mut self, src: u32, dst: u32) {
+        let bb = self.layout.block_bytes();
+        assert!((src as usize) < self.num_blocks && (dst as usize) < self.num_blocks);
+        if src == dst {
+            return;
+        }
+        // SAFETY: both blocks lie inside the pool (asserted), they differ so the ranges do not
+        // overlap, and `&mut self` excludes every other access.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr(src, 0), self.ptr(dst, 0), bb) };
+    }
+
     /// Pointer to byte `offset` of `block`.
     fn ptr(&self, block: u32, offset: usize) -> *mut u8 {
         assert!((block as usize) < self.num_blocks && offset <= self.layout.block_bytes());

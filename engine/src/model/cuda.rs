@@ -226,6 +226,28 @@ impl CudaLlama {
         self.num_blocks
     }
 
+    /// Copies KV block `src` of the device pool into block `dst` (all layers).
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), CudaModelError> {
+        let n = self.num_blocks;
+        if src as usize >= n || dst as usize >= n {
+            return Err(CudaModelError::Unsupported(format!("block copy {src} -> {dst} outside the pool of {n} blocks")));
+        }
+        if src == dst {
+            return Ok(());
+        }
+        let bb = self.layout.block_bytes();
+        let (s, d) = (src as usize * bb, dst as usize * bb);
+        let st = self.dev.stream();
+        // Split the pool between the two blocks so one is read while the other is written.
+        let (mut lo, mut hi) = self.pool.split_at_mut(s.max(d));
+        if s < d {
+            st.memcpy_dtod(&lo.slice(s..s + bb), &mut hi.slice_mut(..bb)).map_err(CudaError::from)?;
+        } else {
+            st.memcpy_dtod(&hi.slice(..bb), &mut lo.slice_mut(d..d + bb)).map_err(CudaError::from)?;
+        }
+        Ok(())
+    }
+
     /// Runs one step over `batch` and returns, per sequence, its requested logit rows
     /// (`vocab` each).
     pub fn forward(&mut self, batch: &[CudaStep<'_>]) -> Result<Vec<Vec<f32>>, CudaModelError> {

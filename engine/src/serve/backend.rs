@@ -29,6 +29,8 @@ pub trait Backend: Send {
     fn forward(&mut self, batch: &mut [StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String>;
     /// The kernel chosen for every linear layer on this backend.
     fn plan(&self) -> Vec<PlanEntry>;
+    /// Copies KV block `src` into block `dst` (all layers), between forward passes.
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), String>;
 }
 
 /// The CPU model over a host block pool.
@@ -56,6 +58,11 @@ impl Backend for CpuBackend {
     fn plan(&self) -> Vec<PlanEntry> {
         self.model.model.plan()
     }
+
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), String> {
+        self.pool.copy_block(src, dst);
+        Ok(())
+    }
 }
 
 /// The model on a GPU, its KV pool in device memory.
@@ -80,5 +87,9 @@ impl Backend for CudaBackend {
 
     fn plan(&self) -> Vec<PlanEntry> {
         self.model.plan().to_vec()
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), String> {
+        self.model.copy_block(src, dst).map_err(|e| e.to_string())
     }
 }

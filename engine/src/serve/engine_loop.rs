@@ -16,8 +16,9 @@ use std::time::Instant;
 
 /// What the handle asks of the engine thread.
 pub(crate) enum Command {
-    /// Queue a new sequence.
-    Submit(Box<Sequence>),
+    /// Queue new sequences; each one's followers (other choices of its prompt) wait beside
+    /// it for its prefill, unqueued.
+    Submit(Vec<(Sequence, Vec<Sequence>)>),
     /// Drop a request (client gone); unknown keys are ignored.
     Abort(u64),
     /// Stop admitting; abort what is left at the deadline, then exit.
@@ -77,9 +78,13 @@ impl EngineLoop {
 
     fn command(&mut self, c: Command) {
         match c {
-            Command::Submit(seq) => {
-                self.sched.waiting.push_back(seq.key);
-                self.seqs.insert(seq.key, *seq);
+            Command::Submit(groups) => {
+                for (mut seq, followers) in groups {
+                    seq.followers = followers.iter().map(|f| f.key).collect();
+                    self.sched.waiting.push_back(seq.key);
+                    self.seqs.insert(seq.key, seq);
+                    self.seqs.extend(followers.into_iter().map(|f| (f.key, f)));
+                }
             }
             Command::Abort(key) => {
                 if self.seqs.contains_key(&key) {
@@ -133,6 +138,11 @@ impl EngineLoop {
             self.backend.forward(&mut batch)
         };
         let forward_secs = t_fwd.elapsed().as_secs_f64();
+        // Before any event goes out: a client that sees its request end sees its steps counted.
+        let m = &self.metrics;
+        m.batch_size.observe(work.len() as f64);
+        m.step_tokens.observe(work.iter().map(|w| w.tokens).sum::<usize>() as f64);
+        m.step_forward.observe(forward_secs);
         match result {
             Ok(logits) => {
                 for (w, l) in work.iter().zip(logits) {
@@ -146,29 +156,16 @@ impl EngineLoop {
                 }
             }
         }
-        let m = &self.metrics;
-        m.batch_size.observe(work.len() as f64);
-        m.step_tokens.observe(work.iter().map(|w| w.tokens).sum::<usize>() as f64);
-        m.step_forward.observe(forward_secs);
-        m.step_overhead.observe((t0.elapsed().as_secs_f64() - forward_secs).max(0.0));
+        self.metrics.step_overhead.observe((t0.elapsed().as_secs_f64() - forward_secs).max(0.0));
     }
 
     /// Commits a sequence's computed tokens and, at the end of its tokens, samples the next.
     fn after_forward(&mut self, w: Work, logits: &[f32]) {
         let tok = &self.model.tokenizer;
         let vocab = self.model.model.config().vocab_size;
-        let bs = self.sched.blocks.block_size();
         let s = self.seqs.get_mut(&w.key).expect("scheduled sequences exist");
         let start = s.computed;
-        s.computed += w.tokens;
-        while (s.registered + 1) * bs <= s.computed {
-            let b = s.registered;
-            s.chain = self.sched.blocks.register(s.blocks[b], s.chain, &s.tokens[b * bs..(b + 1) * bs]);
-            if let Some(keys) = s.exact.as_ref().filter(|_| b == 0).and_then(|e| e.sink_keys()) {
-                self.sched.blocks.attach_sink(s.blocks[0], keys);
-            }
-            s.registered += 1;
-        }
+        self.sched.commit(s, w.tokens);
         if s.wants_prompt_logprobs() {
             record_prompt_logprobs(s, tok, logits, vocab, start);
             if !s.wants_prompt_logprobs() {
@@ -178,10 +175,47 @@ impl EngineLoop {
         if s.computed < s.tokens.len() {
             return;
         }
-        if s.req.max_tokens == 0 {
-            return self.finish(w.key, FinishReason::Length, None);
-        }
         let last = &logits[logits.len() - vocab..];
+        let followers = std::mem::take(&mut s.followers);
+        if !followers.is_empty() {
+            self.fork(w.key, &followers, last);
+        }
+        self.sample_next(w.key, last);
+    }
+
+    /// Starts the other choices of `key`'s prompt, which `key` has just computed: each one
+    /// shares its KV blocks and samples its first token from the same logits (`last`).
+    fn fork(&mut self, key: u64, followers: &[u64], last: &[f32]) {
+        let parent = self.seqs.remove(&key).expect("the parent exists");
+        for &f in followers {
+            let Some(s) = self.seqs.get_mut(&f) else { continue }; // aborted meanwhile
+            if let Some((src, dst)) = self.sched.fork(&parent, s, &self.metrics) {
+                if let Err(e) = self.backend.copy_block(src, dst) {
+                    tracing::error!(error = %e, "KV block copy failed");
+                    self.fail(f, format!("KV block copy failed: {e}"));
+                    continue;
+                }
+            }
+            if s.req.prompt_logprobs.is_some() {
+                let _ = s.tx.send(Event::PromptLogprobs(s.prompt_logprobs.clone()));
+            }
+        }
+        self.seqs.insert(key, parent);
+        for &f in followers {
+            if self.seqs.contains_key(&f) {
+                self.sample_next(f, last);
+            }
+        }
+    }
+
+    /// Samples the next token of `key`, whose tokens are all computed, from `last` (its last
+    /// position's logits), streams it and checks the stop conditions.
+    fn sample_next(&mut self, key: u64, last: &[f32]) {
+        let tok = &self.model.tokenizer;
+        let s = self.seqs.get_mut(&key).expect("sampled sequences exist");
+        if s.req.max_tokens == 0 {
+            return self.finish(key, FinishReason::Length, None);
+        }
         let mut banned = Vec::new();
         if s.generated() < s.req.min_tokens {
             banned.extend(&s.req.stop_token_ids);
@@ -223,14 +257,13 @@ impl EngineLoop {
         };
         let _ = s.tx.send(Event::Delta { text, tokens: vec![info] });
         if let Some((reason, why)) = finish {
-            self.finish(w.key, reason, why);
+            self.finish(key, reason, why);
         }
     }
 
     /// Ends a request: final event, metrics, blocks freed.
     fn finish(&mut self, key: u64, reason: FinishReason, stop_reason: Option<StopReason>) {
-        let Some(mut s) = self.seqs.remove(&key) else { return };
-        self.sched.remove(&mut s);
+        let Some(s) = self.sched.take(key, &mut self.seqs) else { return };
         let m = &self.metrics;
         m.success.with_label_values(&[reason.as_str()]).inc();
         m.e2e.observe(s.req.arrival.elapsed().as_secs_f64());
@@ -248,8 +281,7 @@ impl EngineLoop {
 
     /// Ends a request with an error.
     fn fail(&mut self, key: u64, msg: String) {
-        let Some(mut s) = self.seqs.remove(&key) else { return };
-        self.sched.remove(&mut s);
+        let Some(s) = self.sched.take(key, &mut self.seqs) else { return };
         self.update_gauges();
         let _ = s.tx.send(Event::Error(msg));
     }

@@ -11,6 +11,7 @@ use crate::kv::{BlockManager, ExactKeyStore};
 use crate::model::cuda::CudaLlama;
 use crate::LoadedModel;
 use tessera_kernels::cuda::CudaDevice;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
@@ -26,6 +27,15 @@ pub enum SubmitError {
     QueueFull {
         /// Requests waiting.
         waiting: usize,
+    },
+    /// A request with more sequences (prompts times choices) than the waiting queue holds:
+    /// it could never be admitted, however idle the engine (HTTP 400).
+    #[error("this request needs {choices} sequences (one per prompt and choice), more than the {max_waiting} the waiting queue holds (max_waiting_requests); ask for fewer choices or prompts per request")]
+    TooManyChoices {
+        /// Sequences the request needs.
+        choices: usize,
+        /// The waiting queue's capacity.
+        max_waiting: usize,
     },
     /// Prompt plus `max_tokens` exceeds the context.
     #[error("This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt} in the prompt, {max_tokens} for the completion). Please reduce the length of the prompt or completion.", prompt.saturating_add(*max_tokens))]
@@ -212,31 +222,61 @@ impl Engine {
 
     /// Queues a request; its events arrive on the returned stream.
     pub fn submit(&self, req: GenRequest) -> Result<RequestStream, SubmitError> {
+        Ok(self.submit_all(vec![req])?.swap_remove(0))
+    }
+
+    /// Queues the sequences of one client request (every prompt's choices) all at once, or
+    /// none of them; their events arrive on the returned streams, in order. Requests with the
+    /// same prompt and prompt logprobs share one prefill: the first computes the prompt and
+    /// the others fork from it (sharing its KV blocks) to sample their own continuations.
+    pub fn submit_all(&self, reqs: Vec<GenRequest>) -> Result<Vec<RequestStream>, SubmitError> {
         let inner = &self.inner;
         if !inner.accepting.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
         }
-        self.validate(&req)?;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let key = inner.next_key.fetch_add(1, Ordering::Relaxed);
-        let stream = RequestStream { rx, key, engine: inner.tx.clone(), done: false };
-        if req.max_tokens == 0 && req.prompt_logprobs.is_none() {
-            // Nothing to compute.
-            let usage = Usage { prompt_tokens: req.prompt.len(), completion_tokens: 0, cached_tokens: 0 };
-            let _ = tx.send(Event::Finished { reason: FinishReason::Length, stop_reason: None, usage });
-            return Ok(stream);
+        for req in &reqs {
+            self.validate(req)?;
         }
+        // Requests that only count their prompt need no engine work and no queue slot.
+        let trivial = |r: &GenRequest| r.max_tokens == 0 && r.prompt_logprobs.is_none();
+        let queued = reqs.iter().filter(|r| !trivial(r)).count();
         let cap = inner.info.config.max_waiting;
-        inner
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| (q < cap).then_some(q + 1))
-            .map_err(|waiting| SubmitError::QueueFull { waiting })?;
-        let seq = Sequence::new(key, req, tx);
-        if inner.tx.send(Command::Submit(Box::new(seq))).is_err() {
-            inner.queued.fetch_sub(1, Ordering::AcqRel);
+        if queued > cap {
+            return Err(SubmitError::TooManyChoices { choices: queued, max_waiting: cap });
+        }
+        if queued > 0 {
+            inner
+                .queued
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| (q + queued <= cap).then_some(q + queued))
+                .map_err(|waiting| SubmitError::QueueFull { waiting })?;
+        }
+        let mut streams = Vec::with_capacity(reqs.len());
+        let mut groups: Vec<(Sequence, Vec<Sequence>)> = Vec::new();
+        let mut by_prompt: HashMap<(Vec<u32>, Option<usize>), usize> = HashMap::new();
+        for req in reqs {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let key = inner.next_key.fetch_add(1, Ordering::Relaxed);
+            streams.push(RequestStream { rx, key, engine: inner.tx.clone(), done: false });
+            if trivial(&req) {
+                // Nothing to compute.
+                let usage = Usage { prompt_tokens: req.prompt.len(), completion_tokens: 0, cached_tokens: 0 };
+                let _ = tx.send(Event::Finished { reason: FinishReason::Length, stop_reason: None, usage });
+                continue;
+            }
+            let seq = Sequence::new(key, req, tx);
+            match by_prompt.entry((seq.req.prompt.clone(), seq.req.prompt_logprobs)) {
+                Entry::Occupied(e) => groups[*e.get()].1.push(seq),
+                Entry::Vacant(e) => {
+                    e.insert(groups.len());
+                    groups.push((seq, Vec::new()));
+                }
+            }
+        }
+        if queued > 0 && inner.tx.send(Command::Submit(groups)).is_err() {
+            inner.queued.fetch_sub(queued, Ordering::AcqRel);
             return Err(SubmitError::ShuttingDown);
         }
-        Ok(stream)
+        Ok(streams)
     }
 
     /// Stops admitting requests, lets running ones finish for up to `grace`, aborts the rest

@@ -1,8 +1,9 @@
 //! Serving: a continuous-batching engine over a paged KV cache.
 //!
 //! [`Engine::start`] moves a loaded model onto its own thread. Callers [`Engine::submit`]
-//! tokenized [`GenRequest`]s and read [`Event`]s from the returned [`RequestStream`];
-//! dropping the stream aborts the request. Each engine step admits waiting requests under a
+//! tokenized [`GenRequest`]s (or [`Engine::submit_all`] one client request's choices, which
+//! share each prompt's prefill) and read [`Event`]s from the returned [`RequestStream`]s;
+//! dropping a stream aborts its request. Each engine step admits waiting requests under a
 //! token budget and a sequence cap, mixes prefill chunks with decodes in one batched forward
 //! pass, samples, detokenizes, checks stop conditions and streams the results. The forward
 //! passes run on a backend: the CPU model over a host block pool, or the model on a GPU

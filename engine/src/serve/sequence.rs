@@ -43,6 +43,9 @@ pub(crate) struct Sequence {
     pub last_token: Option<Instant>,
     /// Where events go.
     pub tx: UnboundedSender<Event>,
+    /// Other choices of the same prompt waiting for this sequence's prefill: when it ends,
+    /// they fork from it (sharing its prompt blocks) instead of computing the prompt again.
+    pub followers: Vec<u64>,
 }
 
 impl Sequence {
@@ -66,6 +69,7 @@ impl Sequence {
             last_token: None,
             tx,
             req,
+            followers: Vec::new(),
         }
     }
 

@@ -395,33 +395,6 @@ fn default_max_connections(nofile: u64) -> usize {
     nofile.saturating_sub(FD_HEADROOM).clamp(1, MAX_DEFAULT_CONNECTIONS) as usize
 }
 
-/// Raises the soft open-file limit (RLIMIT_NOFILE) to the hard limit and logs it; returns the
-/// soft limit in effect.
-fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        tracing::warn!(error = %std::io::Error::last_os_error(), "reading the open-file limit failed");
-        return 1024;
-    }
-    let old = lim.rlim_cur;
-    // An infinite hard limit is refused for RLIMIT_NOFILE: use the kernel's ceiling then.
-    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse::<u64>().ok());
-    let target = if lim.rlim_max == libc::RLIM_INFINITY { nr_open.unwrap_or(old) } else { lim.rlim_max };
-    if target > old {
-        let raised = libc::rlimit { rlim_cur: target, rlim_max: lim.rlim_max };
-        // SAFETY: setrlimit reads the struct we pass.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            tracing::info!(from = old, to = target, "raised the open-file soft limit to the hard limit");
-            return target;
-        }
-        tracing::warn!(soft = old, hard = target, error = %std::io::Error::last_os_error(), "raising the open-file soft limit failed");
-    } else {
-        tracing::info!(soft = old, hard = lim.rlim_max, "open-file limit");
-    }
-    old
-}
-
 /// Resolves when SIGINT or SIGTERM first arrives; a second one exits the process at once
 /// (status 128 + the signal's number) without draining.
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
@@ -450,7 +423,7 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
     let cfg = ServeArgs { log_format, ..args }.resolve(mem_total)?;
     init_logging(cfg.log_format.unwrap_or_default(), "info");
     tracing::info!(config = %serde_json::to_string(&cfg)?, "effective configuration");
-    let nofile = raise_fd_limit();
+    let nofile = http::conn::raise_fd_limit();
     let max_connections = cfg.max_connections.unwrap_or_else(|| default_max_connections(nofile));
     tracing::info!(max_connections, open_file_limit = nofile, "connection limit");
     let policy = cfg.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy);
@@ -472,7 +445,7 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
     runtime.block_on(async {
         // Before "listening": a signal from then on drains instead of killing the process.
         let signals = shutdown_signal();
-        let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
+        let listener = http::conn::listen(&cfg.host, cfg.port, max_connections)
             .await
             .with_context(|| format!("listening on {}:{}", cfg.host, cfg.port))?;
         let addr = listener.local_addr()?;

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 
@@ -295,6 +295,59 @@ impl AsyncWrite for SharedStream {
     }
 }
 
+/// Raises the soft open-file limit (RLIMIT_NOFILE) to the hard limit and logs it; returns the
+/// soft limit in effect.
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "reading the open-file limit failed");
+        return 1024;
+    }
+    let old = lim.rlim_cur;
+    // An infinite hard limit is refused for RLIMIT_NOFILE: use the kernel's ceiling then.
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let target = if lim.rlim_max == libc::RLIM_INFINITY { nr_open.unwrap_or(old) } else { lim.rlim_max };
+    if target > old {
+        let raised = libc::rlimit { rlim_cur: target, rlim_max: lim.rlim_max };
+        // SAFETY: setrlimit reads the struct we pass.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            tracing::info!(from = old, to = target, "raised the open-file soft limit to the hard limit");
+            return target;
+        }
+        tracing::warn!(soft = old, hard = target, error = %std::io::Error::last_os_error(), "raising the open-file soft limit failed");
+    } else {
+        tracing::info!(soft = old, hard = lim.rlim_max, "open-file limit");
+    }
+    old
+}
+
+/// Binds `host:port` and listens with a backlog of `max_connections` (at least 1024; the
+/// kernel caps it at `net.core.somaxconn`). Tokio's default backlog (1024) overflows when a
+/// load test opens a thousand connections at once, and with SYN cookies an overflowed
+/// connection that is already sending is reset: the queue must hold a burst as large as the
+/// connection limit.
+pub async fn listen(host: &str, port: u16, max_connections: usize) -> io::Result<TcpListener> {
+    let backlog = u32::try_from(max_connections.clamp(1024, 65535)).unwrap_or(65535);
+    let mut last_error = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(addr).and_then(|()| socket.listen(backlog)) {
+            Ok(listener) => {
+                if let Some(cap) = std::fs::read_to_string("/proc/sys/net/core/somaxconn").ok().and_then(|s| s.trim().parse::<u32>().ok()) {
+                    if cap < backlog {
+                        tracing::info!(backlog, somaxconn = cap, "the listen backlog is capped by net.core.somaxconn");
+                    }
+                }
+                return Ok(listener);
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{host} resolves to no address"))))
+}
+
 /// Accepts connections until the phase becomes [`Phase::Closed`] (the listener closes then).
 pub async fn accept_loop(
     listener: TcpListener,
@@ -444,6 +497,46 @@ async fn serve_connection(tcp: TcpStream, app: Router, state: Arc<AppState>, opt
                     _ => {}
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// A burst of 1,100 connections that start sending before the server accepts any: none
+    /// is reset (with tokio's default backlog of 1024, the overflow was, under SYN cookies).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_listen_backlog_holds_a_burst_of_connections() {
+        const BURST: usize = 1100;
+        assert!(raise_fd_limit() > 2 * BURST as u64 + 64, "the open-file limit is too low for the burst");
+        let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn").unwrap().trim().parse().unwrap();
+        assert!(somaxconn > BURST, "net.core.somaxconn is {somaxconn}: this machine cannot queue a burst of {BURST}");
+        let listener = listen("127.0.0.1", 0, 4096).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let clients: Vec<_> = (0..BURST)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let mut s = TcpStream::connect(addr).await?;
+                    for _ in 0..5 {
+                        s.write_all(b"GET /health HTTP/1.1\r\n").await?;
+                        tokio::time::sleep(Duration::from_millis(40)).await;
+                    }
+                    Ok::<_, io::Error>(s)
+                })
+            })
+            .collect();
+        let mut held = Vec::new();
+        for c in clients {
+            held.push(c.await.unwrap().expect("a queued connection was reset"));
+        }
+        // All of them are in the queue, whole.
+        for _ in 0..BURST {
+            let (mut s, _) = tokio::time::timeout(Duration::from_secs(5), listener.accept()).await.unwrap().unwrap();
+            let mut buf = [0u8; 22 * 5];
+            tokio::io::AsyncReadExt::read_exact(&mut s, &mut buf).await.unwrap();
         }
     }
 }

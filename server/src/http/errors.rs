@@ -119,6 +119,7 @@ impl From<SubmitError> for ApiError {
                 ApiError::invalid("prompt", message)
             }
             SubmitError::Invalid { param, .. } => ApiError::invalid(param, message),
+            SubmitError::TooManyChoices { .. } => ApiError::invalid("n", message),
         }
     }
 }
@@ -213,6 +214,11 @@ mod tests {
         assert_eq!((status, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("top_p")));
         let (_, v, _) = body_json(SubmitError::TokenOutOfRange { id: 99999, vocab: 49152 }.into()).await;
         assert_eq!(v["error"]["param"], "prompt");
+        // A request the queue can never hold is the client's to fix: 400, no Retry-After.
+        let (status, v, retry) = body_json(SubmitError::TooManyChoices { choices: 384, max_waiting: 256 }.into()).await;
+        assert_eq!((status, v["error"]["param"].as_str(), retry), (StatusCode::BAD_REQUEST, Some("n"), None));
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("384") && msg.contains("256"), "{msg}");
     }
 
     #[tokio::test]

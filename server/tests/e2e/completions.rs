@@ -59,6 +59,23 @@ async fn seeds_reproduce_and_choice_i_samples_with_seed_plus_i() {
     assert_eq!(a["usage"]["completion_tokens"], 36);
 }
 
+/// Echo + logprobs with n > 1 (the prompt is computed once and shared): every choice, prompt
+/// logprobs included, equals the single request with its seed.
+#[tokio::test]
+async fn echo_logprobs_choices_equal_single_requests_with_their_seeds() {
+    let s = shared();
+    let body = |n: usize, seed: u64| {
+        json!({"prompt": STORY, "max_tokens": 5, "temperature": 1.0, "seed": seed, "n": n, "echo": true, "logprobs": 2, "ignore_eos": true})
+    };
+    let all = s.complete(body(3, 7)).await;
+    for i in 0..3 {
+        let single = s.complete(body(1, 7 + i as u64)).await;
+        let (mut got, want) = (all["choices"][i].clone(), single["choices"][0].clone());
+        got["index"] = json!(0);
+        assert_eq!(got, want, "choice {i}");
+    }
+}
+
 #[tokio::test]
 async fn prompt_lists_token_ids_and_choice_order() {
     let s = shared();

@@ -159,3 +159,26 @@ async fn the_server_survives_bad_input() {
     let (status, _) = s.get("/health").await;
     assert_eq!(status, 200);
 }
+
+/// More sequences (prompts times `n`) than the waiting queue holds can never be admitted:
+/// 400 naming the limit and the parameter, not a 503 to retry. A request at the limit runs
+/// (its choices share each prompt's prefill).
+#[tokio::test]
+async fn more_choices_than_the_queue_holds_is_a_400_not_a_503() {
+    let s = shared();
+    let c = s.client();
+    let body = json!({"prompt": ["a", "b", "c"], "n": 128, "max_tokens": 1});
+    let resp = c.post(s.url("/v1/completions")).json(&body).send().await.unwrap();
+    assert!(resp.headers().get("retry-after").is_none(), "nothing to retry");
+    let (status, v) = json_of(resp).await;
+    assert_error(status, &v, 400, "invalid_request_error", Some("n"), "3 prompts x 128");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("384") && msg.contains("256"), "{msg}");
+    // One choice per prompt: the prompts are at fault.
+    let (status, v) = s.post("/v1/completions", &json!({"prompt": vec!["a"; 300], "max_tokens": 1})).await;
+    assert_error(status, &v, 400, "invalid_request_error", Some("prompt"), "300 prompts");
+    // Exactly the queue's capacity is served.
+    let v = s.complete(json!({"prompt": ["a", "b"], "n": 128, "max_tokens": 1})).await;
+    assert_eq!(v["choices"].as_array().unwrap().len(), 256);
+    assert_eq!(v["usage"]["completion_tokens"], 256);
+}

@@ -69,7 +69,11 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, pee
     let prompt_tokens: usize = v.prompts.iter().map(|p| p.ids.len()).sum();
     super::log_request(&v.common, v.prompts.len(), v.reqs.len(), prompt_tokens);
     let choices = v.reqs.len();
-    let events = generation::submit_all(state.engine(), v.reqs)?;
+    // Too many sequences for the queue: with one choice per prompt, the prompts are at fault.
+    let events = generation::submit_all(state.engine(), v.reqs).map_err(|e| match e.param.as_deref() {
+        Some("n") if v.n == 1 => ApiError { param: Some("prompt".into()), ..e },
+        _ => e,
+    })?;
     let texts = v.prompts.into_iter().map(|p| p.text).collect();
     let shaper = Shaper { n: v.n, echo: v.echo, logprobs: v.logprobs, prompt_texts: texts, offsets: vec![0; choices] };
     super::deliver(shaper, meta, events, choices, prompt_tokens, &v.common, interrupts).await

@@ -15,13 +15,11 @@ use tessera_engine::serve::{Engine, Event, FinishReason, GenRequest, RequestStre
 /// The events of all choices of one request, tagged with the choice index.
 pub type Events = SelectAll<BoxStream<'static, (usize, Event)>>;
 
-/// Submits every request; if one is refused, the ones already queued are aborted.
+/// Submits every request at once, or none (a request the waiting queue could never hold is
+/// a 400 naming `n`; a queue without room for it now is a 503). Choices of the same prompt
+/// share its prefill in the engine.
 pub fn submit_all(engine: &Engine, reqs: Vec<GenRequest>) -> Result<Events, ApiError> {
-    let mut streams = Vec::with_capacity(reqs.len());
-    for req in reqs {
-        streams.push(engine.submit(req)?);
-    }
-    Ok(merge(streams))
+    Ok(merge(engine.submit_all(reqs)?))
 }
 
 fn merge(streams: Vec<RequestStream>) -> Events {
