@@ -157,3 +157,30 @@ const TOKENIZER_JSON: &str = r#"{"version":"1.0","truncation":null,"padding":nul
 "post_processor":null,"decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true},
 "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,
 "vocab":{"a":0,"b":1,"ab":2,"Ġ":3,"<|im_end|>":4},"merges":["a b"]}}"#;
+
+/// Runs `f` on every stored input of fuzz target `target` (the files of the workspace's
+/// `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/`, in name order), catching panics.
+/// Returns how many inputs ran, or an error naming each input that panicked (or saying that
+/// there were none to run). The replay tests of every crate share it.
+pub fn replay_corpus(target: &str, f: impl Fn(&[u8])) -> Result<usize, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let mut inputs = 0;
+    let mut failed = Vec::new();
+    for dir in ["corpus", "regressions"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else { continue };
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for p in paths {
+            let data = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            inputs += 1;
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&data))).is_err() {
+                failed.push(p.display().to_string());
+            }
+        }
+    }
+    match (inputs, failed.is_empty()) {
+        (0, _) => Err(format!("no stored inputs for {target}")),
+        (_, true) => Ok(inputs),
+        _ => Err(format!("{} of {inputs} {target} inputs panicked: {failed:?}", failed.len())),
+    }
+}

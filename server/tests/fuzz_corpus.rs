@@ -3,29 +3,13 @@
 //! fuzz/regressions/<target>/ must be answered (an error is an answer), never panic. Long
 //! fuzzing runs: scripts/fuzz.sh.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
 use tessera_server::fuzzing;
 
-/// Runs `f` on every stored input of `target`; fails naming each input that panicked.
+/// Runs `f` over the stored inputs of `target`; fails naming each input that panicked.
 fn replay(target: &str, f: impl Fn(&[u8])) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    let mut inputs = 0;
-    let mut failed = Vec::new();
-    for dir in ["corpus", "regressions"] {
-        let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else { continue };
-        let mut paths: Vec<_> = entries.map(|e| e.unwrap().path()).collect();
-        paths.sort();
-        for p in paths {
-            let data = std::fs::read(&p).unwrap();
-            inputs += 1;
-            if catch_unwind(AssertUnwindSafe(|| f(&data))).is_err() {
-                failed.push(p.display().to_string());
-            }
-        }
+    if let Err(e) = tessera_engine::fuzzing::replay_corpus(target, f) {
+        panic!("{e}");
     }
-    assert!(inputs > 0, "no stored inputs for {target}");
-    assert!(failed.is_empty(), "{} of {inputs} {target} inputs panicked: {failed:?}", failed.len());
 }
 
 #[test]

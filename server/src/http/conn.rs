@@ -20,7 +20,7 @@ use std::convert::Infallible;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -110,7 +110,11 @@ pub struct Tracker {
     open: AtomicUsize,
     overflow: AtomicUsize,
     inflight: watch::Sender<usize>,
+    /// Wakes every connection to see whether it is idle and may be closed to make room.
     reclaim: Notify,
+    /// Set when a connection over the limit asked for room; the first idle connection that
+    /// sees it clears it and closes.
+    reclaim_wanted: AtomicBool,
     last_limit_log: Mutex<Option<Instant>>,
 }
 
@@ -121,6 +125,7 @@ impl Default for Tracker {
             overflow: AtomicUsize::new(0),
             inflight: watch::channel(0).0,
             reclaim: Notify::new(),
+            reclaim_wanted: AtomicBool::new(false),
             last_limit_log: Mutex::new(None),
         }
     }
@@ -131,6 +136,11 @@ impl Tracker {
     pub async fn idle(&self) {
         let mut rx = self.inflight.subscribe();
         let _ = rx.wait_for(|n| *n == 0).await;
+    }
+
+    /// Takes the standing request for room (at most one connection closes per request).
+    fn take_reclaim(&self) -> bool {
+        self.reclaim_wanted.load(Ordering::Acquire) && self.reclaim_wanted.swap(false, Ordering::AcqRel)
     }
 
     /// Whether `LOG_EVERY` has passed since the last limit log line (and if so, starts anew).
@@ -144,17 +154,20 @@ impl Tracker {
     }
 }
 
-/// One connection's activity: requests in progress and when it last received bytes or
-/// started or finished a request (for the keep-alive timeout).
+/// One connection's activity: requests in progress, whether the next request has begun to
+/// arrive, and when it last received bytes or started or finished a request (for the
+/// keep-alive timeout).
 struct Activity {
     base: Instant,
     last_ms: AtomicU64,
     inflight: AtomicUsize,
+    /// Bytes of a request whose headers are not all in yet have arrived.
+    partial: AtomicBool,
 }
 
 impl Activity {
     fn new() -> Self {
-        Activity { base: Instant::now(), last_ms: AtomicU64::new(0), inflight: AtomicUsize::new(0) }
+        Activity { base: Instant::now(), last_ms: AtomicU64::new(0), inflight: AtomicUsize::new(0), partial: AtomicBool::new(false) }
     }
 
     fn touch(&self) {
@@ -168,6 +181,11 @@ impl Activity {
     fn busy(&self) -> bool {
         self.inflight.load(Ordering::Acquire) > 0
     }
+
+    /// Nothing in progress and nothing of a next request received: safe to close.
+    fn idle(&self) -> bool {
+        !self.busy() && !self.partial.load(Ordering::Acquire)
+    }
 }
 
 /// A request in progress, from its headers until its response body is dropped (sent or not).
@@ -179,6 +197,7 @@ struct InFlight {
 impl InFlight {
     fn new(conn: Arc<Activity>, state: Arc<AppState>) -> Self {
         conn.inflight.fetch_add(1, Ordering::AcqRel);
+        conn.partial.store(false, Ordering::Release);
         conn.touch();
         state.tracker.inflight.send_modify(|n| *n += 1);
         InFlight { conn, state }
@@ -249,6 +268,9 @@ impl AsyncRead for SharedStream {
                     buf.advance(n);
                     if n > 0 {
                         self.activity.touch();
+                        if !self.activity.busy() {
+                            self.activity.partial.store(true, Ordering::Release);
+                        }
                     }
                     return Poll::Ready(Ok(()));
                 }
@@ -380,7 +402,8 @@ pub async fn accept_loop(
         let tracker = &state.tracker;
         if tracker.open.load(Ordering::Acquire) >= opts.max_connections {
             state.metrics.refused.inc();
-            tracker.reclaim.notify_one();
+            tracker.reclaim_wanted.store(true, Ordering::Release);
+            tracker.reclaim.notify_waiters();
             if tracker.log_due() {
                 tracing::warn!(
                     max_connections = opts.max_connections,
@@ -406,6 +429,8 @@ pub async fn accept_loop(
         tokio::spawn(async move {
             serve_connection(tcp, app, state.clone(), opts, phase).await;
             state.tracker.open.fetch_sub(1, Ordering::AcqRel);
+            // Room was made: a standing request for it is answered.
+            state.tracker.reclaim_wanted.store(false, Ordering::Release);
             state.metrics.open.dec();
         });
     }
@@ -458,6 +483,12 @@ async fn serve_connection(tcp: TcpStream, app: Router, state: Arc<AppState>, opt
     let mut draining = !serving;
     loop {
         let idle_deadline = activity.last() + opts.keep_alive_timeout;
+        // Created before the check below, so a request for room made in between still wakes it.
+        let reclaim = state.tracker.reclaim.notified();
+        if activity.idle() && state.tracker.take_reclaim() {
+            state.metrics.reclaimed.inc();
+            break;
+        }
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
@@ -476,12 +507,9 @@ async fn serve_connection(tcp: TcpStream, app: Router, state: Arc<AppState>, opt
                     break;
                 }
             }
-            () = state.tracker.reclaim.notified() => {
-                if !activity.busy() {
-                    state.metrics.reclaimed.inc();
-                    break;
-                }
-            }
+            // Woken to look again at the top of the loop: only a connection with nothing in
+            // progress or arriving may close (one sending a request would be reset mid-request).
+            () = reclaim => {}
             changed = phase.changed() => {
                 let p = if changed.is_err() { Phase::Closed } else { *phase.borrow_and_update() };
                 match p {

@@ -111,6 +111,36 @@ async fn at_the_connection_limit_health_still_answers_and_the_rest_get_503() {
     wait_for_metric(&s, "tessera_http_connections_open", |v| v >= 1.0 && v <= MAX as f64).await;
 }
 
+/// At the limit, the connection closed to make room is an idle one, never one whose request
+/// is arriving (closing it would reset the client mid-request).
+#[tokio::test]
+async fn at_the_connection_limit_a_request_being_sent_is_not_closed() {
+    let s = Server::start_with_soft_nofile(&["--max-connections", "2"], 256);
+    let mut sending = connect(&s).await;
+    let body = r#"{"prompt": "Hello", "max_tokens": 2, "temperature": 0}"#;
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (first, rest) = request.split_at(20);
+    send(&mut sending, first).await;
+    let mut idle = connect(&s).await;
+    // Both accepted (the accept loop takes them at once), then one more: over the limit,
+    // answered 503, and one connection is closed to make room.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut over = connect(&s).await;
+    send(&mut over, "GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
+    let (bytes, _) = read_until_closed(&mut over, SOON).await;
+    assert_eq!(parse_response(&bytes).0, 503, "{}", String::from_utf8_lossy(&bytes));
+    let (_, closed) = read_until_closed(&mut idle, SOON).await;
+    assert!(closed, "the idle connection was not closed to make room");
+    // The one mid-request is still open and its request is answered.
+    send(&mut sending, rest).await;
+    let (bytes, closed) = read_until_closed(&mut sending, SOON).await;
+    assert!(closed);
+    assert_eq!(parse_response(&bytes).0, 200, "{}", String::from_utf8_lossy(&bytes));
+}
+
 #[tokio::test]
 async fn sigterm_closes_idle_and_half_sent_connections_at_once() {
     let s = Server::start(&["--shutdown-grace-secs", "60", "--header-read-timeout-secs", "300", "--keep-alive-timeout-secs", "300"]);

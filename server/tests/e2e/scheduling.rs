@@ -121,3 +121,27 @@ async fn sigterm_lets_short_requests_finish_aborts_long_ones_and_exits() {
     s.wait_for_logs(|lines| lines.iter().any(|l| l.contains("shutting down")).then_some(())).await;
     assert!(s.client().get(s.url("/health")).send().await.is_err(), "no longer listening");
 }
+
+/// Issue 27's report, over HTTP: the same greedy request sent twice (the second a
+/// prefix-cache hit) gives the same text and the same logprobs, bit for bit, as the first and
+/// as a server with no prefix cache at all. (The engine test
+/// `prefix_hits_and_chunking_do_not_change_results` covers chunk sizes, block sizes, hit
+/// lengths and KV formats.)
+#[tokio::test]
+async fn a_prefix_cache_hit_answers_as_the_miss_did() {
+    let body = json!({
+        "prompt": "Once upon a time in a small village by the sea, there lived a fisherman who",
+        "max_tokens": 48, "temperature": 0, "logprobs": 2,
+    });
+    let choice = |v: &Value| (v["choices"][0]["text"].clone(), v["choices"][0]["logprobs"].clone());
+    let cached = Server::start(&[]);
+    let miss = cached.complete(body.clone()).await;
+    let hits_before = metric(&cached.metrics().await, "tessera_prefix_cache_hits_total").unwrap();
+    let hit = cached.complete(body.clone()).await;
+    let hits = metric(&cached.metrics().await, "tessera_prefix_cache_hits_total").unwrap() - hits_before;
+    assert!(hits >= 16.0, "the second request was not a prefix-cache hit ({hits} tokens)");
+    assert_eq!(choice(&hit), choice(&miss), "a prefix-cache hit changed the answer");
+    drop(cached);
+    let uncached = Server::start(&["--no-prefix-caching"]);
+    assert_eq!(choice(&uncached.complete(body).await), choice(&miss), "the prefix cache changed the answer");
+}
