@@ -14,8 +14,8 @@
 # FUZZ_RSS_MB (memory limit, default 2048), FUZZ_TIMEOUT (seconds per input before a hang
 # is reported, default 10), FUZZ_KEEP (inputs per target that minimize commits, default 60).
 #
-# The ordinary test suite replays the stored corpora without libFuzzer (engine/tests/fuzz_corpus.rs,
-# server/tests/fuzz_corpus.rs). A crash leaves its input in fuzz/artifacts/<target>/: fix the
+# The ordinary test suite replays the stored corpora without libFuzzer (engine/tests/it/fuzz_corpus.rs,
+# server/tests/e2e/fuzz_corpus.rs). A crash leaves its input in fuzz/artifacts/<target>/: fix the
 # bug, add a regression test, and keep the input in fuzz/regressions/<target>/.
 # The stable toolchain stands in for nightly (RUSTC_BOOTSTRAP=1); one fuzzer runs at a time
 # (one process: no -jobs/-fork) on the 2-core machines. The tokenizer_decode and openai_request targets use the

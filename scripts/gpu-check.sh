@@ -14,12 +14,11 @@ cd "$ROOT"
 case "${1:-run}" in
 build)
     rm -rf "$BIN" && mkdir -p "$BIN"
-    for spec in "tessera-kernels cuda_ops" "tessera-kernels cuda_linear" "tessera-kernels cuda_attention" \
-                "tessera-kernels cuda_compile" "tessera-engine cuda_model"; do
-        set -- $spec
-        exe=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null |
+    # Each crate has one integration-test binary; its CUDA tests are the cuda_* modules.
+    for crate in kernels engine; do
+        exe=$(cargo test --release -p "tessera-$crate" --test it --no-run --message-format=json 2>/dev/null |
               python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')
-        cp "$exe" "$BIN/$2" && strip "$BIN/$2"
+        cp "$exe" "$BIN/$crate-tests" && strip "$BIN/$crate-tests"
     done
     cargo build --release -p tessera-server && cp target/release/tessera "$BIN/" && strip "$BIN/tessera"
     du -sh "$BIN"
@@ -35,17 +34,16 @@ run)
     export TESSERA_REQUIRE_NVRTC=1 TESSERA_CUDA_CACHE="${TMPDIR:-/tmp}/tessera-cuda-cache"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     status=0
-    for t in "$BIN"/cuda_*; do
+    # FILTER (default: every CUDA test) is a libtest name filter, e.g. cuda_linear::.
+    for t in "$BIN"/kernels-tests "$BIN"/engine-tests; do
         echo "== $(basename "$t")"
-        "$t" --test-threads=1 ${2:+"$2"} || status=1
+        "$t" --test-threads=1 "${2:-cuda_}" || status=1
     done
     # Memory errors in the kernel tests (compute-sanitizer works on the Firecracker machines,
     # not under gVisor: see the device notes).
     if command -v compute-sanitizer >/dev/null; then
-        for t in "$BIN"/cuda_ops "$BIN"/cuda_linear "$BIN"/cuda_attention; do
-            echo "== memcheck $(basename "$t")"
-            compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --test-threads=1 ${2:+"$2"} || status=1
-        done
+        echo "== memcheck kernels-tests"
+        compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN"/kernels-tests --test-threads=1 "${2:-cuda_}" || status=1
     fi
     exit $status
     ;;

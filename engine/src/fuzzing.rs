@@ -1,5 +1,5 @@
 //! Entry points of the engine's fuzz targets (`fuzz/fuzz_targets/`), also run over the stored
-//! corpora by the replay tests (`tests/fuzz_corpus.rs`) in the ordinary test suite.
+//! corpora by the replay tests (`tests/it/fuzz_corpus.rs`) in the ordinary test suite.
 //!
 //! Each takes arbitrary bytes and must return (an error is a fine answer) without panicking,
 //! hanging or allocating without bound.

@@ -12,7 +12,7 @@
 //! - [`attention`]: paged decode attention and KV append over the engine's KV byte pool;
 //! - [`linear`]: weights uploaded in their storage type, matmul and embedding gather over them.
 //!
-//! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/cuda_compile.rs`); the kernel
+//! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/it/cuda_compile.rs`); the kernel
 //! tests (`tests/cuda_*.rs`) run on a GPU and skip, saying so, elsewhere.
 
 pub mod attention;

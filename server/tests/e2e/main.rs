@@ -1,4 +1,5 @@
-//! End-to-end tests of `tessera serve`: the built binary, the default model, real HTTP.
+//! End-to-end tests of `tessera serve` (the built binary, the default model, real HTTP), and
+//! the replay of the server's fuzz corpora: the server's one integration-test binary.
 
 mod chat;
 mod completions;
@@ -8,6 +9,7 @@ mod deadlines;
 mod deploy;
 mod device;
 mod errors;
+mod fuzz_corpus;
 mod harness;
 mod loadtest;
 mod ops;

@@ -229,9 +229,8 @@ mod tests {
     use serde_json::json;
     use tessera_engine::serve::FinishReason;
 
-    fn tokenizer() -> Tokenizer {
-        let path = crate::cli::model_path::resolve(None).unwrap();
-        Tokenizer::from_checkpoint(&tessera_engine::checkpoint::Checkpoint::open(&path).unwrap()).unwrap()
+    fn tokenizer() -> &'static Tokenizer {
+        tessera_engine::fuzzing::default_tokenizer()
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! tokenizer, special tokens and hyper-parameters survive; and tensor values agree with Python
 //! `gguf`'s own dequantization (scripts/fixtures/make_gguf_dequant_fixture.py).
 
-mod common;
+use crate::common;
 
 use common::{default_model_path, fixture, max_rel_err, model_with};
 use safetensors::{Dtype, SafeTensors};

@@ -6,8 +6,7 @@
 //! The GPU tests skip, saying why, where there is no driver or device. The harness itself (pool
 //! layout, descriptor offsets) is checked on the CPU, so CI runs something real everywhere.
 
-#[allow(dead_code)] // shared helpers; this file uses rng, randn and assert_close
-mod common;
+use crate::common;
 
 use common::{assert_close, randn, rng};
 use rand::seq::SliceRandom;

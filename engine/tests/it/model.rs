@@ -3,7 +3,7 @@
 //! uses llama.cpp's interleaved RoPE on the GGUF rows as stored, so it also checks that the
 //! loader's Q/K un-permutation is right.
 
-mod common;
+use crate::common;
 
 use common::{fixture, model, model_with};
 use serde_json::Value;

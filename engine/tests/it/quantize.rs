@@ -6,7 +6,7 @@
 //! Run on a small random BF16 directory (two shards, dense and MoE layers, an outlier column,
 //! a zero row) and on the bf16 conversion of the default model.
 
-mod common;
+use crate::common;
 
 use half::bf16;
 use rand::{Rng, SeedableRng};

@@ -1,7 +1,7 @@
 //! The serving engine with the real default model: continuous batching, the paged KV cache,
 //! prefix caching, preemption, stop handling, prompt logprobs and aborts.
 
-mod common;
+use crate::common;
 
 use common::{default_model_path, model};
 use std::sync::Arc;

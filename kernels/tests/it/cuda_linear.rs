@@ -15,8 +15,7 @@
 //!
 //! Outputs are poisoned with NaN before each launch and checked fully written.
 
-#[allow(dead_code)] // shared helpers; this file uses some
-mod common;
+use crate::common;
 
 use common::{int4, randn, random_weights, rng, scale};
 use rand::Rng;

@@ -2,7 +2,7 @@
 //! (scripts/fixtures/make_tokenizer_fixture.py; its header records the reference used), and
 //! the incremental decoder's UTF-8 safety.
 
-mod common;
+use crate::common;
 
 use common::{fixture, model};
 use serde_json::Value;

@@ -1,6 +1,5 @@
 //! Shared helpers: the default model (fetched by the test command) and fixtures.
 
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -1,8 +1,7 @@
 //! Attention over paged KV caches in every storage format, against the f64 reference over
 //! the same pages decoded; batching and tile layout leave decode results bit-identical.
 
-#[allow(dead_code)] // shared helpers; this file uses rng, randn and assert_close
-mod common;
+use crate::common;
 
 use common::{assert_close, randn, rng};
 use tessera_kernels::attention::{attention, attention_batch, AttnJob, AttnShape, ExactKeys, KvTile, KvView};

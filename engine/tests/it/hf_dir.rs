@@ -4,7 +4,7 @@
 //! the same two layers; malformed directories failing with the name of what is wrong; and a
 //! `kv_cache_scheme` with per-layer k_scale / v_scale choosing the KV cache.
 
-mod common;
+use crate::common;
 
 use common::default_model_path;
 use half::{bf16, f16};

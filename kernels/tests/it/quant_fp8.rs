@@ -16,8 +16,7 @@
 //!   exact weights, so kernel and reference are within `(γ_{bw+nb+2} + u)·A` (the f64 sum's
 //!   own error, about `k·2⁻⁵³·A`, is covered by a 1% margin on the bound).
 
-#[allow(dead_code)] // shared helpers; this file uses rng and randn
-mod common;
+use crate::common;
 
 use common::{randn, rng};
 use rand::Rng;
@@ -27,7 +26,7 @@ use tessera_kernels::quant::act::quantize_fp8_row;
 use tessera_kernels::quant::fp8::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 use tessera_kernels::quant::{ActQuant, Fp8Matrix, QuantLinear, QuantMatrix};
 
-const FIXTURE: &str = include_str!("fixtures/fp8/e4m3.json");
+const FIXTURE: &str = include_str!("../fixtures/fp8/e4m3.json");
 
 /// The array under `"key":[...]` of the fixture (`null` entries as `None`).
 fn fixture_array(key: &str) -> Vec<Option<u32>> {

@@ -1,7 +1,6 @@
 //! Every optimized kernel against the scalar reference on random data of awkward sizes.
 
-#[allow(dead_code)] // shared helpers; the int4 ones serve the quantized-matrix tests
-mod common;
+use crate::common;
 
 use common::{assert_close, randn, random_weights, rng};
 use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, dots_f32, weighted_sum_f32};

@@ -1,7 +1,7 @@
 //! GGUF reader: a file written by an independent writer (Python `gguf`, see
 //! scripts/fixtures/make_gguf_fixture.py) and corrupted files built by this test.
 
-mod common;
+use crate::common;
 
 use common::{default_model_path, fixture};
 use serde_json::Value;

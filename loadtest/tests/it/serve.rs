@@ -1,7 +1,7 @@
 //! The load tester against a scripted in-test server: measured timings against the server's
 //! known delays, concurrency and duration limits, arrival schedule, errors, goodput, /metrics.
 
-mod common;
+use crate::common;
 
 use clap::Parser;
 use common::{default_model, prompts_file, TestServer};

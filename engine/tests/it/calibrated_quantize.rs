@@ -6,7 +6,7 @@
 //! (`--lm-head`) on the tied default model is written untied and loads as such. Sequential
 //! calibration gives each GPTQ site the inputs of a model whose earlier layers are replaced.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

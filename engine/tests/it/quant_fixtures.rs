@@ -3,7 +3,7 @@
 //! `tests/fixtures/quant/README.md` and `scripts/fixtures/make_quant_fixtures.py`) load
 //! through Tessera's schemes and dequantize to the weights those implementations compute.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use tessera_engine::quant::tensors::TensorSet;

@@ -1,7 +1,7 @@
 //! Dataset construction with the default model's tokenizer: token-exact random prompts without
 //! accidental shared prefixes, the shared-prefix option, ShareGPT and prompts-file parsing.
 
-mod common;
+use crate::common;
 
 use common::{default_model, prompts_file};
 use std::sync::OnceLock;

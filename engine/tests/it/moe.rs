@@ -8,7 +8,7 @@
 //!   here from checkpoint-formats.md, with its own routing.
 //! - Grouped execution equals the per-token loop; batching does not change a sequence's logits.
 
-mod common;
+use crate::common;
 
 use common::{default_model_path, max_rel_err};
 use std::path::{Path, PathBuf};

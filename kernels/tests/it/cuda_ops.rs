@@ -5,8 +5,7 @@
 //! and uses its own `expf`/`rsqrtf`, so results agree to a few ulps: 1e-5 relative per element
 //! (norm), 2e-6 absolute (RoPE of N(0,1) values), 1e-5 relative (SwiGLU).
 
-#[allow(dead_code)] // shared helpers; this file uses rng, randn and assert_close
-mod common;
+use crate::common;
 
 use common::{assert_close, randn, rng};
 use tessera_kernels::cuda::{ops, test_device, CudaDevice};

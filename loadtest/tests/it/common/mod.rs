@@ -12,7 +12,6 @@
 //!
 //! Non-streaming requests get one JSON body at `ttft + (chunks-1)*gap`.
 
-#![allow(dead_code)]
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;

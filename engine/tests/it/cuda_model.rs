@@ -8,7 +8,7 @@
 //! layers amplify to ~1e-5 of the logit spread. 1e-3 of the spread leaves room for that and still
 //! fails on any indexing or layout error (those give O(1) differences).
 
-mod common;
+use crate::common;
 
 use common::{max_rel_err, model_with};
 use std::sync::Arc;

@@ -16,8 +16,7 @@
 //!   kernel sums 16 lanes, two per `vdpbf16ps` step, and scales per group), and the rounding
 //!   itself is checked bit for bit against the scalar rule.
 
-#[allow(dead_code)] // shared helpers; this file uses some
-mod common;
+use crate::common;
 
 use common::{int4, randn, rng, scale};
 use rand::seq::SliceRandom;
