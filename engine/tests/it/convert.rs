@@ -1,7 +1,7 @@
 //! `convert::to_hf_dir` on the default model: the f32 conversion loads through the HF loader
 //! and runs exactly like the GGUF; the bf16 conversion stays within bf16 rounding of it; the
 //! tokenizer, special tokens and hyper-parameters survive; and tensor values agree with Python
-//! `gguf`'s own dequantization (scripts/fixtures/make_gguf_dequant_fixture.py).
+//! `gguf`'s own dequantization (engine/tests/fixtures/make_gguf_dequant_fixture.py).
 
 use crate::common;
 

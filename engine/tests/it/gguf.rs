@@ -1,5 +1,5 @@
 //! GGUF reader: a file written by an independent writer (Python `gguf`, see
-//! scripts/fixtures/make_gguf_fixture.py) and corrupted files built by this test.
+//! engine/tests/fixtures/make_gguf_fixture.py) and corrupted files built by this test.
 
 use crate::common;
 

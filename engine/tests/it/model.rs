@@ -1,5 +1,5 @@
 //! The default model against an independent reference: a numpy float64 forward pass over
-//! weights dequantized by Python `gguf` (scripts/fixtures/make_reference_logits.py), which
+//! weights dequantized by Python `gguf` (engine/tests/fixtures/make_reference_logits.py), which
 //! uses llama.cpp's interleaved RoPE on the GGUF rows as stored, so it also checks that the
 //! loader's Q/K un-permutation is right.
 

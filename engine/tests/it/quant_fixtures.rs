@@ -1,6 +1,6 @@
 //! Quantized checkpoints written by independent implementations (compressed-tensors, AMD
 //! Quark, and numpy packers written from the format specs; see
-//! `tests/fixtures/quant/README.md` and `scripts/fixtures/make_quant_fixtures.py`) load
+//! `tests/fixtures/quant/README.md` and `engine/tests/fixtures/make_quant_fixtures.py`) load
 //! through Tessera's schemes and dequantize to the weights those implementations compute.
 
 use crate::common;

@@ -1,5 +1,5 @@
 //! The GGUF-built tokenizer against a reference tokenization of a few hundred varied strings
-//! (scripts/fixtures/make_tokenizer_fixture.py; its header records the reference used), and
+//! (engine/tests/fixtures/make_tokenizer_fixture.py; its header records the reference used), and
 //! the incremental decoder's UTF-8 safety.
 
 use crate::common;

@@ -48,7 +48,7 @@ fn fixture_field(key: &str) -> &'static str {
 
 #[test]
 fn fixture_header_names_its_generator() {
-    assert_eq!(fixture_field("generator"), "scripts/fixtures/make_fp8_fixture.py");
+    assert_eq!(fixture_field("generator"), "kernels/tests/fixtures/make_fp8_fixture.py");
     for key in ["python", "numpy", "ml_dtypes"] {
         assert!(!fixture_field(key).is_empty(), "{key} version recorded");
     }
