@@ -83,7 +83,7 @@ pub fn chat_template(data: &[u8]) -> Result<String, String> {
         messages.push(ChatMessage { role: role.into_owned(), content, name });
     }
     let t = ChatTemplate::with_limits(&source, "<|endoftext|>", "<|im_end|>", TEMPLATE_FUZZ_LIMITS)?;
-    let rendered = t.render(&messages)?;
+    let rendered = t.render(&messages, true)?;
     std::hint::black_box(t.without_duplicate_bos(&rendered, true));
     Ok(rendered)
 }

@@ -16,3 +16,4 @@ mod quantized;
 mod resilience;
 mod routers;
 mod scheduling;
+mod tokenize;

@@ -34,13 +34,15 @@ struct ChatParams {
     max_completion_tokens: Option<usize>,
 }
 
+/// A message as a client sends it.
 #[derive(Debug, Deserialize)]
-struct MessageIn {
+pub(crate) struct MessageIn {
     role: String,
     content: Option<Content>,
     name: Option<String>,
 }
 
+/// A message's content: text, or a list of parts.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum Content {
@@ -141,13 +143,34 @@ pub(crate) fn validate(value: &Value, id: &str, template: &ChatTemplate, tok: &T
     common.max_tokens = own.max_completion_tokens.or(common.max_tokens);
     let logprobs = chat_logprobs(own.logprobs, own.top_logprobs)?;
     let messages = messages(own.messages)?;
-    let rendered = template.render(&messages).map_err(|e| ApiError::invalid("messages", e))?;
-    let text = template.without_duplicate_bos(&rendered, tok.special().add_bos);
-    let prompt = tok.encode(text).map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))?;
+    let prompt = conversation_tokens(template, tok, &messages, Conversation::default())?;
     let shape = RequestShape { max_model_len, logprobs, prompt_logprobs: None, default_max_tokens: DefaultMaxTokens::RestOfContext };
     let prompt_tokens = prompt.len();
     let reqs = common.requests(id, &[prompt], shape)?;
     Ok(Validated { common, logprobs, prompt_tokens, reqs })
+}
+
+/// How a conversation becomes prompt tokens (the defaults are what chat completions use).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Conversation {
+    /// End with the assistant's turn opener.
+    pub add_generation_prompt: bool,
+    /// Prepend BOS when the checkpoint asks for it (never twice when the template writes it).
+    pub add_special_tokens: bool,
+}
+
+impl Default for Conversation {
+    fn default() -> Self {
+        Conversation { add_generation_prompt: true, add_special_tokens: true }
+    }
+}
+
+/// The prompt tokens of `messages` rendered with `template`; errors name `messages`.
+pub(crate) fn conversation_tokens(template: &ChatTemplate, tok: &Tokenizer, messages: &[ChatMessage], how: Conversation) -> Result<Vec<u32>, ApiError> {
+    let rendered = template.render(messages, how.add_generation_prompt).map_err(|e| ApiError::invalid("messages", e))?;
+    let add_bos = how.add_special_tokens && tok.special().add_bos;
+    let text = template.without_duplicate_bos(&rendered, add_bos);
+    tok.encode_with(text, add_bos).map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))
 }
 
 fn chat_logprobs(logprobs: Option<bool>, top: Option<usize>) -> Result<Option<usize>, ApiError> {
@@ -160,7 +183,7 @@ fn chat_logprobs(logprobs: Option<bool>, top: Option<usize>) -> Result<Option<us
 }
 
 /// Messages as the template sees them (content parts joined, text only).
-fn messages(input: Option<Vec<MessageIn>>) -> Result<Vec<ChatMessage>, ApiError> {
+pub(crate) fn messages(input: Option<Vec<MessageIn>>) -> Result<Vec<ChatMessage>, ApiError> {
     let input = input.ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
     if input.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
