@@ -7,6 +7,7 @@ use super::sequence::Sequence;
 use super::{Event, FinishReason, StopReason, TokenLogprob, Usage};
 use super::backend::{Backend, StepSeq};
 use crate::sample::{logsumexp, top_n, Sampled};
+use crate::structured::Guide;
 use crate::tokenizer::Tokenizer;
 use crate::LoadedModel;
 use std::collections::{HashMap, HashSet};
@@ -223,9 +224,18 @@ impl EngineLoop {
                 banned.extend(&self.model.checkpoint.special.eos);
             }
         }
-        let sampled = s.sampler.sample_banning(last, &banned);
+        let allowed = match s.guide.as_mut().map(Guide::allowed).transpose() {
+            Ok(a) => a,
+            Err(e) => return self.fail(key, e),
+        };
+        let sampled = s.sampler.sample_within(last, &banned, allowed.as_ref());
         let id = sampled.id;
         s.tokens.push(id);
+        let complete = match s.guide.as_mut().map(|g| g.advance(id).map(|()| g.is_complete())) {
+            Some(Err(e)) => return self.fail(key, e),
+            Some(Ok(c)) => c,
+            None => false,
+        };
         let now = Instant::now();
         match s.last_token {
             None => self.metrics.ttft.observe((now - s.req.arrival).as_secs_f64()),
@@ -243,11 +253,12 @@ impl EngineLoop {
         } else {
             match s.output.push(tok, id, check_stop) {
                 (text, Some(st)) => (text, Some((FinishReason::Stop, Some(StopReason::Text(st))))),
-                (mut text, None) if s.generated() >= s.req.max_tokens || s.tokens.len() >= self.max_model_len => {
+                (mut text, None) if complete || s.generated() >= s.req.max_tokens || s.tokens.len() >= self.max_model_len => {
                     let (rest, hit) = s.output.finish(tok, check_stop);
                     text.push_str(&rest);
                     let end = match hit {
                         Some(st) => (FinishReason::Stop, Some(StopReason::Text(st))),
+                        None if complete => (FinishReason::Stop, None),
                         None => (FinishReason::Length, None),
                     };
                     (text, Some(end))

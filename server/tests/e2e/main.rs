@@ -16,4 +16,5 @@ mod quantized;
 mod resilience;
 mod routers;
 mod scheduling;
+mod structured;
 mod tokenize;

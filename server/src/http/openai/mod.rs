@@ -6,6 +6,7 @@ mod generation;
 mod logprobs;
 mod request;
 mod response;
+mod structured;
 pub mod tokenize;
 
 use crate::http::conn::PeerSocket;

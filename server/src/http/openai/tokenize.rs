@@ -7,6 +7,7 @@
 //! turns `tokens` back into `prompt`.
 
 use super::chat::{self, Conversation, MessageIn};
+use super::request::refuse_set;
 use crate::http::errors::ApiError;
 use crate::http::{json, AppState};
 use axum::body::Body;
@@ -14,13 +15,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 use tessera_engine::tokenizer::Tokenizer;
-
-/// vLLM fields of a chat tokenize request that would change the tokens and are not supported.
-const UNSUPPORTED: [&str; 4] = ["chat_template", "chat_template_kwargs", "continue_final_message", "tools"];
 
 #[derive(Debug, Deserialize)]
 struct TokenizeParams {
@@ -66,7 +63,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Respons
                 tok.encode_with(text, add_bos).map_err(|e| ApiError::invalid("prompt", format!("tokenizing the prompt failed: {e}")))?
             }
             (None, true) => {
-                refuse_unsupported(&value)?;
+                refuse_set(&value, &chat::UNSUPPORTED)?;
                 let template = state.chat_template().map_err(ApiError::bad_request)?;
                 let how = Conversation {
                     add_generation_prompt: p.add_generation_prompt.unwrap_or(true),
@@ -100,19 +97,6 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, body: Body) -> Respo
     .await
 }
 
-/// Refuses the chat-template fields vLLM takes that Tessera does not honour.
-fn refuse_unsupported(value: &Value) -> Result<(), ApiError> {
-    let unset = |v: Option<&Value>| match v {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => true,
-        Some(Value::Array(a)) => a.is_empty(),
-        _ => false,
-    };
-    match UNSUPPORTED.iter().find(|f| !unset(value.get(**f))) {
-        Some(f) => Err(ApiError::invalid(*f, format!("{f} is not supported"))),
-        None => Ok(()),
-    }
-}
-
 /// Every id must be in the vocabulary.
 fn check_ids(tokens: &[u32], vocab: usize) -> Result<(), ApiError> {
     match tokens.iter().position(|&t| t as usize >= vocab) {
@@ -129,16 +113,6 @@ fn token_strs(tok: &Tokenizer, tokens: &[u32]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn unsupported_template_fields_are_named() {
-        assert!(refuse_unsupported(&json!({"messages": [], "tools": null, "continue_final_message": false})).is_ok());
-        let e = refuse_unsupported(&json!({"chat_template": "{{ x }}"})).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("chat_template")));
-        assert!(refuse_unsupported(&json!({"tools": []})).is_ok());
-        assert_eq!(refuse_unsupported(&json!({"tools": [{}]})).unwrap_err().param.as_deref(), Some("tools"));
-    }
 
     #[test]
     fn ids_outside_the_vocabulary_are_named() {
