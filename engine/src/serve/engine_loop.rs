@@ -138,7 +138,8 @@ impl EngineLoop {
                 })
                 .collect();
             let backend = &mut self.backend;
-            // The structured outputs' masks are computed beside the forward pass.
+            // The structured outputs' masks are computed beside the forward pass (a mask that
+            // takes longer is waited for inside the step's forward time).
             std::thread::scope(|scope| {
                 let masking = (!guides.is_empty()).then(|| scope.spawn(|| guides.iter_mut().map(|(_, g)| g.allowed()).collect::<Vec<_>>()));
                 let result = backend.forward(&mut batch);
