@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes .venv-test/ (git-ignored) with the Python packages the end-to-end tests use, all from
-# PyPI: the official `openai` client (with `pydantic`) and `jsonschema` for the structured-output checks, vLLM's router (`vllm-router`, prebuilt wheels; the router
-# tests put it in front of tessera replicas), and `yamllint` plus `kubernetes-validate` (which
-# ships the Kubernetes schemas) for deploy/'s offline checks. Does nothing when they are there. Prints the path
+# PyPI: the official `openai` client (with `pydantic`) and `jsonschema` for the structured-output
+# checks, vLLM's router (`vllm-router`, prebuilt wheels; the router tests put it in front of
+# tessera replicas), and `yamllint` plus `kubernetes-validate` (which ships the Kubernetes
+# schemas) for deploy/'s offline checks. Does nothing when they are there. Prints the path
 # of the python to run on stdout.
 #
 # Without the venv module (Debian's python3 without python3-venv), the packages go into
