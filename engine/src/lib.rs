@@ -7,6 +7,7 @@
 //! - [`model`]: architectures (Llama and its MoE relatives) built from a checkpoint with a kernel per layer;
 //! - [`kv`]: the per-sequence KV cache seam;
 //! - [`sample`]: logits processors, samplers and logprobs;
+//! - [`structured`]: structured outputs (JSON schema, regex, choice, Lark) with llguidance;
 //! - [`generate`]: single-sequence generation used by the CLI;
 //! - [`perplexity`]: llama.cpp-compatible perplexity evaluation;
 //! - [`convert`], [`upcycle`], [`quantize`]: checkpoint writers (GGUF to HF, dense to MoE, quantization).
@@ -26,6 +27,7 @@ pub mod quant;
 pub mod quantize;
 pub mod sample;
 pub mod serve;
+pub mod structured;
 pub mod tokenizer;
 pub mod upcycle;
 

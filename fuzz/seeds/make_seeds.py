@@ -256,6 +256,9 @@ def main():
         "all-params": {"model": "tessera", "prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -0.5,
                        "repetition_penalty": 1.1, "ignore_eos": True, "min_tokens": 2, "max_tokens": 9,
                        "stop_token_ids": [5], "best_of": 1, "suffix": "", "user": "u"},
+        "guided-regex": {"prompt": "Year:", "guided_regex": "(19|20)[0-9]{2}", "n": 2},
+        "structured-choice": {"prompt": "x", "structured_outputs": {"choice": ["yes", "no"]}},
+        "structured-lark": {"prompt": "x", "structured_outputs": {"grammar": "start: \"a\" NUM\nNUM: /[0-9]+/"}},
     }
     chats = {
         "chat": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8},
@@ -265,6 +268,12 @@ def main():
         "chat-parts": {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                  {"type": "text", "text": "b"}]},
                                     {"role": "assistant", "content": None}], "stream": True},
+        "chat-json-schema": {"messages": [{"role": "user", "content": "A person"}],
+                             "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {
+                                 "type": "object", "additionalProperties": False, "required": ["name", "tags"],
+                                 "properties": {"name": {"type": "string", "maxLength": 9},
+                                                "tags": {"type": "array", "items": {"enum": ["a", "b"]}}}}}}},
+        "chat-json-object": {"messages": [{"role": "user", "content": "JSON"}], "response_format": {"type": "json_object"}},
     }
     for name, body in comps.items():
         write("openai_request", name, b"\0" + json.dumps(body).encode())

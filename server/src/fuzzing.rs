@@ -10,6 +10,7 @@ use crate::http::openai::{chat, completions};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use std::sync::OnceLock;
+use tessera_engine::structured::Grammars;
 use tessera_engine::tokenizer::Tokenizer;
 
 /// Request bodies the target reads at most (the server's default `--max-body-bytes` is 8 MiB;
@@ -19,10 +20,12 @@ const MAX_BODY: usize = 1 << 20;
 /// Context length the request target validates against (the default model's).
 const MAX_MODEL_LEN: usize = 8192;
 
-/// What the request target needs of the default model: its tokenizer and chat template.
+/// What the request target needs of the default model: its tokenizer, chat template and
+/// structured-output compiler.
 pub struct RequestContext {
     tokenizer: &'static Tokenizer,
     template: ChatTemplate,
+    grammars: Grammars,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -38,7 +41,8 @@ impl RequestContext {
             let template = ChatTemplate::new(source, &text(special.bos), &text(special.eos.first().copied()))
                 .expect("the default model's chat template compiles");
             let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a tokio runtime");
-            RequestContext { tokenizer, template, runtime }
+            let grammars = Grammars::new(tokenizer, tokenizer.vocab_size()).expect("the default model's vocabulary suits llguidance");
+            RequestContext { tokenizer, template, grammars, runtime }
         })
     }
 }
@@ -52,9 +56,9 @@ pub fn openai_request(data: &[u8]) {
     let value = ctx.runtime.block_on(json::read_object(Body::from(body.to_vec()), MAX_BODY));
     let result = value.and_then(|v| {
         if endpoint % 2 == 1 {
-            chat::validate(&v, "chatcmpl-fuzz", &ctx.template, ctx.tokenizer, MAX_MODEL_LEN).map(|v| v.reqs)
+            chat::validate(&v, "chatcmpl-fuzz", &ctx.template, ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs)
         } else {
-            completions::validate(&v, "cmpl-fuzz", ctx.tokenizer, MAX_MODEL_LEN).map(|v| v.reqs)
+            completions::validate(&v, "cmpl-fuzz", ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs)
         }
     });
     match result {
@@ -83,7 +87,7 @@ pub fn chat_template(data: &[u8]) -> Result<String, String> {
         messages.push(ChatMessage { role: role.into_owned(), content, name });
     }
     let t = ChatTemplate::with_limits(&source, "<|endoftext|>", "<|im_end|>", TEMPLATE_FUZZ_LIMITS)?;
-    let rendered = t.render(&messages)?;
+    let rendered = t.render(&messages, true)?;
     std::hint::black_box(t.without_duplicate_bos(&rendered, true));
     Ok(rendered)
 }

@@ -11,6 +11,8 @@ mod params;
 
 pub use params::SamplingParams;
 
+use crate::structured::TokenSet;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
@@ -81,28 +83,37 @@ impl Sampler {
 
     /// Chooses the next token from `logits` (one vocabulary row) and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
-        self.sample_banning(logits, &[])
+        self.sample_within(logits, &[], None)
     }
 
-    /// As [`Sampler::sample`], but never picks a `banned` id (e.g. EOS before `min_tokens`);
-    /// logprobs still come from the unmodified distribution.
-    pub fn sample_banning(&mut self, logits: &[f32], banned: &[u32]) -> Sampled {
+    /// As [`Sampler::sample`], but never picks a `banned` id (e.g. EOS before `min_tokens`)
+    /// and, with `allowed` (a structured output's mask), only an allowed one; logprobs still
+    /// come from the unmodified distribution.
+    pub fn sample_within(&mut self, logits: &[f32], banned: &[u32], allowed: Option<&TokenSet>) -> Sampled {
         let p = &self.params;
         let plain = p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 && banned.is_empty();
-        let id = if plain && p.temperature == 0.0 {
-            argmax(logits) // the common greedy case needs no copy
-        } else {
-            let mut l = logits.to_vec();
-            self.apply_penalties(&mut l);
-            for &b in banned {
-                if let Some(v) = l.get_mut(b as usize) {
-                    *v = f32::NEG_INFINITY;
+        let greedy = plain && p.temperature == 0.0;
+        let id = match allowed {
+            // The common greedy case needs no copy, nor does a masked one whose argmax is allowed
+            // (the first maximum overall is the first among the allowed).
+            None if greedy => argmax(logits),
+            Some(mask) if greedy && mask.is_allowed(argmax(logits)) => argmax(logits),
+            _ => {
+                let mut l = logits.to_vec();
+                self.apply_penalties(&mut l);
+                for &b in banned {
+                    if let Some(v) = l.get_mut(b as usize) {
+                        *v = f32::NEG_INFINITY;
+                    }
                 }
-            }
-            if self.params.temperature == 0.0 {
-                argmax(&l)
-            } else {
-                self.draw(&mut l)
+                if let Some(mask) = allowed {
+                    apply_mask(&mut l, mask);
+                }
+                if self.params.temperature == 0.0 {
+                    argmax(&l)
+                } else {
+                    self.draw(&mut l)
+                }
             }
         };
         let lse = self.params.logprobs.map(|_| logsumexp(logits));
@@ -192,6 +203,22 @@ impl Sampler {
             last = Some(id).filter(|_| w > 0.0).or(last);
         }
         last
+    }
+}
+
+/// Sets every logit outside `mask` to -inf (ids past the mask's end too).
+fn apply_mask(l: &mut [f32], mask: &TokenSet) {
+    let words = mask.as_slice();
+    for (i, chunk) in l.chunks_mut(32).enumerate() {
+        let w = words.get(i).copied().unwrap_or(0);
+        if w == u32::MAX {
+            continue;
+        }
+        for (b, v) in chunk.iter_mut().enumerate() {
+            if w >> b & 1 == 0 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
     }
 }
 
@@ -336,9 +363,32 @@ mod tests {
     #[test]
     fn banned_ids_are_never_drawn() {
         let mut s = Sampler::new(params(|p| p.temperature = 0.0), &[]);
-        assert_eq!(s.sample_banning(&logits(), &[7]).id, 3);
+        assert_eq!(s.sample_within(&logits(), &[7], None).id, 3);
         let mut s = Sampler::new(params(|p| p.top_k = 1), &[]);
-        assert!((0..500).all(|_| s.sample_banning(&logits(), &[7]).id == 3), "the best non-banned token is the only top-1 candidate");
+        assert!((0..500).all(|_| s.sample_within(&logits(), &[7], None).id == 3), "the best non-banned token is the only top-1 candidate");
+    }
+
+    /// Greedy and random draws pick only allowed ids; logprobs stay raw.
+    #[test]
+    fn masked_draws_stay_inside_the_mask() {
+        let mut mask = TokenSet::alloc(50);
+        for id in [0, 11, 33, 49] {
+            mask.allow_token(id);
+        }
+        let raw = log_softmax(&logits());
+        let mut s = Sampler::new(params(|p| (p.temperature, p.logprobs) = (0.0, Some(1))), &[]);
+        let out = s.sample_within(&logits(), &[], Some(&mask));
+        assert_eq!((out.id, out.logprob, out.top[0].0), (11, Some(raw[11]), 7));
+        let mut s = Sampler::new(params(|p| p.temperature = 1.5), &[]);
+        let d: Vec<u32> = (0..2000).map(|_| s.sample_within(&logits(), &[11], Some(&mask)).id).collect();
+        assert!(d.iter().all(|t| [0, 33, 49].contains(t)), "banned and masked ids are never drawn");
+        assert!([0, 33, 49].iter().all(|t| d.contains(t)));
+        // The unmasked argmax (7) is refused even when greedy.
+        let mut all_but_7 = TokenSet::alloc(50);
+        all_but_7.set_all(true);
+        all_but_7.disallow_token(7);
+        let mut s = Sampler::new(params(|p| p.temperature = 0.0), &[]);
+        assert_eq!(s.sample_within(&logits(), &[], Some(&all_but_7)).id, 3);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use super::sequence::Sequence;
 use super::{Event, FinishReason, StopReason, TokenLogprob, Usage};
 use super::backend::{Backend, StepSeq};
 use crate::sample::{logsumexp, top_n, Sampled};
+use crate::structured::{Guide, TokenSet};
 use crate::tokenizer::Tokenizer;
 use crate::LoadedModel;
 use std::collections::{HashMap, HashSet};
@@ -117,7 +118,8 @@ impl EngineLoop {
             return;
         }
         let t_fwd = Instant::now();
-        let result = {
+        let mut guides = self.take_sampling_guides(&work);
+        let (result, masks) = {
             // Each scheduled sequence once, mutably (its exact keys are written in the pass).
             let keys: HashSet<u64> = work.iter().map(|w| w.key).collect();
             let mut scheduled: HashMap<u64, &mut Sequence> = self.seqs.iter_mut().filter(|(k, _)| keys.contains(k)).map(|(k, s)| (*k, s)).collect();
@@ -135,8 +137,19 @@ impl EngineLoop {
                     StepSeq { tokens, blocks: &s.blocks, cached: s.computed, shared: s.shared, logits_from, exact: s.exact.as_mut() }
                 })
                 .collect();
-            self.backend.forward(&mut batch)
+            let backend = &mut self.backend;
+            // The structured outputs' masks are computed beside the forward pass (a mask that
+            // takes longer is waited for inside the step's forward time).
+            std::thread::scope(|scope| {
+                let masking = (!guides.is_empty()).then(|| scope.spawn(|| guides.iter_mut().map(|(_, g)| g.allowed()).collect::<Vec<_>>()));
+                let result = backend.forward(&mut batch);
+                (result, masking.map(|h| h.join().expect("the mask thread does not panic")).unwrap_or_default())
+            })
         };
+        let mut masks: HashMap<u64, Result<TokenSet, String>> = guides.iter().map(|(k, _)| *k).zip(masks).collect();
+        for (key, guide) in guides {
+            self.seqs.get_mut(&key).expect("scheduled sequences exist").guide = Some(guide);
+        }
         let forward_secs = t_fwd.elapsed().as_secs_f64();
         // Before any event goes out: a client that sees its request end sees its steps counted.
         let m = &self.metrics;
@@ -146,7 +159,7 @@ impl EngineLoop {
         match result {
             Ok(logits) => {
                 for (w, l) in work.iter().zip(logits) {
-                    self.after_forward(*w, &l);
+                    self.after_forward(*w, &l, masks.remove(&w.key));
                 }
             }
             Err(e) => {
@@ -159,8 +172,21 @@ impl EngineLoop {
         self.metrics.step_overhead.observe((t0.elapsed().as_secs_f64() - forward_secs).max(0.0));
     }
 
-    /// Commits a sequence's computed tokens and, at the end of its tokens, samples the next.
-    fn after_forward(&mut self, w: Work, logits: &[f32]) {
+    /// The guides of the scheduled sequences that sample after this step (their last tokens
+    /// are in it), taken out so that their masks can be computed during the forward pass.
+    fn take_sampling_guides(&mut self, work: &[Work]) -> Vec<(u64, Guide)> {
+        work.iter()
+            .filter_map(|w| {
+                let s = self.seqs.get_mut(&w.key)?;
+                let samples = s.computed + w.tokens == s.tokens.len();
+                samples.then(|| s.guide.take().map(|g| (w.key, g))).flatten()
+            })
+            .collect()
+    }
+
+    /// Commits a sequence's computed tokens and, at the end of its tokens, samples the next
+    /// (with its structured output's `mask` when computed during the pass).
+    fn after_forward(&mut self, w: Work, logits: &[f32], mask: Option<Result<TokenSet, String>>) {
         let tok = &self.model.tokenizer;
         let vocab = self.model.model.config().vocab_size;
         let s = self.seqs.get_mut(&w.key).expect("scheduled sequences exist");
@@ -180,7 +206,7 @@ impl EngineLoop {
         if !followers.is_empty() {
             self.fork(w.key, &followers, last);
         }
-        self.sample_next(w.key, last);
+        self.sample_next(w.key, last, mask);
     }
 
     /// Starts the other choices of `key`'s prompt, which `key` has just computed: each one
@@ -203,14 +229,15 @@ impl EngineLoop {
         self.seqs.insert(key, parent);
         for &f in followers {
             if self.seqs.contains_key(&f) {
-                self.sample_next(f, last);
+                self.sample_next(f, last, None);
             }
         }
     }
 
     /// Samples the next token of `key`, whose tokens are all computed, from `last` (its last
-    /// position's logits), streams it and checks the stop conditions.
-    fn sample_next(&mut self, key: u64, last: &[f32]) {
+    /// position's logits) within its structured output's mask (`mask`, or computed here),
+    /// streams it and checks the stop conditions.
+    fn sample_next(&mut self, key: u64, last: &[f32], mask: Option<Result<TokenSet, String>>) {
         let tok = &self.model.tokenizer;
         let s = self.seqs.get_mut(&key).expect("sampled sequences exist");
         if s.req.max_tokens == 0 {
@@ -223,9 +250,18 @@ impl EngineLoop {
                 banned.extend(&self.model.checkpoint.special.eos);
             }
         }
-        let sampled = s.sampler.sample_banning(last, &banned);
+        let allowed = match mask.or_else(|| s.guide.as_mut().map(Guide::allowed)).transpose() {
+            Ok(a) => a,
+            Err(e) => return self.fail(key, e),
+        };
+        let sampled = s.sampler.sample_within(last, &banned, allowed.as_ref());
         let id = sampled.id;
         s.tokens.push(id);
+        let complete = match s.guide.as_mut().map(|g| g.advance(id).map(|()| g.is_complete())) {
+            Some(Err(e)) => return self.fail(key, e),
+            Some(Ok(c)) => c,
+            None => false,
+        };
         let now = Instant::now();
         match s.last_token {
             None => self.metrics.ttft.observe((now - s.req.arrival).as_secs_f64()),
@@ -243,11 +279,12 @@ impl EngineLoop {
         } else {
             match s.output.push(tok, id, check_stop) {
                 (text, Some(st)) => (text, Some((FinishReason::Stop, Some(StopReason::Text(st))))),
-                (mut text, None) if s.generated() >= s.req.max_tokens || s.tokens.len() >= self.max_model_len => {
+                (mut text, None) if complete || s.generated() >= s.req.max_tokens || s.tokens.len() >= self.max_model_len => {
                     let (rest, hit) = s.output.finish(tok, check_stop);
                     text.push_str(&rest);
                     let end = match hit {
                         Some(st) => (FinishReason::Stop, Some(StopReason::Text(st))),
+                        None if complete => (FinishReason::Stop, None),
                         None => (FinishReason::Length, None),
                     };
                     (text, Some(end))

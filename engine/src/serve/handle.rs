@@ -9,6 +9,7 @@ use super::backend::{Backend, CpuBackend, CudaBackend};
 use crate::device::Device;
 use crate::kv::{BlockManager, ExactKeyStore};
 use crate::model::cuda::CudaLlama;
+use crate::structured::Grammars;
 use crate::LoadedModel;
 use tessera_kernels::cuda::CudaDevice;
 use std::collections::hash_map::Entry;
@@ -73,6 +74,7 @@ pub enum SubmitError {
 
 struct Inner {
     model: Arc<LoadedModel>,
+    grammars: Result<Grammars, String>,
     info: EngineInfo,
     metrics: Arc<Metrics>,
     tx: Sender<Command>,
@@ -166,8 +168,13 @@ impl Engine {
             .spawn(move || engine_loop.run())
             .map_err(|e| format!("engine thread: {e}"))?;
         tracing::info!(kv_cache = %layout.describe(), num_blocks, block_bytes = layout.block_bytes(), max_model_len, "KV-cache pool");
+        let grammars = Grammars::new(&model.tokenizer, mc.vocab_size);
+        if let Err(e) = &grammars {
+            tracing::warn!("structured outputs are disabled: {e}");
+        }
         Ok(Engine {
             inner: Arc::new(Inner {
+                grammars,
                 model,
                 info,
                 metrics,
@@ -188,6 +195,12 @@ impl Engine {
     /// The model (tokenizer, chat template, special tokens).
     pub fn model(&self) -> &Arc<LoadedModel> {
         &self.inner.model
+    }
+
+    /// The structured-output compiler for the model's vocabulary (built at start), or why
+    /// there is none.
+    pub fn grammars(&self) -> Result<&Grammars, &str> {
+        self.inner.grammars.as_ref().map_err(String::as_str)
     }
 
     /// Whether the engine thread is alive (false after shutdown or if it died).

@@ -1,6 +1,7 @@
 //! What a client asks the engine for, and what the engine streams back.
 
 use crate::sample::SamplingParams;
+use crate::structured::Guide;
 use std::time::Instant;
 
 /// One generation request: a tokenized prompt plus everything that decides when to stop.
@@ -26,6 +27,9 @@ pub struct GenRequest {
     pub prompt_logprobs: Option<usize>,
     /// When the request reached the server (queue time and TTFT are measured from here).
     pub arrival: Instant,
+    /// A structured output's guide at its start: only tokens it allows are sampled, and the
+    /// request finishes (`Stop`) once the grammar is complete. Each choice has its own.
+    pub guide: Option<Guide>,
 }
 
 impl GenRequest {
@@ -42,6 +46,7 @@ impl GenRequest {
             ignore_eos: false,
             prompt_logprobs: None,
             arrival: Instant::now(),
+            guide: None,
         }
     }
 }

@@ -4,6 +4,7 @@ use super::output::OutputText;
 use super::{Event, GenRequest, TokenLogprob};
 use crate::kv::ExactKeyStore;
 use crate::sample::Sampler;
+use crate::structured::Guide;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -31,6 +32,8 @@ pub(crate) struct Sequence {
     pub sampler: Sampler,
     /// Visible-text state.
     pub output: OutputText,
+    /// The structured output's place in its grammar (taken from the request).
+    pub guide: Option<Guide>,
     /// Prompt logprobs computed so far (when asked for).
     pub prompt_logprobs: Vec<TokenLogprob>,
     /// Prompt tokens served from the prefix cache at first admission.
@@ -50,8 +53,9 @@ pub(crate) struct Sequence {
 
 impl Sequence {
     /// A new sequence for `req`.
-    pub fn new(key: u64, req: GenRequest, tx: UnboundedSender<Event>) -> Self {
+    pub fn new(key: u64, mut req: GenRequest, tx: UnboundedSender<Event>) -> Self {
         Sequence {
+            guide: req.guide.take(),
             key,
             tokens: req.prompt.clone(),
             computed: 0,

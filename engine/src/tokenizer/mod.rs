@@ -34,9 +34,15 @@ impl Tokenizer {
     /// Encodes text; special tokens written in the text (e.g. `<|im_start|>`) are recognised,
     /// and BOS is prepended only when the checkpoint asks for it.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.encode_with(text, self.special.add_bos)
+    }
+
+    /// Encodes text as [`Tokenizer::encode`] does, prepending BOS only when `add_bos` (and the
+    /// checkpoint has one): vLLM's `add_special_tokens`.
+    pub fn encode_with(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, String> {
         let enc = self.inner.encode(text, false).map_err(|e| e.to_string())?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
-        if self.special.add_bos {
+        if add_bos {
             ids.extend(self.special.bos);
         }
         ids.extend_from_slice(enc.get_ids());

@@ -72,15 +72,15 @@ impl ChatTemplate {
         Ok(ChatTemplate { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned(), limits })
     }
 
-    /// The prompt text for `messages`, ending with the assistant's turn opener. The error is the
-    /// template's own complaint (e.g. from `raise_exception`), a limit of [`RenderLimits`]
-    /// reached, or another rendering failure.
-    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, String> {
+    /// The prompt text for `messages`, ending with the assistant's turn opener when
+    /// `add_generation_prompt`. The error is the template's own complaint (e.g. from
+    /// `raise_exception`), a limit of [`RenderLimits`] reached, or another rendering failure.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, String> {
         let tmpl = self.env.get_template(NAME).map_err(|e| e.to_string())?;
         let mut out = BoundedWriter { buf: Vec::new(), limit: self.limits.max_output_bytes };
         let ctx = context! {
             messages => messages,
-            add_generation_prompt => true,
+            add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
         };
@@ -173,12 +173,12 @@ mod tests {
     fn renders_chatml_with_generation_prompt() {
         let t = ChatTemplate::new(CHATML, "<|endoftext|>", "<|im_end|>").unwrap();
         assert_eq!(
-            t.render(&[msg("user", "Hi")]).unwrap(),
+            t.render(&[msg("user", "Hi")], true).unwrap(),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
              <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
         assert_eq!(
-            t.render(&[msg("system", "Be brief."), msg("user", "Hi")]).unwrap(),
+            t.render(&[msg("system", "Be brief."), msg("user", "Hi")], true).unwrap(),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
     }
@@ -188,12 +188,12 @@ mod tests {
         // A Llama-2-style template: whitespace control, .strip(), bos/eos, role alternation check.
         let src = "{{ bos_token }}\n{% for m in messages %}\n    {% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}\n        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}\n    {% endif %}\n    {% if m['role'] == 'user' %}\n        {{ '[INST] ' + m['content'].strip() + ' [/INST]' }}\n    {% else %}\n        {{ ' ' + m['content'].strip() + ' ' + eos_token }}\n    {% endif %}\n{% endfor %}\n";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
-        let out = t.render(&[msg("user", "  a  "), msg("assistant", " b "), msg("user", "c")]).unwrap();
+        let out = t.render(&[msg("user", "  a  "), msg("assistant", " b "), msg("user", "c")], true).unwrap();
         assert_eq!(
             out.split_whitespace().collect::<Vec<_>>().join(" "),
             "<s> [INST] a [/INST] b </s> [INST] c [/INST]"
         );
-        let err = t.render(&[msg("assistant", "x")]).unwrap_err();
+        let err = t.render(&[msg("assistant", "x")], true).unwrap_err();
         assert_eq!(err, "Conversation roles must alternate user/assistant/user/assistant/...");
     }
 
@@ -207,7 +207,7 @@ mod tests {
     fn names_reach_the_template() {
         let t = ChatTemplate::new("{% for m in messages %}{{ m.name or '-' }}:{{ m.content }};{% endfor %}", "", "").unwrap();
         let named = ChatMessage { name: Some("ann".into()), ..msg("user", "x") };
-        assert_eq!(t.render(&[named, msg("user", "y")]).unwrap(), "ann:x;-:y;");
+        assert_eq!(t.render(&[named, msg("user", "y")], true).unwrap(), "ann:x;-:y;");
     }
 
     /// Templates that would never end, recurse without bound or render without bound fail
@@ -225,7 +225,7 @@ mod tests {
         for (src, want) in cases {
             let t = ChatTemplate::new(src, "", "").unwrap();
             let start = std::time::Instant::now();
-            let err = t.render(&[msg("user", "hi")]).unwrap_err();
+            let err = t.render(&[msg("user", "hi")], true).unwrap_err();
             assert!(err.contains(want), "{src}: {err}");
             assert!(start.elapsed().as_secs_f64() < 10.0, "{src}: {:?}", start.elapsed());
         }
@@ -239,11 +239,11 @@ mod tests {
             "",
         )
         .unwrap();
-        assert_eq!(t.render(&[]).unwrap(), "[0, 1, 2] [1, 2, 3] [5, 3, 1] [] [0]");
+        assert_eq!(t.render(&[], true).unwrap(), "[0, 1, 2] [1, 2, 3] [5, 3, 1] [] [0]");
         let extreme = ChatTemplate::new("{{ range(-9223372036854775808, 9223372036854775807, -1)|list }}{{ range(1, 2, 0) }}", "", "").unwrap();
-        assert_eq!(extreme.render(&[]).unwrap_err(), "range() step must not be zero");
+        assert_eq!(extreme.render(&[], true).unwrap_err(), "range() step must not be zero");
         let huge = ChatTemplate::new("{{ range(-9223372036854775808, 9223372036854775807) }}", "", "").unwrap();
-        assert!(huge.render(&[]).unwrap_err().contains("at most 10000"));
+        assert!(huge.render(&[], true).unwrap_err().contains("at most 10000"));
     }
 
     /// Rendering runs on tokio worker threads (2 MiB of stack): the deepest nesting the
@@ -254,7 +254,7 @@ mod tests {
         let t = ChatTemplate::new(src, "", "").unwrap();
         let err = std::thread::Builder::new()
             .stack_size(2 << 20)
-            .spawn(move || t.render(&[msg("user", "x")]))
+            .spawn(move || t.render(&[msg("user", "x")], true))
             .unwrap()
             .join()
             .expect("no stack overflow")

@@ -1,7 +1,7 @@
 //! The HTTP front end of `tessera serve`: an OpenAI-compatible API over the engine.
 //!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models[/{id}]`
-//! (behind the API key when one is set), `GET /health`, `GET /version`, `GET /metrics`.
+//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models[/{id}]`,
+//! `POST /tokenize`, `POST /detokenize` (behind the API key when one is set), `GET /health`, `GET /version`, `GET /metrics`.
 //! Every error is OpenAI-shaped JSON ([`errors`]), unknown routes and methods included; a
 //! panicking handler answers a JSON 500 and the server keeps running.
 
@@ -135,7 +135,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(openai::completions::completions))
         .route("/v1/chat/completions", post(openai::chat::chat_completions))
         .route("/v1/models", get(models::list))
-        .route("/v1/models/:id", get(models::retrieve));
+        .route("/v1/models/:id", get(models::retrieve))
+        .route("/tokenize", post(openai::tokenize::tokenize))
+        .route("/detokenize", post(openai::tokenize::detokenize));
     if state.options.api_key.is_some() {
         v1 = v1.route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     }

@@ -18,3 +18,5 @@ mod quantized;
 mod resilience;
 mod routers;
 mod scheduling;
+mod structured;
+mod tokenize;

@@ -3,8 +3,9 @@
 
 use super::generation::{self, ChoiceOutput, ChunkShaper, Finish};
 use super::logprobs::ChatLogprobs;
-use super::request::{CommonParams, DefaultMaxTokens, RequestShape};
+use super::request::{self, refuse_set, CommonParams, DefaultMaxTokens, RequestShape};
 use super::response::{stop_reason_json, Meta};
+use super::structured;
 use crate::http::chat_template::{ChatMessage, ChatTemplate};
 use crate::http::errors::ApiError;
 use crate::http::conn::PeerSocket;
@@ -17,6 +18,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 use tessera_engine::serve::{GenRequest, TokenLogprob};
+use tessera_engine::structured::Grammars;
 use tessera_engine::tokenizer::Tokenizer;
 
 
@@ -25,6 +27,21 @@ const ROLE: &str = "assistant";
 /// The roles a message may have (OpenAI's; `developer` and `tool` reach the template as given).
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
+/// Chat fields (OpenAI's and vLLM's) that change the prompt or the answer and are not
+/// supported: refused when set. Tool calling is among them.
+pub(crate) const UNSUPPORTED: [&str; 10] = [
+    "tools",
+    "functions",
+    "function_call",
+    "chat_template",
+    "chat_template_kwargs",
+    "continue_final_message",
+    "documents",
+    "echo",
+    "audio",
+    "prediction",
+];
+
 /// Fields only the chat endpoint has.
 #[derive(Debug, Deserialize)]
 struct ChatParams {
@@ -32,15 +49,20 @@ struct ChatParams {
     logprobs: Option<bool>,
     top_logprobs: Option<usize>,
     max_completion_tokens: Option<usize>,
+    add_generation_prompt: Option<bool>,
+    add_special_tokens: Option<bool>,
+    tool_choice: Option<Value>,
 }
 
+/// A message as a client sends it.
 #[derive(Debug, Deserialize)]
-struct MessageIn {
+pub(crate) struct MessageIn {
     role: String,
     content: Option<Content>,
     name: Option<String>,
 }
 
+/// A message's content: text, or a list of parts.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum Content {
@@ -105,7 +127,7 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, pee
     let value = super::read_body(&state, body, started).await?;
     let template = state.chat_template().map_err(ApiError::bad_request)?;
     let model = state.engine().model();
-    let v = validate(&value, &meta.id, template, &model.tokenizer, state.engine().info().max_model_len)?;
+    let v = validate(&value, &meta.id, template, &model.tokenizer, state.engine().grammars(), state.engine().info().max_model_len)?;
     state.check_model(v.common.model.as_deref())?;
     let interrupts = super::Interrupts::new(&state, &v.common, started, peer)?;
     let (common, logprobs, prompt_tokens, reqs) = (v.common, v.logprobs, v.prompt_tokens, v.reqs);
@@ -135,19 +157,57 @@ pub(crate) struct Validated {
 
 /// Checks a chat body (parsed JSON), renders the conversation with `template` and builds its
 /// engine requests, ids from `id`.
-pub(crate) fn validate(value: &Value, id: &str, template: &ChatTemplate, tok: &Tokenizer, max_model_len: usize) -> Result<Validated, ApiError> {
+pub(crate) fn validate(
+    value: &Value,
+    id: &str,
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    grammars: Result<&Grammars, &str>,
+    max_model_len: usize,
+) -> Result<Validated, ApiError> {
     let mut common: CommonParams = json::fields(value)?;
     let own: ChatParams = json::fields(value)?;
     common.max_tokens = own.max_completion_tokens.or(common.max_tokens);
     let logprobs = chat_logprobs(own.logprobs, own.top_logprobs)?;
+    refuse_set(value, &request::UNSUPPORTED)?;
+    refuse_set(value, &UNSUPPORTED)?;
+    if own.tool_choice.as_ref().is_some_and(|c| !matches!(c.as_str(), Some("none" | "auto"))) {
+        return Err(ApiError::invalid("tool_choice", "tool_choice needs tools, and tool calling is not supported"));
+    }
     let messages = messages(own.messages)?;
-    let rendered = template.render(&messages).map_err(|e| ApiError::invalid("messages", e))?;
-    let text = template.without_duplicate_bos(&rendered, tok.special().add_bos);
-    let prompt = tok.encode(text).map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))?;
-    let shape = RequestShape { max_model_len, logprobs, prompt_logprobs: None, default_max_tokens: DefaultMaxTokens::RestOfContext };
+    let how = Conversation {
+        add_generation_prompt: own.add_generation_prompt.unwrap_or(true),
+        add_special_tokens: own.add_special_tokens.unwrap_or(true),
+    };
+    let prompt = conversation_tokens(template, tok, &messages, how)?;
+    let guide = structured::guide(value, grammars)?;
+    let shape = RequestShape {
+        max_model_len,
+        logprobs,
+        prompt_logprobs: None,
+        default_max_tokens: DefaultMaxTokens::RestOfContext,
+        guide: guide.as_ref(),
+    };
     let prompt_tokens = prompt.len();
     let reqs = common.requests(id, &[prompt], shape)?;
     Ok(Validated { common, logprobs, prompt_tokens, reqs })
+}
+
+/// How a conversation becomes prompt tokens (vLLM's fields; both default to true here).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Conversation {
+    /// End with the assistant's turn opener.
+    pub add_generation_prompt: bool,
+    /// Prepend BOS when the checkpoint asks for it (never twice when the template writes it).
+    pub add_special_tokens: bool,
+}
+
+/// The prompt tokens of `messages` rendered with `template`; errors name `messages`.
+pub(crate) fn conversation_tokens(template: &ChatTemplate, tok: &Tokenizer, messages: &[ChatMessage], how: Conversation) -> Result<Vec<u32>, ApiError> {
+    let rendered = template.render(messages, how.add_generation_prompt).map_err(|e| ApiError::invalid("messages", e))?;
+    let add_bos = how.add_special_tokens && tok.special().add_bos;
+    let text = template.without_duplicate_bos(&rendered, add_bos);
+    tok.encode_with(text, add_bos).map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))
 }
 
 fn chat_logprobs(logprobs: Option<bool>, top: Option<usize>) -> Result<Option<usize>, ApiError> {
@@ -160,7 +220,7 @@ fn chat_logprobs(logprobs: Option<bool>, top: Option<usize>) -> Result<Option<us
 }
 
 /// Messages as the template sees them (content parts joined, text only).
-fn messages(input: Option<Vec<MessageIn>>) -> Result<Vec<ChatMessage>, ApiError> {
+pub(crate) fn messages(input: Option<Vec<MessageIn>>) -> Result<Vec<ChatMessage>, ApiError> {
     let input = input.ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
     if input.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));

@@ -3,8 +3,9 @@
 
 use super::generation::{self, ChoiceOutput, ChunkShaper, Finish};
 use super::logprobs::CompletionLogprobs;
-use super::request::{CommonParams, DefaultMaxTokens, RequestShape};
+use super::request::{refuse_set, CommonParams, DefaultMaxTokens, RequestShape, UNSUPPORTED};
 use super::response::{stop_reason_json, Meta};
+use super::structured;
 use crate::http::errors::ApiError;
 use crate::http::conn::PeerSocket;
 use crate::http::{json, AppState};
@@ -16,6 +17,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 use tessera_engine::serve::{GenRequest, TokenLogprob};
+use tessera_engine::structured::Grammars;
 use tessera_engine::tokenizer::Tokenizer;
 
 
@@ -63,7 +65,8 @@ pub async fn completions(State(state): State<Arc<AppState>>, peer: Option<Extens
 
 async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, peer: Option<PeerSocket>) -> Result<Response, ApiError> {
     let value = super::read_body(&state, body, started).await?;
-    let v = validate(&value, &meta.id, &state.engine().model().tokenizer, state.engine().info().max_model_len)?;
+    let engine = state.engine();
+    let v = validate(&value, &meta.id, &engine.model().tokenizer, engine.grammars(), engine.info().max_model_len)?;
     state.check_model(v.common.model.as_deref())?;
     let interrupts = super::Interrupts::new(&state, &v.common, started, peer)?;
     let prompt_tokens: usize = v.prompts.iter().map(|p| p.ids.len()).sum();
@@ -97,9 +100,10 @@ pub(crate) struct Validated {
 }
 
 /// Checks a completions body (parsed JSON) and builds its engine requests, ids from `id`.
-pub(crate) fn validate(value: &Value, id: &str, tok: &Tokenizer, max_model_len: usize) -> Result<Validated, ApiError> {
+pub(crate) fn validate(value: &Value, id: &str, tok: &Tokenizer, grammars: Result<&Grammars, &str>, max_model_len: usize) -> Result<Validated, ApiError> {
     let common: CommonParams = json::fields(value)?;
     let own: CompletionParams = json::fields(value)?;
+    refuse_set(value, &UNSUPPORTED)?;
     if own.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
@@ -110,7 +114,9 @@ pub(crate) fn validate(value: &Value, id: &str, tok: &Tokenizer, max_model_len: 
     let echo = own.echo.unwrap_or(false);
     let prompts = parse_prompts(own.prompt.as_ref(), tok)?;
     let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+    let guide = structured::guide(value, grammars)?;
     let shape = RequestShape {
+        guide: guide.as_ref(),
         max_model_len,
         logprobs: own.logprobs,
         prompt_logprobs: own.logprobs.filter(|_| echo),

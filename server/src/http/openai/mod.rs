@@ -1,4 +1,4 @@
-//! The OpenAI-compatible generation endpoints.
+//! The OpenAI-compatible generation endpoints, and vLLM's tokenizer endpoints.
 
 pub mod chat;
 pub mod completions;
@@ -6,6 +6,8 @@ mod generation;
 mod logprobs;
 mod request;
 mod response;
+mod structured;
+pub mod tokenize;
 
 use crate::http::conn::PeerSocket;
 use crate::http::errors::ApiError;

@@ -4,10 +4,12 @@
 use crate::http::errors::ApiError;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::Value;
 use std::fmt;
 use std::time::Duration;
 use tessera_engine::sample::SamplingParams;
 use tessera_engine::serve::GenRequest;
+use tessera_engine::structured::Guide;
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_N: usize = 128;
@@ -57,6 +59,35 @@ pub struct CommonParams {
     pub request_timeout: Option<f64>,
 }
 
+/// Fields of vLLM's generation requests that would change the output and are not supported
+/// (refused when set, see [`refuse_set`]).
+pub const UNSUPPORTED: [&str; 9] = [
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+    "include_stop_str_in_output",
+    "use_beam_search",
+    "length_penalty",
+    "truncate_prompt_tokens",
+    "prompt_logprobs",
+    "logits_processors",
+];
+
+/// A 400 naming the first of `fields` the body sets (to anything but null, false or an empty
+/// list or object): fields a client may send that Tessera does not honour.
+pub fn refuse_set(value: &Value, fields: &[&str]) -> Result<(), ApiError> {
+    let set = |v: &Value| match v {
+        Value::Null | Value::Bool(false) => false,
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        _ => true,
+    };
+    match fields.iter().find(|f| value.get(**f).is_some_and(set)) {
+        Some(f) => Err(ApiError::invalid(*f, format!("{f} is not supported"))),
+        None => Ok(()),
+    }
+}
+
 /// Longest `request_timeout` accepted (seconds).
 pub const MAX_REQUEST_TIMEOUT: f64 = 1e6;
 
@@ -96,7 +127,7 @@ impl<'de> Deserialize<'de> for StopStrings {
 
 /// What each endpoint decides on top of [`CommonParams`] for its requests.
 #[derive(Clone, Copy, Debug)]
-pub struct RequestShape {
+pub struct RequestShape<'a> {
     /// The engine's context length (no request may ask for more tokens).
     pub max_model_len: usize,
     /// Top alternatives per generated token (`None`: no logprobs).
@@ -105,6 +136,8 @@ pub struct RequestShape {
     pub prompt_logprobs: Option<usize>,
     /// Tokens to generate when the request does not say.
     pub default_max_tokens: DefaultMaxTokens,
+    /// The structured output's guide at its start (each choice gets a copy).
+    pub guide: Option<&'a Guide>,
 }
 
 /// The default for `max_tokens`.
@@ -188,6 +221,15 @@ impl CommonParams {
         let sampling = self.sampling(shape.logprobs)?;
         let stop = self.stop()?;
         let min_tokens = self.min_tokens.unwrap_or(0);
+        let ignore_eos = self.ignore_eos.unwrap_or(false);
+        if shape.guide.is_some() {
+            // The grammar decides when the output ends.
+            for (param, set) in [("min_tokens", min_tokens > 0), ("ignore_eos", ignore_eos)] {
+                if set {
+                    return Err(ApiError::invalid(param, format!("{param} cannot be combined with a structured output")));
+                }
+            }
+        }
         let mut out = Vec::with_capacity(prompts.len() * n);
         for prompt in prompts {
             let max_tokens = match (self.max_tokens, shape.default_max_tokens) {
@@ -214,8 +256,9 @@ impl CommonParams {
                 req.min_tokens = min_tokens;
                 req.stop = stop.clone();
                 req.stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
-                req.ignore_eos = self.ignore_eos.unwrap_or(false);
+                req.ignore_eos = ignore_eos;
                 req.prompt_logprobs = shape.prompt_logprobs;
+                req.guide = shape.guide.cloned();
                 out.push(req);
             }
         }
@@ -234,6 +277,7 @@ mod tests {
         logprobs: None,
         prompt_logprobs: None,
         default_max_tokens: DefaultMaxTokens::Fixed(16),
+        guide: None,
     };
 
     fn parse(v: serde_json::Value) -> CommonParams {
@@ -349,6 +393,15 @@ mod tests {
         }
         let e = fields::<CommonParams>(&json!({"request_timeout": "soon"})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("request_timeout"));
+    }
+
+    #[test]
+    fn set_unsupported_fields_are_named() {
+        assert!(refuse_set(&json!({"logit_bias": {}, "bad_words": [], "use_beam_search": false, "x": null}), &UNSUPPORTED).is_ok());
+        for body in [json!({"logit_bias": {"5": 10}}), json!({"prompt_logprobs": 0})] {
+            let e = refuse_set(&body, &UNSUPPORTED).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, body.as_object().unwrap().keys().next().map(String::as_str)));
+        }
     }
 
     #[test]
