@@ -243,19 +243,19 @@ mod tests {
     fn prompt_forms() {
         let tok = tokenizer();
         let hello = tok.encode("Hello").unwrap();
-        let p = parse_prompts(Some(&json!("Hello")), &tok).unwrap();
+        let p = parse_prompts(Some(&json!("Hello")), tok).unwrap();
         assert_eq!(p, vec![Prompt { ids: hello.clone(), text: "Hello".into() }]);
-        let p = parse_prompts(Some(&json!(["Hello", "Hi"])), &tok).unwrap();
+        let p = parse_prompts(Some(&json!(["Hello", "Hi"])), tok).unwrap();
         assert_eq!((p.len(), p[1].text.as_str()), (2, "Hi"));
-        let p = parse_prompts(Some(&json!(hello)), &tok).unwrap();
+        let p = parse_prompts(Some(&json!(hello)), tok).unwrap();
         assert_eq!((p[0].ids.clone(), p[0].text.as_str()), (hello.clone(), "Hello"));
-        let p = parse_prompts(Some(&json!([hello, [1, 2]])), &tok).unwrap();
+        let p = parse_prompts(Some(&json!([hello, [1, 2]])), tok).unwrap();
         assert_eq!(p[1].ids, vec![1, 2]);
         for bad in [json!(null), json!(3), json!([]), json!([1.5]), json!([-1]), json!([[1], {}]), json!([4294967296u64])] {
-            let e = parse_prompts(Some(&bad), &tok).unwrap_err();
+            let e = parse_prompts(Some(&bad), tok).unwrap_err();
             assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("prompt")), "{bad}");
         }
-        assert_eq!(parse_prompts(None, &tok).unwrap_err().message, "prompt is required");
+        assert_eq!(parse_prompts(None, tok).unwrap_err().message, "prompt is required");
     }
 
     fn tok(text: &str, lp: f32) -> TokenLogprob {
