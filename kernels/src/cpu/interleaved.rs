@@ -1,5 +1,5 @@
-//! GGML Q4_0 / Q4_1 / Q8_0 weights regrouped eight rows at a time, and the integer GEMM
-//! that multiplies them with per-token Q8 activation blocks.
+//! GGML Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights regrouped eight rows at a time, and the
+//! integer GEMM that multiplies them with per-token Q8 activation blocks.
 //!
 //! Layout: rows are taken in groups of [`GROUP`] (the last group zero-padded). For each group
 //! and each 32-value block there is one record: the eight rows' f16 scales, for Q4_1 then their
@@ -16,10 +16,19 @@
 //! then for Q4_1 `acc = fma(m_w, s_a, acc)`, with `isum` the exact integer dot product. The
 //! scalar, AVX2 and AVX-512 VNNI kernels perform exactly these operations, so they agree bit
 //! for bit, and a token's result never depends on which other tokens share the call.
+//!
+//! The k-quants (Q4_K, Q6_K) have one record per 256-value super-block, laid out and computed
+//! as [`super::kquant`] describes. Their activations are the same per-token blocks of 32
+//! (llama.cpp quantizes them per 256 instead, Q8_K): one quantization then serves every matrix
+//! of a fused group whatever its type (Q4_K_M files put Q4_K and Q6_K side by side in Q/K/V),
+//! each 32 values get their own scale (a smaller activation error than one scale per 256),
+//! and the extra cost, one float epilogue per 32 values per eight rows instead of per 256, is
+//! hidden behind the weight stream at decode.
 
 use super::caps::Isa;
+use super::kquant;
 use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
-use crate::ggml::GgmlType;
+use crate::ggml::{GgmlType, QK_K};
 use crate::linear::WeightView;
 use half::f16;
 
@@ -96,7 +105,7 @@ impl GemmLevel {
     }
 }
 
-/// A Q4_0, Q4_1 or Q8_0 matrix in the interleaved layout.
+/// A Q4_0, Q4_1, Q8_0, Q4_K or Q6_K matrix in the interleaved layout.
 #[derive(Clone)]
 pub struct Interleaved {
     ty: GgmlType,
@@ -108,47 +117,43 @@ pub struct Interleaved {
 /// Byte geometry of one record.
 #[derive(Clone, Copy)]
 struct Record {
+    /// Values per row per record (32, or 256 for the k-quants).
+    values: usize,
     /// Bytes of one GGML block of this type.
     block: usize,
-    /// Offset of the code bytes inside a GGML block.
+    /// Bytes of one record (eight rows' blocks).
+    bytes: usize,
+    /// Offset of the code bytes inside a GGML block (32-value types).
     block_codes: usize,
-    /// Code bytes per row per block (16 for 4-bit, 32 for 8-bit).
+    /// Code bytes per row per block (16 for 4-bit, 32 for 8-bit; 32-value types).
     codes: usize,
     /// Offset of the interleaved codes inside a record (after scales and mins).
     codes_at: usize,
 }
 
 impl Record {
+    /// A 32-value record: scales (and mins) before `codes` interleaved code bytes per row.
+    const fn small(block: usize, block_codes: usize, codes: usize, codes_at: usize) -> Self {
+        Record { values: Q8_BLOCK, block, bytes: codes_at + GROUP * codes, block_codes, codes, codes_at }
+    }
+
+    /// A 256-value k-quant record (layouts in [`super::kquant`]).
+    const fn k(block: usize, bytes: usize) -> Self {
+        Record { values: QK_K, block, bytes, block_codes: 0, codes: 0, codes_at: 0 }
+    }
+
     fn of(ty: GgmlType) -> Option<Self> {
         match ty {
-            GgmlType::Q4_0 => Some(Record {
-                block: 18,
-                block_codes: 2,
-                codes: 16,
-                codes_at: 16,
-            }),
-            GgmlType::Q4_1 => Some(Record {
-                block: 20,
-                block_codes: 4,
-                codes: 16,
-                codes_at: 32,
-            }),
-            GgmlType::Q8_0 => Some(Record {
-                block: 34,
-                block_codes: 2,
-                codes: 32,
-                codes_at: 16,
-            }),
+            GgmlType::Q4_0 => Some(Record::small(18, 2, 16, 16)),
+            GgmlType::Q4_1 => Some(Record::small(20, 4, 16, 32)),
+            GgmlType::Q8_0 => Some(Record::small(34, 2, 32, 16)),
+            GgmlType::Q4K => Some(Record::k(144, kquant::Q4K_RECORD)),
+            GgmlType::Q6K => Some(Record::k(210, kquant::Q6K_RECORD)),
             _ => None,
         }
     }
 
-    /// Bytes of one record (eight rows' blocks).
-    fn bytes(self) -> usize {
-        self.codes_at + GROUP * self.codes
-    }
-
-    /// Offset in a record of row `j`'s code byte `c`.
+    /// Offset in a record of row `j`'s code byte `c` (32-value types).
     fn code(self, j: usize, c: usize) -> usize {
         self.codes_at + (c / 4) * 4 * GROUP + 4 * j + c % 4
     }
@@ -170,20 +175,26 @@ impl Interleaved {
     pub fn pack(w: &WeightView<'_>) -> Result<Self, String> {
         let rec = Record::of(w.ty)
             .ok_or_else(|| format!("{} has no interleaved integer layout", w.ty))?;
-        let nb = w.cols / Q8_BLOCK;
+        let nb = w.cols / rec.values;
         let groups = w.rows.div_ceil(GROUP);
-        let mut data = vec![0u8; groups * nb * rec.bytes()];
-        for (g, group) in data.chunks_exact_mut(nb * rec.bytes()).enumerate() {
+        let mut data = vec![0u8; groups * nb * rec.bytes];
+        for (g, group) in data.chunks_exact_mut(nb * rec.bytes).enumerate() {
             for (j, r) in (g * GROUP..(g * GROUP + GROUP).min(w.rows)).enumerate() {
                 let row = w.row(r);
-                for (b, dst) in group.chunks_exact_mut(rec.bytes()).enumerate() {
+                for (b, dst) in group.chunks_exact_mut(rec.bytes).enumerate() {
                     let src = &row[b * rec.block..(b + 1) * rec.block];
-                    dst[2 * j..2 * j + 2].copy_from_slice(&src[..2]);
-                    if w.ty == GgmlType::Q4_1 {
-                        dst[16 + 2 * j..16 + 2 * j + 2].copy_from_slice(&src[2..4]);
-                    }
-                    for c in 0..rec.codes {
-                        dst[rec.code(j, c)] = src[rec.block_codes + c];
+                    match w.ty {
+                        GgmlType::Q4K => kquant::put_q4k(dst, j, src),
+                        GgmlType::Q6K => kquant::put_q6k(dst, j, src),
+                        _ => {
+                            dst[2 * j..2 * j + 2].copy_from_slice(&src[..2]);
+                            if w.ty == GgmlType::Q4_1 {
+                                dst[16 + 2 * j..16 + 2 * j + 2].copy_from_slice(&src[2..4]);
+                            }
+                            for c in 0..rec.codes {
+                                dst[rec.code(j, c)] = src[rec.block_codes + c];
+                            }
+                        }
                     }
                 }
             }
@@ -227,7 +238,8 @@ impl Interleaved {
 
     /// The records of groups `g..g + k`, one group after the other.
     fn groups(&self, g: usize, k: usize) -> &[u8] {
-        let len = self.cols / Q8_BLOCK * self.record().bytes();
+        let rec = self.record();
+        let len = self.cols / rec.values * rec.bytes;
         &self.data[g * len..(g + k) * len]
     }
 
@@ -243,9 +255,20 @@ impl Interleaved {
         let j = r % GROUP;
         for (blk, out) in self
             .group(r / GROUP)
-            .chunks_exact(rec.bytes())
-            .zip(out.chunks_exact_mut(Q8_BLOCK))
+            .chunks_exact(rec.bytes)
+            .zip(out.chunks_exact_mut(rec.values))
         {
+            match self.ty {
+                GgmlType::Q4K => {
+                    kquant::dequant_q4k(blk, j, out);
+                    continue;
+                }
+                GgmlType::Q6K => {
+                    kquant::dequant_q6k(blk, j, out);
+                    continue;
+                }
+                _ => {}
+            }
             let d = f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
             let byte = |c: usize| blk[rec.code(j, c)];
             match self.ty {
@@ -316,9 +339,17 @@ impl Interleaved {
             for t in 0..tokens {
                 for j in 0..GROUP {
                     let mut acc = 0f32;
+                    if matches!(self.ty, GgmlType::Q4K | GgmlType::Q6K) {
+                        let dot = if self.ty == GgmlType::Q4K { kquant::dot_q4k } else { kquant::dot_q6k };
+                        for (blk, a) in self.group(g).chunks_exact(rec.bytes).zip(acts[t * nb..(t + 1) * nb].chunks_exact(QK_K / Q8_BLOCK)) {
+                            acc = dot(blk, j, a, acc);
+                        }
+                        out[t * width + (g - g0) * GROUP + j] = acc;
+                        continue;
+                    }
                     for (blk, a) in self
                         .group(g)
-                        .chunks_exact(rec.bytes())
+                        .chunks_exact(rec.bytes)
                         .zip(&acts[t * nb..(t + 1) * nb])
                     {
                         let d = f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
@@ -354,10 +385,13 @@ impl Interleaved {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Interleaved, GROUP, TOKEN_BLOCK};
+    use super::{kquant, Interleaved, GROUP, TOKEN_BLOCK};
     use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
-    use crate::ggml::GgmlType;
+    use crate::ggml::{GgmlType, QK_K};
     use std::arch::x86_64::*;
+
+    /// Activation blocks per k-quant super-block.
+    pub(super) const SUBS: usize = QK_K / Q8_BLOCK;
 
     /// One SIMD level's record kernels: the records of `GROUPS` adjacent groups (one after the
     /// other in `recs`) against up to eight tokens, `8 * GROUPS` outputs per token.
@@ -378,36 +412,46 @@ mod avx2 {
         /// # Safety
         /// As [`Records::q4`].
         unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+
+        /// Q4_K records (one super-block of `8 * GROUPS` rows each) against T tokens, as
+        /// [`Records::q4`]; `a` holds eight blocks per super-block per token.
+        ///
+        /// # Safety
+        /// As [`Records::q4`].
+        unsafe fn q4k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+
+        /// Q6_K records against T tokens, as [`Records::q4k`].
+        ///
+        /// # Safety
+        /// As [`Records::q4`].
+        unsafe fn q6k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+    }
+
+    /// Calls `<$k>::$f::<n, ...>` for `n` tokens (1..=8), with const arguments `$c` after `n`.
+    macro_rules! by_tokens {
+        ($k:ty, $f:ident, $n:expr, [$($c:tt)*], $($arg:expr),*) => {
+            match $n {
+                8 => <$k>::$f::<8 $($c)*>($($arg),*),
+                7 => <$k>::$f::<7 $($c)*>($($arg),*),
+                6 => <$k>::$f::<6 $($c)*>($($arg),*),
+                5 => <$k>::$f::<5 $($c)*>($($arg),*),
+                4 => <$k>::$f::<4 $($c)*>($($arg),*),
+                3 => <$k>::$f::<3 $($c)*>($($arg),*),
+                2 => <$k>::$f::<2 $($c)*>($($arg),*),
+                _ => <$k>::$f::<1 $($c)*>($($arg),*),
+            }
+        };
     }
 
     /// Calls kernel set `$k`'s record kernel for type `ty` and `n` tokens (1..=8).
     macro_rules! tile {
         ($k:ty, $ty:expr, $n:expr, $($arg:expr),*) => {
-            match ($ty, $n) {
-                (GgmlType::Q4_1, 8) => <$k>::q4::<8, true>($($arg),*),
-                (GgmlType::Q4_1, 7) => <$k>::q4::<7, true>($($arg),*),
-                (GgmlType::Q4_1, 6) => <$k>::q4::<6, true>($($arg),*),
-                (GgmlType::Q4_1, 5) => <$k>::q4::<5, true>($($arg),*),
-                (GgmlType::Q4_1, 4) => <$k>::q4::<4, true>($($arg),*),
-                (GgmlType::Q4_1, 3) => <$k>::q4::<3, true>($($arg),*),
-                (GgmlType::Q4_1, 2) => <$k>::q4::<2, true>($($arg),*),
-                (GgmlType::Q4_1, _) => <$k>::q4::<1, true>($($arg),*),
-                (GgmlType::Q4_0, 8) => <$k>::q4::<8, false>($($arg),*),
-                (GgmlType::Q4_0, 7) => <$k>::q4::<7, false>($($arg),*),
-                (GgmlType::Q4_0, 6) => <$k>::q4::<6, false>($($arg),*),
-                (GgmlType::Q4_0, 5) => <$k>::q4::<5, false>($($arg),*),
-                (GgmlType::Q4_0, 4) => <$k>::q4::<4, false>($($arg),*),
-                (GgmlType::Q4_0, 3) => <$k>::q4::<3, false>($($arg),*),
-                (GgmlType::Q4_0, 2) => <$k>::q4::<2, false>($($arg),*),
-                (GgmlType::Q4_0, _) => <$k>::q4::<1, false>($($arg),*),
-                (_, 8) => <$k>::q8::<8>($($arg),*),
-                (_, 7) => <$k>::q8::<7>($($arg),*),
-                (_, 6) => <$k>::q8::<6>($($arg),*),
-                (_, 5) => <$k>::q8::<5>($($arg),*),
-                (_, 4) => <$k>::q8::<4>($($arg),*),
-                (_, 3) => <$k>::q8::<3>($($arg),*),
-                (_, 2) => <$k>::q8::<2>($($arg),*),
-                (_, _) => <$k>::q8::<1>($($arg),*),
+            match $ty {
+                GgmlType::Q4_1 => by_tokens!($k, q4, $n, [, true], $($arg),*),
+                GgmlType::Q4_0 => by_tokens!($k, q4, $n, [, false], $($arg),*),
+                GgmlType::Q4K => by_tokens!($k, q4k, $n, [], $($arg),*),
+                GgmlType::Q6K => by_tokens!($k, q6k, $n, [], $($arg),*),
+                _ => by_tokens!($k, q8, $n, [], $($arg),*),
             }
         };
     }
@@ -506,6 +550,48 @@ mod avx2 {
         }
     }
 
+    /// Record bytes `at..at + 32`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) fn load32(rec: &[u8], at: usize) -> __m256i {
+        let c: &[u8; 32] = rec[at..at + 32].try_into().expect("32 bytes");
+        // SAFETY: `c` is 32 readable bytes.
+        unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
+    }
+
+    /// Eight unsigned bytes of a record at `at` as f32 (the Q4_K scales or mins of 8 rows).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn u8x8(rec: &[u8], at: usize) -> __m256 {
+        let c: &[u8; 8] = rec[at..at + 8].try_into().expect("8 bytes");
+        // SAFETY: `c` is 8 readable bytes.
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(c.as_ptr() as *const __m128i) }))
+    }
+
+    /// Eight signed bytes of a record at `at` (the Q6_K scales of 8 rows), each as an i16 in
+    /// both halves of its row's 32-bit lane, the multiplier `vpmaddwd` wants.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn i8x8_pairs(rec: &[u8], at: usize) -> __m256i {
+        let c: &[u8; 8] = rec[at..at + 8].try_into().expect("8 bytes");
+        // SAFETY: `c` is 8 readable bytes.
+        let v = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(c.as_ptr() as *const __m128i) });
+        _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32::<16>(v))
+    }
+
+    /// Bits `2i..2i + 2` of every byte of a Q6_K high-bit chunk, moved to bits 4..6.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn high_pair(hb: __m256i, i: usize) -> __m256i {
+        let v = match i {
+            0 => _mm256_slli_epi16::<4>(hb),
+            1 => _mm256_slli_epi16::<2>(hb),
+            2 => hb,
+            _ => _mm256_srli_epi16::<2>(hb),
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(0x30))
+    }
+
     /// The AVX2 record kernels.
     pub(super) struct Avx2;
 
@@ -585,13 +671,89 @@ mod avx2 {
             }
             store::<T>(&acc, dst, width);
         }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn q4k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            const RB: usize = kquant::Q4K_RECORD;
+            let nsb = recs.len() / RB;
+            let nb = nsb * SUBS;
+            let mask = _mm256_set1_epi8(0x0F);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); T];
+            for sb in 0..nsb {
+                let rec = &recs[sb * RB..(sb + 1) * RB];
+                // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
+                let (d, dmin) = unsafe { (f16x8(rec.as_ptr()), f16x8(rec.as_ptr().add(16))) };
+                for s in 0..SUBS {
+                    let dsc = _mm256_mul_ps(d, u8x8(rec, 32 + GROUP * s));
+                    let dm = _mm256_mul_ps(dmin, u8x8(rec, 96 + GROUP * s));
+                    let q: [__m256i; 8] = std::array::from_fn(|i| {
+                        let c = load32(rec, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
+                        _mm256_and_si256(if s.is_multiple_of(2) { c } else { _mm256_srli_epi16::<4>(c) }, mask)
+                    });
+                    for t in 0..T {
+                        let ab = &a[t * nb + sb * SUBS + s];
+                        // 16 products of at most 15 * 127 per i16 lane: no saturation.
+                        let mut p = _mm256_maddubs_epi16(q[0], bcast(ab, 0));
+                        for (i, qi) in q.iter().enumerate().skip(1) {
+                            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(*qi, bcast(ab, i)));
+                        }
+                        let isum = _mm256_madd_epi16(p, ones);
+                        let acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[t]);
+                        acc[t] = _mm256_fmadd_ps(dm, _mm256_set1_ps(-(ab.d * ab.sum as f32)), acc1);
+                    }
+                }
+            }
+            store::<T>(&acc, dst, width);
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn q6k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            const RB: usize = kquant::Q6K_RECORD;
+            let nsb = recs.len() / RB;
+            let nb = nsb * SUBS;
+            let mask = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); T];
+            for sb in 0..nsb {
+                let rec = &recs[sb * RB..(sb + 1) * RB];
+                // SAFETY: a record starts with 16 bytes of scales.
+                let d = unsafe { f16x8(rec.as_ptr()) };
+                for s in 0..SUBS {
+                    let at = kquant::Q6K_CODES + s * kquant::Q6K_BLOCK;
+                    let sc: [__m256i; 2] = std::array::from_fn(|h| i8x8_pairs(rec, 16 + GROUP * (2 * s + h)));
+                    let lo: [__m256i; 4] = std::array::from_fn(|i| load32(rec, at + 32 * i));
+                    let q: [[__m256i; 4]; 2] = std::array::from_fn(|h| {
+                        let hb = load32(rec, at + 128 + 32 * h);
+                        std::array::from_fn(|i| {
+                            let l = if h == 0 { lo[i] } else { _mm256_srli_epi16::<4>(lo[i]) };
+                            _mm256_or_si256(_mm256_and_si256(l, mask), high_pair(hb, i))
+                        })
+                    });
+                    for t in 0..T {
+                        let ab = &a[t * nb + sb * SUBS + s];
+                        let mut isum = _mm256_setzero_si256();
+                        for (h, (qh, sch)) in q.iter().zip(&sc).enumerate() {
+                            // Two chunks per i16 sum: 4 products of at most 63 * 127.
+                            let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[0], bcast(ab, 4 * h)), _mm256_maddubs_epi16(qh[1], bcast(ab, 4 * h + 1)));
+                            let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[2], bcast(ab, 4 * h + 2)), _mm256_maddubs_epi16(qh[3], bcast(ab, 4 * h + 3)));
+                            // The codes' offset: sc * (-16 Σa) twice, |16 Σa| <= 16 * 16 * 127 fits in i16.
+                            let asum = if h == 0 { ab.sum_lo } else { ab.sum - ab.sum_lo };
+                            let bias = _mm256_madd_epi16(*sch, _mm256_set1_epi16((-16 * asum) as i16));
+                            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p01, *sch), _mm256_madd_epi16(p23, *sch)), bias));
+                        }
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), acc[t]);
+                    }
+                }
+            }
+            store::<T>(&acc, dst, width);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::avx2::Records;
-    use super::GROUP;
+    use super::avx2::{Records, SUBS};
+    use super::{kquant, GROUP};
     use crate::ggml::act_quant::Q8Block;
     use std::arch::x86_64::*;
 
@@ -661,6 +823,34 @@ mod avx512 {
         }
     }
 
+    /// Eight bytes at `at` of each of two records, sixteen rows' scales or mins, as i32 lanes
+    /// (zero- or sign-extended).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn bytes16<const SIGNED: bool>(r0: &[u8], r1: &[u8], at: usize) -> __m512i {
+        let (c0, c1): (&[u8; 8], &[u8; 8]) = (r0[at..at + 8].try_into().expect("8 bytes"), r1[at..at + 8].try_into().expect("8 bytes"));
+        // SAFETY: `c0` and `c1` are 8 readable bytes each.
+        let v = unsafe { _mm_unpacklo_epi64(_mm_loadl_epi64(c0.as_ptr() as *const __m128i), _mm_loadl_epi64(c1.as_ptr() as *const __m128i)) };
+        if SIGNED {
+            _mm512_cvtepi8_epi32(v)
+        } else {
+            _mm512_cvtepu8_epi32(v)
+        }
+    }
+
+    /// Bits `2i..2i + 2` of every byte of a Q6_K high-bit chunk, moved to bits 4..6.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn high_pair16(hb: __m512i, i: usize) -> __m512i {
+        let v = match i {
+            0 => _mm512_slli_epi16::<4>(hb),
+            1 => _mm512_slli_epi16::<2>(hb),
+            2 => hb,
+            _ => _mm512_srli_epi16::<2>(hb),
+        };
+        _mm512_and_si512(v, _mm512_set1_epi8(0x30))
+    }
+
     impl Records for Vnni {
         const GROUPS: usize = 2;
 
@@ -720,6 +910,82 @@ mod avx512 {
                     }
                     let isum = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * ab.sum));
                     acc[t] = accumulate16::<false>(acc[t], isum, d, d, ab);
+                }
+            }
+            store16::<T>(&acc, dst, width);
+        }
+        /// Q4_K over two groups: a sub-block's eight code chunks of both groups, one nibble
+        /// each, against the block's eight activation dwords.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        unsafe fn q4k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            const RB: usize = kquant::Q4K_RECORD;
+            let nsb = recs.len() / (2 * RB);
+            let nb = nsb * SUBS;
+            let mask = _mm512_set1_epi8(0x0F);
+            let mut acc = [_mm512_setzero_ps(); T];
+            for sb in 0..nsb {
+                let (r0, r1) = (&recs[sb * RB..(sb + 1) * RB], &recs[(nsb + sb) * RB..(nsb + sb + 1) * RB]);
+                // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
+                let (d, dmin) = unsafe { (f16x16(r0.as_ptr(), r1.as_ptr()), f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16))) };
+                for s in 0..SUBS {
+                    let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes16::<false>(r0, r1, 32 + GROUP * s)));
+                    let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(bytes16::<false>(r0, r1, 96 + GROUP * s)));
+                    let q: [__m512i; 8] = std::array::from_fn(|i| {
+                        let c = join(r0, r1, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
+                        _mm512_and_si512(if s.is_multiple_of(2) { c } else { _mm512_srli_epi16::<4>(c) }, mask)
+                    });
+                    for t in 0..T {
+                        let ab = &a[t * nb + sb * SUBS + s];
+                        let mut isum = _mm512_setzero_si512();
+                        for (i, qi) in q.iter().enumerate() {
+                            isum = _mm512_dpbusd_epi32(isum, *qi, bcast16(ab, i));
+                        }
+                        let acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, _mm512_set1_ps(ab.d)), acc[t]);
+                        acc[t] = _mm512_fmadd_ps(dm, _mm512_set1_ps(-(ab.d * ab.sum as f32)), acc1);
+                    }
+                }
+            }
+            store16::<T>(&acc, dst, width);
+        }
+
+        /// Q6_K over two groups: unsigned 6-bit codes into `vpdpbusd`, the offset of 32 taken
+        /// off each 16-value half's sum before its scale multiplies it.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        unsafe fn q6k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            const RB: usize = kquant::Q6K_RECORD;
+            let nsb = recs.len() / (2 * RB);
+            let nb = nsb * SUBS;
+            let mask = _mm512_set1_epi8(0x0F);
+            let mut acc = [_mm512_setzero_ps(); T];
+            for sb in 0..nsb {
+                let (r0, r1) = (&recs[sb * RB..(sb + 1) * RB], &recs[(nsb + sb) * RB..(nsb + sb + 1) * RB]);
+                // SAFETY: a record starts with 16 bytes of scales.
+                let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
+                for s in 0..SUBS {
+                    let at = kquant::Q6K_CODES + s * kquant::Q6K_BLOCK;
+                    let sc: [__m512i; 2] = std::array::from_fn(|h| bytes16::<true>(r0, r1, 16 + GROUP * (2 * s + h)));
+                    let lo: [__m512i; 4] = std::array::from_fn(|i| join(r0, r1, at + 32 * i));
+                    let q: [[__m512i; 4]; 2] = std::array::from_fn(|h| {
+                        let hb = join(r0, r1, at + 128 + 32 * h);
+                        std::array::from_fn(|i| {
+                            let l = if h == 0 { lo[i] } else { _mm512_srli_epi16::<4>(lo[i]) };
+                            _mm512_or_si512(_mm512_and_si512(l, mask), high_pair16(hb, i))
+                        })
+                    });
+                    for t in 0..T {
+                        let ab = &a[t * nb + sb * SUBS + s];
+                        let mut isum = _mm512_setzero_si512();
+                        for (h, (qh, sch)) in q.iter().zip(&sc).enumerate() {
+                            let mut u = _mm512_setzero_si512();
+                            for (i, qi) in qh.iter().enumerate() {
+                                u = _mm512_dpbusd_epi32(u, *qi, bcast16(ab, 4 * h + i));
+                            }
+                            let asum = if h == 0 { ab.sum_lo } else { ab.sum - ab.sum_lo };
+                            let u = _mm512_sub_epi32(u, _mm512_set1_epi32(32 * asum));
+                            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(u, *sch));
+                        }
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(ab.d)), acc[t]);
+                    }
                 }
             }
             store16::<T>(&acc, dst, width);
