@@ -26,6 +26,7 @@ pub mod quant;
 pub mod quantize;
 pub mod sample;
 pub mod serve;
+pub mod synthetic;
 pub mod tokenizer;
 pub mod upcycle;
 

@@ -463,3 +463,33 @@ fn grouped_matrices_with_different_switch_points() {
         }
     }
 }
+
+/// The round-to-nearest quantizers write blocks that GGML's dequantization (checked against
+/// Python `gguf` in the engine's tests) reads back close to the input. On N(0, 1) values the
+/// rounding error is about a uniform half-step: RMS = step / √12 relative to the RMS input,
+/// with the step ~ range / levels: Q8_0 ~2·3/254 → 0.007, Q6_K ~2·2.5/62 → 0.023 (plus the
+/// 8-bit scale), Q4_1 and Q4_K ~4.5/15 → 0.087 (plus Q4_K's 6-bit scales and its min at most
+/// 0). The bounds leave about 50% over those estimates; F32 is exact.
+#[test]
+fn quantizers_round_trip_within_rounding_error() {
+    use tessera_kernels::ggml::quantize::{quantize_row, QUANTIZABLE};
+    let mut r = rng(13);
+    for ty in QUANTIZABLE {
+        let n = 256 * 16;
+        let x = randn(&mut r, n);
+        let mut q = vec![0u8; ty.row_bytes(n).unwrap()];
+        quantize_row(ty, &x, &mut q);
+        let mut back = vec![0f32; n];
+        tessera_kernels::ggml::dequantize_row(ty, &q, &mut back);
+        let rms = |v: &mut dyn Iterator<Item = f32>| (v.map(|e| (e as f64).powi(2)).sum::<f64>() / n as f64).sqrt();
+        let rel = rms(&mut x.iter().zip(&back).map(|(a, b)| a - b)) / rms(&mut x.iter().copied());
+        let bound = match ty {
+            GgmlType::F32 => 0.0,
+            GgmlType::Q8_0 => 0.011,
+            GgmlType::Q6K => 0.035,
+            _ => 0.13,
+        };
+        eprintln!("{ty}: relative RMS error {rel:.4} (bound {bound})");
+        assert!(rel <= bound, "{ty}: relative RMS error {rel} > {bound}");
+    }
+}
