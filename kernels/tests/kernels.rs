@@ -6,7 +6,7 @@ mod common;
 use common::{assert_close, randn, random_weights, rng};
 use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, dots_f32, weighted_sum_f32};
 use tessera_kernels::cpu::interleaved::{GemmLevel, Interleaved, GROUP};
-use tessera_kernels::cpu::kquant::Q4K_RECORD;
+use tessera_kernels::cpu::kquant::{Q4K_RECORD, Q5K_RECORD};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, quantize_q8_with, Q8Block};
 use tessera_kernels::ggml::GgmlType;
@@ -23,7 +23,8 @@ fn simd_isas() -> Vec<Isa> {
 }
 
 /// The integer types with an interleaved layout.
-const INTEGER_TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K];
+const INTEGER_TYPES: [GgmlType; 8] =
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
 
 /// A width of `k32` columns for 32-value types, scaled to whole 256-value super-blocks for
 /// the k-quants (the same number of blocks per row).
@@ -51,15 +52,21 @@ fn q6k_codes(b: &[u8]) -> Vec<i32> {
 fn kquant_block_dot(ty: GgmlType, b: &[u8], a: &[Q8Block], mut acc: f32) -> f32 {
     let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     for (s, ab) in a.iter().enumerate() {
-        if ty == GgmlType::Q4K {
+        if ty != GgmlType::Q6K {
             let q = &b[4..16];
             let (sc, m) = if s < 4 {
                 (q[s] & 63, q[s + 4] & 63)
             } else {
                 ((q[s + 4] & 15) | ((q[s - 4] >> 6) << 4), (q[s + 4] >> 4) | ((q[s] >> 6) << 4))
             };
-            let codes = &b[16 + 32 * (s / 2)..16 + 32 * (s / 2) + 32];
-            let isum: i32 = (0..32).map(|l| (if s.is_multiple_of(2) { codes[l] & 15 } else { codes[l] >> 4 }) as i32 * ab.qs[l] as i32).sum();
+            // Q5_K: the fifth bit of value l of sub-block s is bit s of qh[l] (bytes 16..48).
+            let (qs_at, high) = if ty == GgmlType::Q5K { (48, true) } else { (16, false) };
+            let codes = &b[qs_at + 32 * (s / 2)..qs_at + 32 * (s / 2) + 32];
+            let code = |l: usize| {
+                let n = if s.is_multiple_of(2) { codes[l] & 15 } else { codes[l] >> 4 };
+                n as i32 + if high { (((b[16 + l] >> s) & 1) as i32) << 4 } else { 0 }
+            };
+            let isum: i32 = (0..32).map(|l| code(l) * ab.qs[l] as i32).sum();
             acc = (isum as f32).mul_add(f16(b) * sc as f32 * ab.d, acc);
             acc = (f16(&b[2..]) * m as f32).mul_add(-(ab.d * ab.sum as f32), acc);
         } else {
@@ -94,15 +101,29 @@ fn ggml_block_dot(ty: GgmlType, row: &[u8], a: &[Q8Block]) -> f32 {
         let isum = match ty {
             GgmlType::Q8_0 => b[2..34].iter().zip(&ab.qs).map(|(&w, &x)| w as i8 as i32 * x as i32).sum::<i32>(),
             _ => {
-                let qs = if ty == GgmlType::Q4_1 { &b[4..20] } else { &b[2..18] };
-                let off = if ty == GgmlType::Q4_0 { 8 } else { 0 };
+                // Codes after d (and m), and for Q5 after the 32 fifth bits qh.
+                let (qs_at, qh) = match ty {
+                    GgmlType::Q4_0 => (2, None),
+                    GgmlType::Q4_1 => (4, None),
+                    GgmlType::Q5_0 => (6, Some(u32::from_le_bytes(b[2..6].try_into().unwrap()))),
+                    _ => (8, Some(u32::from_le_bytes(b[4..8].try_into().unwrap()))),
+                };
+                let off = match ty {
+                    GgmlType::Q4_0 => 8,
+                    GgmlType::Q5_0 => 16,
+                    _ => 0,
+                };
+                let fifth = |v: usize| qh.map_or(0, |h| (((h >> v) & 1) as i32) << 4);
+                let qs = &b[qs_at..qs_at + 16];
                 (0..16)
-                    .map(|c| ((qs[c] & 15) as i32 - off) * ab.qs[c] as i32 + ((qs[c] >> 4) as i32 - off) * ab.qs[c + 16] as i32)
+                    .map(|c| {
+                        ((qs[c] & 15) as i32 + fifth(c) - off) * ab.qs[c] as i32 + ((qs[c] >> 4) as i32 + fifth(c + 16) - off) * ab.qs[c + 16] as i32
+                    })
                     .sum()
             }
         };
         acc = (isum as f32).mul_add(f16(b) * ab.d, acc);
-        if ty == GgmlType::Q4_1 {
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
             acc = f16(&b[2..4]).mul_add(ab.s, acc);
         }
     }
@@ -158,8 +179,13 @@ fn interleaved_rows_dequantize_like_ggml() {
             let w = random_weights(&mut r, ty, rows, k);
             let view = WeightView::new(ty, rows, k, &w).unwrap();
             let packed = Interleaved::pack(&view).unwrap();
-            // Q4_K's 6-bit scales and mins are unpacked to bytes: 32 more per super-block of 8 rows.
-            let record_extra = if ty == GgmlType::Q4K { Q4K_RECORD - GROUP * 144 } else { 0 };
+            // Q4_K's and Q5_K's 6-bit scales and mins are unpacked to bytes: 32 more per
+            // super-block of 8 rows.
+            let record_extra = match ty {
+                GgmlType::Q4K => Q4K_RECORD - GROUP * 144,
+                GgmlType::Q5K => Q5K_RECORD - GROUP * 176,
+                _ => 0,
+            };
             let want_bytes = rows.div_ceil(GROUP) * (GROUP * w.len() / rows + record_extra * k / 256);
             assert_eq!(packed.bytes(), want_bytes, "{ty}: GGML's bytes per row");
             let (mut want, mut got) = (vec![0f32; k], vec![f32::NAN; k]);
@@ -430,7 +456,7 @@ fn rope_pairs_first_and_second_half() {
 }
 
 /// Matrices grouped in one call whose kernels switch paths at different lengths (Q4_1 stays
-/// on the integer GEMM, Q5_K leaves its dequantizing dot at 32 tokens) give, per segment,
+/// on the integer GEMM, Q3_K leaves its dequantizing dot at 32 tokens) give, per segment,
 /// exactly what each matrix gives alone on that segment.
 #[test]
 fn grouped_matrices_with_different_switch_points() {
@@ -439,12 +465,12 @@ fn grouped_matrices_with_different_switch_points() {
     let m: usize = segments.iter().sum();
     let x = randn(&mut r, m * k);
     let q41 = random_weights(&mut r, GgmlType::Q4_1, 24, k);
-    let q5k = random_weights(&mut r, GgmlType::Q5K, 16, k);
+    let q3k = random_weights(&mut r, GgmlType::Q3K, 16, k);
     let packed = Interleaved::pack(&WeightView::new(GgmlType::Q4_1, 24, k, &q41).unwrap()).unwrap();
-    let view5 = WeightView::new(GgmlType::Q5K, 16, k, &q5k).unwrap();
+    let view3 = WeightView::new(GgmlType::Q3K, 16, k, &q3k).unwrap();
     for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
-        let (ka, kb) = (LinearKernel::with_isa(GgmlType::Q4_1, isa, LinearPolicy::DEFAULT), LinearKernel::with_isa(GgmlType::Q5K, isa, LinearPolicy::DEFAULT));
-        let (wa, wb) = (Weight::Interleaved(&packed), Weight::Rows(view5));
+        let (ka, kb) = (LinearKernel::with_isa(GgmlType::Q4_1, isa, LinearPolicy::DEFAULT), LinearKernel::with_isa(GgmlType::Q3K, isa, LinearPolicy::DEFAULT));
+        let (wa, wb) = (Weight::Interleaved(&packed), Weight::Rows(view3));
         let ldy = 24 + 16;
         let mut y = vec![f32::NAN; m * ldy];
         tessera_kernels::linear::forward_group(&[(&ka, wa, 0), (&kb, wb, 24)], &x, &segments, &mut y, ldy);

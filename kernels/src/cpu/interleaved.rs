@@ -1,10 +1,10 @@
-//! GGML Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights regrouped eight rows at a time, and the
-//! integer GEMM that multiplies them with per-token Q8 activation blocks.
+//! GGML Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights regrouped eight rows at
+//! a time, and the integer GEMM that multiplies them with per-token Q8 activation blocks.
 //!
 //! Layout: rows are taken in groups of [`GROUP`] (the last group zero-padded). For each group
 //! and each 32-value block there is one record: the eight rows' f16 scales, for Q4_1 then their
 //! f16 mins, then their code bytes interleaved four at a time (chunk `i`, bytes `4j..4j + 4` are
-//! row `j`'s code bytes `4i..4i + 4`). A 256-bit load of a chunk puts one row in each 32-bit
+//! row `j`'s code bytes `4i..4i + 4`), for Q5_0 / Q5_1 then a chunk of their fifth bits. A 256-bit load of a chunk puts one row in each 32-bit
 //! lane, so `vpmaddubsw` against four broadcast activation bytes makes partial sums for eight
 //! rows at once, and the per-block scale epilogue runs once per eight rows instead of once per
 //! row. With AVX-512 VNNI, chunk `i` of two adjacent groups fills one 512-bit register and
@@ -13,11 +13,12 @@
 //! at 576 columns) stay in L1. The repacked matrix has the same size as the GGML rows.
 //!
 //! Numerics, per (row, token), block by block in order: `acc = fma(isum as f32, d_w * d_a, acc)`,
-//! then for Q4_1 `acc = fma(m_w, s_a, acc)`, with `isum` the exact integer dot product. The
+//! then for Q4_1 / Q5_1 `acc = fma(m_w, s_a, acc)`, with `isum` the exact integer dot product
+//! (of the codes less 8 for Q4_0, 16 for Q5_0). The
 //! scalar, AVX2 and AVX-512 VNNI kernels perform exactly these operations, so they agree bit
 //! for bit, and a token's result never depends on which other tokens share the call.
 //!
-//! The k-quants (Q4_K, Q6_K) have one record per 256-value super-block, laid out and computed
+//! The k-quants (Q4_K, Q5_K, Q6_K) have one record per 256-value super-block, laid out and computed
 //! as [`super::kquant`] describes. Their activations are the same per-token blocks of 32
 //! (llama.cpp quantizes them per 256 instead, Q8_K): one quantization then serves every matrix
 //! of a fused group whatever its type (Q4_K_M files put Q4_K and Q6_K side by side in Q/K/V),
@@ -105,7 +106,7 @@ impl GemmLevel {
     }
 }
 
-/// A Q4_0, Q4_1, Q8_0, Q4_K or Q6_K matrix in the interleaved layout.
+/// A Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K matrix in the interleaved layout.
 #[derive(Clone)]
 pub struct Interleaved {
     ty: GgmlType,
@@ -129,25 +130,52 @@ struct Record {
     codes: usize,
     /// Offset of the interleaved codes inside a record (after scales and mins).
     codes_at: usize,
+    /// Whether a 32-byte chunk of fifth bits follows the codes (Q5_0, Q5_1).
+    high: bool,
 }
 
 impl Record {
-    /// A 32-value record: scales (and mins) before `codes` interleaved code bytes per row.
-    const fn small(block: usize, block_codes: usize, codes: usize, codes_at: usize) -> Self {
-        Record { values: Q8_BLOCK, block, bytes: codes_at + GROUP * codes, block_codes, codes, codes_at }
+    /// A 32-value record: scales (and mins) before `codes` interleaved code bytes per row, then
+    /// when `high` the fifth bits: row `j`'s 32-bit lane, byte `b`, bit `i` (0..4) is the top
+    /// bit of value `4i + b` and bit `4 + i` that of value `16 + 4i + b`.
+    const fn small(block: usize, block_codes: usize, codes: usize, codes_at: usize, high: bool) -> Self {
+        let bytes = codes_at + GROUP * codes + if high { 32 } else { 0 };
+        Record { values: Q8_BLOCK, block, bytes, block_codes, codes, codes_at, high }
+    }
+
+    /// Offset of the fifth bits in a record (Q5_0, Q5_1).
+    fn high_at(self) -> usize {
+        self.codes_at + GROUP * self.codes
+    }
+
+    /// Row `j`'s 32 codes of a 4- or 5-bit record `blk`, in value order (unsigned, before any
+    /// offset).
+    fn small_codes(self, blk: &[u8], j: usize) -> [u8; 32] {
+        std::array::from_fn(|v| {
+            let byte = blk[self.code(j, v % 16)];
+            let nibble = if v < 16 { byte & 0x0F } else { byte >> 4 };
+            if self.high {
+                nibble | (((blk[self.high_at() + 4 * j + v % 4] >> ((v / 16) * 4 + (v % 16) / 4)) & 1) << 4)
+            } else {
+                nibble
+            }
+        })
     }
 
     /// A 256-value k-quant record (layouts in [`super::kquant`]).
     const fn k(block: usize, bytes: usize) -> Self {
-        Record { values: QK_K, block, bytes, block_codes: 0, codes: 0, codes_at: 0 }
+        Record { values: QK_K, block, bytes, block_codes: 0, codes: 0, codes_at: 0, high: false }
     }
 
     fn of(ty: GgmlType) -> Option<Self> {
         match ty {
-            GgmlType::Q4_0 => Some(Record::small(18, 2, 16, 16)),
-            GgmlType::Q4_1 => Some(Record::small(20, 4, 16, 32)),
-            GgmlType::Q8_0 => Some(Record::small(34, 2, 32, 16)),
+            GgmlType::Q4_0 => Some(Record::small(18, 2, 16, 16, false)),
+            GgmlType::Q4_1 => Some(Record::small(20, 4, 16, 32, false)),
+            GgmlType::Q5_0 => Some(Record::small(22, 6, 16, 16, true)),
+            GgmlType::Q5_1 => Some(Record::small(24, 8, 16, 32, true)),
+            GgmlType::Q8_0 => Some(Record::small(34, 2, 32, 16, false)),
             GgmlType::Q4K => Some(Record::k(144, kquant::Q4K_RECORD)),
+            GgmlType::Q5K => Some(Record::k(176, kquant::Q5K_RECORD)),
             GgmlType::Q6K => Some(Record::k(210, kquant::Q6K_RECORD)),
             _ => None,
         }
@@ -156,6 +184,20 @@ impl Record {
     /// Offset in a record of row `j`'s code byte `c` (32-value types).
     fn code(self, j: usize, c: usize) -> usize {
         self.codes_at + (c / 4) * 4 * GROUP + 4 * j + c % 4
+    }
+}
+
+/// Whether a 32-value type stores a min per block (Q4_1, Q5_1).
+fn has_min(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1)
+}
+
+/// The code offset of a symmetric 4- or 5-bit type (8 for Q4_0, 16 for Q5_0; 0 otherwise).
+fn offset(ty: GgmlType) -> i32 {
+    match ty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        _ => 0,
     }
 }
 
@@ -184,15 +226,22 @@ impl Interleaved {
                 for (b, dst) in group.chunks_exact_mut(rec.bytes).enumerate() {
                     let src = &row[b * rec.block..(b + 1) * rec.block];
                     match w.ty {
-                        GgmlType::Q4K => kquant::put_q4k(dst, j, src),
+                        GgmlType::Q4K | GgmlType::Q5K => kquant::put_k4(dst, j, src, w.ty == GgmlType::Q5K),
                         GgmlType::Q6K => kquant::put_q6k(dst, j, src),
                         _ => {
                             dst[2 * j..2 * j + 2].copy_from_slice(&src[..2]);
-                            if w.ty == GgmlType::Q4_1 {
+                            if has_min(w.ty) {
                                 dst[16 + 2 * j..16 + 2 * j + 2].copy_from_slice(&src[2..4]);
                             }
                             for c in 0..rec.codes {
                                 dst[rec.code(j, c)] = src[rec.block_codes + c];
+                            }
+                            if rec.high {
+                                let qh = u32::from_le_bytes(src[rec.block_codes - 4..rec.block_codes].try_into().expect("4 bytes"));
+                                for b in 0..4 {
+                                    let bit = |v: usize, to: usize| (((qh >> v) & 1) << to) as u8;
+                                    dst[rec.high_at() + 4 * j + b] = (0..4).map(|i| bit(4 * i + b, i) | bit(16 + 4 * i + b, 4 + i)).fold(0, |x, y| x | y);
+                                }
                             }
                         }
                     }
@@ -259,8 +308,8 @@ impl Interleaved {
             .zip(out.chunks_exact_mut(rec.values))
         {
             match self.ty {
-                GgmlType::Q4K => {
-                    kquant::dequant_q4k(blk, j, out);
+                GgmlType::Q4K | GgmlType::Q5K => {
+                    kquant::dequant_k4(blk, j, out, self.ty == GgmlType::Q5K);
                     continue;
                 }
                 GgmlType::Q6K => {
@@ -277,17 +326,13 @@ impl Interleaved {
                     .enumerate()
                     .for_each(|(c, o)| *o = byte(c) as i8 as f32 * d),
                 _ => {
-                    let m = if self.ty == GgmlType::Q4_1 {
-                        f16::from_le_bytes([blk[16 + 2 * j], blk[17 + 2 * j]]).to_f32()
+                    let codes = rec.small_codes(blk, j);
+                    if has_min(self.ty) {
+                        let m = f16::from_le_bytes([blk[16 + 2 * j], blk[17 + 2 * j]]).to_f32();
+                        out.iter_mut().zip(codes).for_each(|(o, q)| *o = q as f32 * d + m);
                     } else {
-                        0.0
-                    };
-                    for c in 0..16 {
-                        let (lo, hi) = ((byte(c) & 0x0F) as f32, (byte(c) >> 4) as f32);
-                        (out[c], out[c + 16]) = match self.ty {
-                            GgmlType::Q4_0 => ((lo - 8.0) * d, (hi - 8.0) * d),
-                            _ => (lo * d + m, hi * d + m),
-                        };
+                        let off = offset(self.ty);
+                        out.iter_mut().zip(codes).for_each(|(o, q)| *o = (q as i32 - off) as f32 * d);
                     }
                 }
             }
@@ -339,10 +384,12 @@ impl Interleaved {
             for t in 0..tokens {
                 for j in 0..GROUP {
                     let mut acc = 0f32;
-                    if matches!(self.ty, GgmlType::Q4K | GgmlType::Q6K) {
-                        let dot = if self.ty == GgmlType::Q4K { kquant::dot_q4k } else { kquant::dot_q6k };
+                    if rec.values == QK_K {
                         for (blk, a) in self.group(g).chunks_exact(rec.bytes).zip(acts[t * nb..(t + 1) * nb].chunks_exact(QK_K / Q8_BLOCK)) {
-                            acc = dot(blk, j, a, acc);
+                            acc = match self.ty {
+                                GgmlType::Q6K => kquant::dot_q6k(blk, j, a, acc),
+                                ty => kquant::dot_k4(blk, j, a, acc, ty == GgmlType::Q5K),
+                            };
                         }
                         out[t * width + (g - g0) * GROUP + j] = acc;
                         continue;
@@ -355,23 +402,11 @@ impl Interleaved {
                         let d = f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
                         let byte = |c: usize| blk[rec.code(j, c)];
                         let isum: i32 = match self.ty {
-                            GgmlType::Q8_0 => {
-                                (0..32).map(|c| byte(c) as i8 as i32 * a.qs[c] as i32).sum()
-                            }
-                            _ => (0..16)
-                                .map(|c| {
-                                    (byte(c) & 0x0F) as i32 * a.qs[c] as i32
-                                        + (byte(c) >> 4) as i32 * a.qs[c + 16] as i32
-                                })
-                                .sum(),
-                        };
-                        let isum = if self.ty == GgmlType::Q4_0 {
-                            isum - 8 * a.sum
-                        } else {
-                            isum
+                            GgmlType::Q8_0 => (0..32).map(|c| byte(c) as i8 as i32 * a.qs[c] as i32).sum(),
+                            _ => rec.small_codes(blk, j).iter().zip(&a.qs).map(|(&q, &x)| q as i32 * x as i32).sum::<i32>() - offset(self.ty) * a.sum,
                         };
                         acc = (isum as f32).mul_add(d * a.d, acc);
-                        if self.ty == GgmlType::Q4_1 {
+                        if has_min(self.ty) {
                             let m = f16::from_le_bytes([blk[16 + 2 * j], blk[17 + 2 * j]]).to_f32();
                             acc = m.mul_add(a.s, acc);
                         }
@@ -399,13 +434,13 @@ mod avx2 {
         /// Groups per call.
         const GROUPS: usize;
 
-        /// 4-bit records (Q4_1 when `MIN`, else Q4_0) against T tokens; `dst` gets T rows of
-        /// `8 * GROUPS` outputs at stride `width`.
+        /// 4-bit records (Q4_1 when `MIN`, else Q4_0), or 5-bit ones when `HIGH` (Q5_1, Q5_0),
+        /// against T tokens; `dst` gets T rows of `8 * GROUPS` outputs at stride `width`.
         ///
         /// # Safety
         /// The level's CPU features are present; `recs` holds `GROUPS` groups' whole records
         /// of the type and `a` holds T rows of as many blocks as a group has records.
-        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
 
         /// Q8_0 records against T tokens, as [`Records::q4`].
         ///
@@ -413,12 +448,12 @@ mod avx2 {
         /// As [`Records::q4`].
         unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
 
-        /// Q4_K records (one super-block of `8 * GROUPS` rows each) against T tokens, as
-        /// [`Records::q4`]; `a` holds eight blocks per super-block per token.
+        /// Q4_K records (Q5_K when `HIGH`; one super-block of `8 * GROUPS` rows each) against T
+        /// tokens, as [`Records::q4`]; `a` holds eight blocks per super-block per token.
         ///
         /// # Safety
         /// As [`Records::q4`].
-        unsafe fn q4k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
 
         /// Q6_K records against T tokens, as [`Records::q4k`].
         ///
@@ -447,9 +482,12 @@ mod avx2 {
     macro_rules! tile {
         ($k:ty, $ty:expr, $n:expr, $($arg:expr),*) => {
             match $ty {
-                GgmlType::Q4_1 => by_tokens!($k, q4, $n, [, true], $($arg),*),
-                GgmlType::Q4_0 => by_tokens!($k, q4, $n, [, false], $($arg),*),
-                GgmlType::Q4K => by_tokens!($k, q4k, $n, [], $($arg),*),
+                GgmlType::Q4_1 => by_tokens!($k, q4, $n, [, true, false], $($arg),*),
+                GgmlType::Q4_0 => by_tokens!($k, q4, $n, [, false, false], $($arg),*),
+                GgmlType::Q5_1 => by_tokens!($k, q4, $n, [, true, true], $($arg),*),
+                GgmlType::Q5_0 => by_tokens!($k, q4, $n, [, false, true], $($arg),*),
+                GgmlType::Q4K => by_tokens!($k, q4k, $n, [, false], $($arg),*),
+                GgmlType::Q5K => by_tokens!($k, q4k, $n, [, true], $($arg),*),
                 GgmlType::Q6K => by_tokens!($k, q6k, $n, [], $($arg),*),
                 _ => by_tokens!($k, q8, $n, [], $($arg),*),
             }
@@ -553,7 +591,7 @@ mod avx2 {
     /// Record bytes `at..at + 32`.
     #[target_feature(enable = "avx2")]
     #[inline]
-    pub(super) fn load32(rec: &[u8], at: usize) -> __m256i {
+    fn load32(rec: &[u8], at: usize) -> __m256i {
         let c: &[u8; 32] = rec[at..at + 32].try_into().expect("32 bytes");
         // SAFETY: `c` is 32 readable bytes.
         unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
@@ -592,6 +630,23 @@ mod avx2 {
         _mm256_and_si256(v, _mm256_set1_epi8(0x30))
     }
 
+    /// Bit `i` (0..8) of every byte of a fifth-bit chunk, moved to bit 4.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn fifth_bit(hb: __m256i, i: usize) -> __m256i {
+        let v = match i {
+            0 => _mm256_slli_epi16::<4>(hb),
+            1 => _mm256_slli_epi16::<3>(hb),
+            2 => _mm256_slli_epi16::<2>(hb),
+            3 => _mm256_slli_epi16::<1>(hb),
+            4 => hb,
+            5 => _mm256_srli_epi16::<1>(hb),
+            6 => _mm256_srli_epi16::<2>(hb),
+            _ => _mm256_srli_epi16::<3>(hb),
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(0x10))
+    }
+
     /// The AVX2 record kernels.
     pub(super) struct Avx2;
 
@@ -599,10 +654,11 @@ mod avx2 {
         const GROUPS: usize = 1;
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            let rb = if MIN { 160 } else { 144 };
-            let nb = recs.len() / rb;
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
             let codes = if MIN { 32 } else { 16 };
+            let rb = codes + 128 + if HIGH { 32 } else { 0 };
+            let nb = recs.len() / rb;
+            let off = if HIGH { 16 } else { 8 };
             let mask = _mm256_set1_epi8(0x0F);
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); T];
@@ -611,28 +667,31 @@ mod avx2 {
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x8(rec.as_ptr()) };
                 let m = if MIN { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
+                let hb = if HIGH { load32(rec, codes + 128) } else { _mm256_setzero_si256() };
                 let mut lo = [_mm256_setzero_si256(); 4];
                 let mut hi = [_mm256_setzero_si256(); 4];
                 for i in 0..4 {
-                    let c: &[u8; 32] = rec[codes + 32 * i..codes + 32 * i + 32].try_into().expect("32 bytes");
-                    // SAFETY: `c` is 32 readable bytes.
-                    let p = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
+                    let p = load32(rec, codes + 32 * i);
                     lo[i] = _mm256_and_si256(p, mask);
                     hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(p), mask);
+                    if HIGH {
+                        lo[i] = _mm256_or_si256(lo[i], fifth_bit(hb, i));
+                        hi[i] = _mm256_or_si256(hi[i], fifth_bit(hb, 4 + i));
+                    }
                 }
                 for t in 0..T {
                     let ab = &a[t * nb + b];
-                    // |products| <= 2 * 15 * 127 per pair and 8 pairs per lane: fits in i16.
-                    let mut s = _mm256_maddubs_epi16(lo[0], bcast(ab, 0));
-                    for (i, (l, h)) in lo.iter().zip(&hi).enumerate() {
-                        if i > 0 {
-                            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*l, bcast(ab, i)));
-                        }
-                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*h, bcast(ab, 4 + i)));
-                    }
-                    let mut isum = _mm256_madd_epi16(s, ones);
+                    // Chunks i0..i1 (low and high nibbles) summed in i16: 4 (i1 - i0) products of at
+                    // most 15 * 127, or 31 * 127 with the fifth bit, so 4 chunks fit, or 2.
+                    let part = |i0: usize, i1: usize| {
+                        let s = (i0..i1).fold(_mm256_setzero_si256(), |s, i| {
+                            _mm256_add_epi16(_mm256_add_epi16(s, _mm256_maddubs_epi16(lo[i], bcast(ab, i))), _mm256_maddubs_epi16(hi[i], bcast(ab, 4 + i)))
+                        });
+                        _mm256_madd_epi16(s, ones)
+                    };
+                    let mut isum = if HIGH { _mm256_add_epi32(part(0, 2), part(2, 4)) } else { part(0, 4) };
                     if !MIN {
-                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * ab.sum));
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(off * ab.sum));
                     }
                     acc[t] = accumulate::<MIN>(acc[t], isum, d, m, ab);
                 }
@@ -673,32 +732,42 @@ mod avx2 {
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q4k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            const RB: usize = kquant::Q4K_RECORD;
-            let nsb = recs.len() / RB;
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
+            let nsb = recs.len() / rb;
             let nb = nsb * SUBS;
             let mask = _mm256_set1_epi8(0x0F);
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); T];
             for sb in 0..nsb {
-                let rec = &recs[sb * RB..(sb + 1) * RB];
+                let rec = &recs[sb * rb..(sb + 1) * rb];
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x8(rec.as_ptr()), f16x8(rec.as_ptr().add(16))) };
                 for s in 0..SUBS {
                     let dsc = _mm256_mul_ps(d, u8x8(rec, 32 + GROUP * s));
                     let dm = _mm256_mul_ps(dmin, u8x8(rec, 96 + GROUP * s));
+                    let hb = if HIGH { load32(rec, kquant::Q5K_HIGH + 32 * s) } else { _mm256_setzero_si256() };
                     let q: [__m256i; 8] = std::array::from_fn(|i| {
                         let c = load32(rec, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
-                        _mm256_and_si256(if s.is_multiple_of(2) { c } else { _mm256_srli_epi16::<4>(c) }, mask)
+                        let n = _mm256_and_si256(if s.is_multiple_of(2) { c } else { _mm256_srli_epi16::<4>(c) }, mask);
+                        if HIGH {
+                            _mm256_or_si256(n, fifth_bit(hb, i))
+                        } else {
+                            n
+                        }
                     });
                     for t in 0..T {
                         let ab = &a[t * nb + sb * SUBS + s];
-                        // 16 products of at most 15 * 127 per i16 lane: no saturation.
-                        let mut p = _mm256_maddubs_epi16(q[0], bcast(ab, 0));
-                        for (i, qi) in q.iter().enumerate().skip(1) {
-                            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(*qi, bcast(ab, i)));
-                        }
-                        let isum = _mm256_madd_epi16(p, ones);
+                        // Products of at most 15 * 127 (31 * 127 with the fifth bit) per i16 lane:
+                        // 16 of them fit (8 with the fifth bit, so then two halves are widened).
+                        let half = |r: std::ops::Range<usize>| {
+                            r.fold(_mm256_setzero_si256(), |p, i| _mm256_add_epi16(p, _mm256_maddubs_epi16(q[i], bcast(ab, i))))
+                        };
+                        let isum = if HIGH {
+                            _mm256_add_epi32(_mm256_madd_epi16(half(0..4), ones), _mm256_madd_epi16(half(4..8), ones))
+                        } else {
+                            _mm256_madd_epi16(half(0..8), ones)
+                        };
                         let acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[t]);
                         acc[t] = _mm256_fmadd_ps(dm, _mm256_set1_ps(-(ab.d * ab.sum as f32)), acc1);
                     }
@@ -851,6 +920,23 @@ mod avx512 {
         _mm512_and_si512(v, _mm512_set1_epi8(0x30))
     }
 
+    /// Bit `i` (0..8) of every byte of a fifth-bit chunk, moved to bit 4.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn fifth_bit16(hb: __m512i, i: usize) -> __m512i {
+        let v = match i {
+            0 => _mm512_slli_epi16::<4>(hb),
+            1 => _mm512_slli_epi16::<3>(hb),
+            2 => _mm512_slli_epi16::<2>(hb),
+            3 => _mm512_slli_epi16::<1>(hb),
+            4 => hb,
+            5 => _mm512_srli_epi16::<1>(hb),
+            6 => _mm512_srli_epi16::<2>(hb),
+            _ => _mm512_srli_epi16::<3>(hb),
+        };
+        _mm512_and_si512(v, _mm512_set1_epi8(0x10))
+    }
+
     impl Records for Vnni {
         const GROUPS: usize = 2;
 
@@ -858,10 +944,11 @@ mod avx512 {
         /// activation dword `i` broadcast to all lanes, so no `vpermd` and no folding of
         /// halves, and the epilogue runs on sixteen rows at once.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            let rb = if MIN { 160 } else { 144 };
-            let nb = recs.len() / (2 * rb);
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
             let codes = if MIN { 32 } else { 16 };
+            let rb = codes + 128 + if HIGH { 32 } else { 0 };
+            let nb = recs.len() / (2 * rb);
+            let off = if HIGH { 16 } else { 8 };
             let mask = _mm512_set1_epi8(0x0F);
             let mut acc = [_mm512_setzero_ps(); T];
             for b in 0..nb {
@@ -869,9 +956,16 @@ mod avx512 {
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
                 let m = if MIN { unsafe { f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16)) } } else { _mm512_setzero_ps() };
+                let hb = if HIGH { join(r0, r1, codes + 128) } else { _mm512_setzero_si512() };
                 let c: [__m512i; 4] = std::array::from_fn(|i| join(r0, r1, codes + 32 * i));
-                let lo = c.map(|c| _mm512_and_si512(c, mask));
-                let hi = c.map(|c| _mm512_and_si512(_mm512_srli_epi16::<4>(c), mask));
+                let lo: [__m512i; 4] = std::array::from_fn(|i| {
+                    let n = _mm512_and_si512(c[i], mask);
+                    if HIGH { _mm512_or_si512(n, fifth_bit16(hb, i)) } else { n }
+                });
+                let hi: [__m512i; 4] = std::array::from_fn(|i| {
+                    let n = _mm512_and_si512(_mm512_srli_epi16::<4>(c[i]), mask);
+                    if HIGH { _mm512_or_si512(n, fifth_bit16(hb, 4 + i)) } else { n }
+                });
                 for t in 0..T {
                     let ab = &a[t * nb + b];
                     let mut s = _mm512_setzero_si512();
@@ -880,7 +974,7 @@ mod avx512 {
                         s = _mm512_dpbusd_epi32(s, hi[i], bcast16(ab, 4 + i));
                     }
                     if !MIN {
-                        s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * ab.sum));
+                        s = _mm512_sub_epi32(s, _mm512_set1_epi32(off * ab.sum));
                     }
                     acc[t] = accumulate16::<MIN>(acc[t], s, d, m, ab);
                 }
@@ -914,25 +1008,32 @@ mod avx512 {
             }
             store16::<T>(&acc, dst, width);
         }
-        /// Q4_K over two groups: a sub-block's eight code chunks of both groups, one nibble
-        /// each, against the block's eight activation dwords.
+        /// Q4_K (Q5_K when `HIGH`) over two groups: a sub-block's eight code chunks of both
+        /// groups, one nibble each (and the fifth bits), against the block's eight activation
+        /// dwords.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q4k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            const RB: usize = kquant::Q4K_RECORD;
-            let nsb = recs.len() / (2 * RB);
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
+            let nsb = recs.len() / (2 * rb);
             let nb = nsb * SUBS;
             let mask = _mm512_set1_epi8(0x0F);
             let mut acc = [_mm512_setzero_ps(); T];
             for sb in 0..nsb {
-                let (r0, r1) = (&recs[sb * RB..(sb + 1) * RB], &recs[(nsb + sb) * RB..(nsb + sb + 1) * RB]);
+                let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x16(r0.as_ptr(), r1.as_ptr()), f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16))) };
                 for s in 0..SUBS {
                     let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes16::<false>(r0, r1, 32 + GROUP * s)));
                     let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(bytes16::<false>(r0, r1, 96 + GROUP * s)));
+                    let hb = if HIGH { join(r0, r1, kquant::Q5K_HIGH + 32 * s) } else { _mm512_setzero_si512() };
                     let q: [__m512i; 8] = std::array::from_fn(|i| {
                         let c = join(r0, r1, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
-                        _mm512_and_si512(if s.is_multiple_of(2) { c } else { _mm512_srli_epi16::<4>(c) }, mask)
+                        let n = _mm512_and_si512(if s.is_multiple_of(2) { c } else { _mm512_srli_epi16::<4>(c) }, mask);
+                        if HIGH {
+                            _mm512_or_si512(n, fifth_bit16(hb, i))
+                        } else {
+                            n
+                        }
                     });
                     for t in 0..T {
                         let ab = &a[t * nb + sb * SUBS + s];

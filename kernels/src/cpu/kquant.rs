@@ -1,4 +1,4 @@
-//! Q4_K and Q6_K super-blocks regrouped eight rows at a time for the integer GEMM of
+//! Q4_K, Q5_K and Q6_K super-blocks regrouped eight rows at a time for the integer GEMM of
 //! [`super::interleaved`], and the scalar reference of that GEMM.
 //!
 //! One record holds one 256-value super-block of eight rows. Code bytes are interleaved four
@@ -12,6 +12,10 @@
 //! whose low nibbles are values `4i..4i + 4` of sub-block `2p` and high nibbles those of
 //! sub-block `2p + 1`.
 //!
+//! **Q5_K** ([`Q5K_RECORD`] bytes, 2.3% more than GGML's): a Q4_K record followed by one
+//! 32-byte chunk of fifth bits per sub-block `s`: row `j`, byte `b`, bit `i` is the top bit of
+//! value `4i + b` (the value whose low nibble is byte `b` of code chunk `i`).
+//!
 //! **Q6_K** ([`Q6K_RECORD`] bytes, the GGML size): rows' f16 `d` (16), signed scales
 //! `sc[k * 8 + row]` for the sixteen 16-value sub-blocks (128), then per 32-value block `s`
 //! 192 bytes: four chunks of low nibbles (chunk `i`, row `j`, byte `b`: value `4i + b` in
@@ -21,7 +25,7 @@
 //!
 //! Activations are the per-token Q8 blocks of 32 values the other GGML types use (see
 //! [`super::interleaved`] for why). Numerics per (row, token), in this order:
-//! - Q4_K, for each 32-value sub-block `s` against activation block `a`:
+//! - Q4_K and Q5_K, for each 32-value sub-block `s` against activation block `a`:
 //!   `acc = fma(isum, (d * sc_s) * a.d, acc)`, then `acc = fma(dmin * m_s, -(a.d * a.sum), acc)`,
 //!   with `isum = Σ q · a.qs` exact;
 //! - Q6_K, for each 32-value block: the exact integer
@@ -39,11 +43,17 @@ use half::f16;
 /// Bytes of one interleaved Q4_K record (eight rows, 256 values each).
 pub const Q4K_RECORD: usize = 160 + 4 * 256;
 
+/// Bytes of one interleaved Q5_K record: a Q4_K record, then the fifth bits.
+pub const Q5K_RECORD: usize = Q4K_RECORD + 8 * 32;
+
 /// Bytes of one interleaved Q6_K record (eight rows, 256 values each).
 pub const Q6K_RECORD: usize = 144 + 8 * 192;
 
 /// Offset of the Q4_K code pairs in a record.
 pub(crate) const Q4K_CODES: usize = 160;
+
+/// Offset of the Q5_K fifth bits in a record.
+pub(crate) const Q5K_HIGH: usize = Q4K_RECORD;
 
 /// Offset of the Q6_K code blocks in a record.
 pub(crate) const Q6K_CODES: usize = 144;
@@ -69,8 +79,9 @@ fn q4k_scales(q: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, m)
 }
 
-/// Writes row `j`'s GGML Q4_K block `src` (144 bytes) into record `rec`.
-pub(crate) fn put_q4k(rec: &mut [u8], j: usize, src: &[u8]) {
+/// Writes row `j`'s GGML Q4_K block (144 bytes) or, when `high`, Q5_K block (176 bytes:
+/// the fifth bits `qh` before the nibbles) into record `rec`.
+pub(crate) fn put_k4(rec: &mut [u8], j: usize, src: &[u8], high: bool) {
     rec[2 * j..2 * j + 2].copy_from_slice(&src[0..2]);
     rec[16 + 2 * j..16 + 2 * j + 2].copy_from_slice(&src[2..4]);
     let (sc, m) = q4k_scales(&src[4..16]);
@@ -78,41 +89,54 @@ pub(crate) fn put_q4k(rec: &mut [u8], j: usize, src: &[u8]) {
         rec[32 + s * GROUP + j] = sc[s];
         rec[96 + s * GROUP + j] = m[s];
     }
+    let qs = if high { &src[48..176] } else { &src[16..144] };
     for p in 0..4 {
         for i in 0..8 {
             let at = Q4K_CODES + p * 256 + i * 32 + 4 * j;
-            rec[at..at + 4].copy_from_slice(&src[16 + 32 * p + 4 * i..16 + 32 * p + 4 * i + 4]);
+            rec[at..at + 4].copy_from_slice(&qs[32 * p + 4 * i..32 * p + 4 * i + 4]);
+        }
+    }
+    if high {
+        // Value l of sub-block s has its fifth bit at bit s of qh[l].
+        let qh = &src[16..48];
+        for s in 0..8 {
+            for b in 0..4 {
+                rec[Q5K_HIGH + s * 32 + 4 * j + b] = (0..8).map(|i| ((qh[4 * i + b] >> s) & 1) << i).fold(0, |x, y| x | y);
+            }
         }
     }
 }
 
-/// Row `j`'s 4-bit code of value `l` (0..32) of sub-block `s` in a Q4_K record.
-fn q4k_code(rec: &[u8], j: usize, s: usize, l: usize) -> u8 {
+/// Row `j`'s code of value `l` (0..32) of sub-block `s` in a Q4_K record, or in a Q5_K
+/// record with its fifth bit when `high`.
+fn k4_code(rec: &[u8], j: usize, s: usize, l: usize, high: bool) -> u8 {
     let byte = rec[Q4K_CODES + (s / 2) * 256 + (l / 4) * 32 + 4 * j + l % 4];
-    if s.is_multiple_of(2) {
-        byte & 0x0F
+    let nibble = if s.is_multiple_of(2) { byte & 0x0F } else { byte >> 4 };
+    if high {
+        nibble | (((rec[Q5K_HIGH + s * 32 + 4 * j + l % 4] >> (l / 4)) & 1) << 4)
     } else {
-        byte >> 4
+        nibble
     }
 }
 
-/// Row `j`'s 256 values from a Q4_K record, exactly as GGML dequantizes the original block.
-pub(crate) fn dequant_q4k(rec: &[u8], j: usize, out: &mut [f32]) {
+/// Row `j`'s 256 values from a Q4_K (or, when `high`, Q5_K) record, exactly as GGML
+/// dequantizes the original block.
+pub(crate) fn dequant_k4(rec: &[u8], j: usize, out: &mut [f32], high: bool) {
     let (d, dmin) = (f16_at(rec, 2 * j), f16_at(rec, 16 + 2 * j));
     for (s, o) in out.chunks_exact_mut(Q8_BLOCK).enumerate() {
         let (dl, ml) = (d * rec[32 + s * GROUP + j] as f32, dmin * rec[96 + s * GROUP + j] as f32);
         for (l, o) in o.iter_mut().enumerate() {
-            *o = dl * q4k_code(rec, j, s, l) as f32 - ml;
+            *o = dl * k4_code(rec, j, s, l, high) as f32 - ml;
         }
     }
 }
 
-/// The scalar reference: row `j` of a Q4_K record against the eight activation blocks of its
-/// super-block, added to `acc` (see the module's numerics).
-pub(crate) fn dot_q4k(rec: &[u8], j: usize, a: &[Q8Block], mut acc: f32) -> f32 {
+/// The scalar reference: row `j` of a Q4_K (or, when `high`, Q5_K) record against the eight
+/// activation blocks of its super-block, added to `acc` (see the module's numerics).
+pub(crate) fn dot_k4(rec: &[u8], j: usize, a: &[Q8Block], mut acc: f32, high: bool) -> f32 {
     let (d, dmin) = (f16_at(rec, 2 * j), f16_at(rec, 16 + 2 * j));
     for (s, ab) in a.iter().enumerate().take(QK_K / Q8_BLOCK) {
-        let isum: i32 = (0..Q8_BLOCK).map(|l| q4k_code(rec, j, s, l) as i32 * ab.qs[l] as i32).sum();
+        let isum: i32 = (0..Q8_BLOCK).map(|l| k4_code(rec, j, s, l, high) as i32 * ab.qs[l] as i32).sum();
         let dsc = d * rec[32 + s * GROUP + j] as f32;
         let dm = dmin * rec[96 + s * GROUP + j] as f32;
         acc = (isum as f32).mul_add(dsc * ab.d, acc);

@@ -120,8 +120,8 @@ fn q6_k(x: &[f32], b: &mut [u8]) {
         let sc = (s * inv(d)).round().clamp(0.0, 127.0) as i8;
         rest[k] = sc as u8;
         let id = inv(d * sc as f32);
-        for v in 16 * k..16 * k + 16 {
-            let q = ((x[v] * id).round().clamp(-32.0, 31.0) as i32 + 32) as u8;
+        for (v, &xv) in x.iter().enumerate().skip(16 * k).take(16) {
+            let q = ((xv * id).round().clamp(-32.0, 31.0) as i32 + 32) as u8;
             let (n, quarter, l) = (v / 128, (v % 128) / 32, v % 32);
             ql[n * 64 + l + (quarter & 1) * 32] |= (q & 0x0F) << (4 * (quarter / 2));
             qh[n * 32 + l] |= (q >> 4) << (2 * quarter);
