@@ -60,7 +60,8 @@ impl QuantMix {
     /// The type of matrix `kind` (`token_embd`, `attn_q`, ..., `ffn_down`) in layer `layer`
     /// of `layers`.
     pub fn tensor_type(self, kind: &str, layer: usize, layers: usize) -> GgmlType {
-        let more_bits = layer < layers / 8 || layer >= 7 * layers / 8 || (layer >= layers / 8 && (layer - layers / 8) % 3 == 2);
+        let first = layers / 8;
+        let more_bits = layer < first || layer >= 7 * layers / 8 || (layer - first) % 3 == 2;
         match (self, kind) {
             (QuantMix::Uniform(GgmlType::Q8_0), _) => GgmlType::Q8_0,
             (_, "token_embd") => GgmlType::Q6K,
@@ -137,7 +138,7 @@ pub fn write_random_llama(opts: &RandomLlamaOptions, output: &Path) -> Result<Ra
     let tok = GgufFile::open(&opts.tokenizer).map_err(|e| tok_err(e.to_string()))?;
     let vocab = tok.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array).map(<[MetaValue]>::len).ok_or_else(|| tok_err("no tokenizer.ggml.tokens".into()))?;
     let s = opts.shape;
-    if s.hidden % s.heads != 0 || s.heads % s.kv_heads != 0 {
+    if !s.hidden.is_multiple_of(s.heads) || !s.heads.is_multiple_of(s.kv_heads) {
         return Err(SyntheticError::Shape(format!("{} heads / {} KV heads do not divide hidden {}", s.heads, s.kv_heads, s.hidden)));
     }
     let head_dim = s.hidden / s.heads;

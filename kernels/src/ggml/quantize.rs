@@ -1,4 +1,4 @@
-//! Round-to-nearest quantization of f32 rows to GGML block types (Q4_1, Q8_0, Q4_K, Q6_K):
+//! Round-to-nearest quantization of f32 rows to GGML block types (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K):
 //! enough to write synthetic models and test data in the formats llama.cpp ships. The
 //! search llama.cpp's `llama-quantize` does for the k-quants' scales (weighted, iterative)
 //! is not attempted: scales come straight from each sub-block's range, so the error is that
@@ -8,7 +8,7 @@ use super::types::GgmlType;
 use half::f16;
 
 /// Types [`quantize_row`] writes.
-pub const QUANTIZABLE: [GgmlType; 5] = [GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K];
+pub const QUANTIZABLE: [GgmlType; 6] = [GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
 
 /// Quantizes `x` (whole blocks of `ty`) into `out` (`ty.row_bytes(x.len())` bytes).
 ///
@@ -25,7 +25,8 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
         }
         GgmlType::Q4_1 => q4_1,
         GgmlType::Q8_0 => q8_0,
-        GgmlType::Q4K => q4_k,
+        GgmlType::Q4K => |x, b| k4(x, b, false),
+        GgmlType::Q5K => |x, b| k4(x, b, true),
         GgmlType::Q6K => q6_k,
         _ => panic!("no quantizer for {ty}"),
     };
@@ -72,13 +73,15 @@ fn q4_1(x: &[f32], b: &mut [u8]) {
     }
 }
 
-fn q4_k(x: &[f32], b: &mut [u8]) {
-    // Per 32-value sub-block: the range [min(0, lo), hi] in 15 steps.
+/// Q4_K, or Q5_K when `high` (31 steps, the fifth bits in `qh` before the nibbles).
+fn k4(x: &[f32], b: &mut [u8], high: bool) {
+    let top = if high { 31.0 } else { 15.0 };
+    // Per 32-value sub-block: the range [min(0, lo), hi] in `top` steps.
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
     for (s, xs) in x.chunks_exact(32).enumerate() {
         let (lo, hi) = xs.iter().fold((0f32, f32::NEG_INFINITY), |(l, u), &v| (l.min(v), u.max(v)));
-        scales[s] = (hi - lo) / 15.0;
+        scales[s] = (hi - lo) / top;
         mins[s] = -lo;
     }
     let (d, db) = h(scales.iter().fold(0f32, |m, &v| m.max(v)) / 63.0);
@@ -95,14 +98,18 @@ fn q4_k(x: &[f32], b: &mut [u8]) {
         q[j + 4] = lm[j] | ((lm[j + 4] >> 4) << 6);
         q[j + 8] = (ls[j + 4] & 0x0F) | ((lm[j + 4] & 0x0F) << 4);
     }
-    let qs = &mut b[16..144];
+    let (qh, qs) = if high { b[16..176].split_at_mut(32) } else { b[16..144].split_at_mut(0) };
+    qh.fill(0);
     qs.fill(0);
     for (s, xs) in x.chunks_exact(32).enumerate() {
         let (step, off) = (d * ls[s] as f32, dmin * lm[s] as f32);
         let id = inv(step);
         for (l, &v) in xs.iter().enumerate() {
-            let c = ((v + off) * id).round().clamp(0.0, 15.0) as u8;
-            qs[(s / 2) * 32 + l] |= c << (4 * (s % 2));
+            let c = ((v + off) * id).round().clamp(0.0, top) as u8;
+            qs[(s / 2) * 32 + l] |= (c & 0x0F) << (4 * (s % 2));
+            if high {
+                qh[l] |= (c >> 4) << s;
+            }
         }
     }
 }
