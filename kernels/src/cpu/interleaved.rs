@@ -307,26 +307,16 @@ impl Interleaved {
             .chunks_exact(rec.bytes)
             .zip(out.chunks_exact_mut(rec.values))
         {
+            let d = || f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
             match self.ty {
-                GgmlType::Q4K | GgmlType::Q5K => {
-                    kquant::dequant_k4(blk, j, out, self.ty == GgmlType::Q5K);
-                    continue;
+                GgmlType::Q4K | GgmlType::Q5K => kquant::dequant_k4(blk, j, out, self.ty == GgmlType::Q5K),
+                GgmlType::Q6K => kquant::dequant_q6k(blk, j, out),
+                GgmlType::Q8_0 => {
+                    let d = d();
+                    out.iter_mut().enumerate().for_each(|(c, o)| *o = blk[rec.code(j, c)] as i8 as f32 * d);
                 }
-                GgmlType::Q6K => {
-                    kquant::dequant_q6k(blk, j, out);
-                    continue;
-                }
-                _ => {}
-            }
-            let d = f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
-            let byte = |c: usize| blk[rec.code(j, c)];
-            match self.ty {
-                GgmlType::Q8_0 => out
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(c, o)| *o = byte(c) as i8 as f32 * d),
                 _ => {
-                    let codes = rec.small_codes(blk, j);
+                    let (d, codes) = (d(), rec.small_codes(blk, j));
                     if has_min(self.ty) {
                         let m = f16::from_le_bytes([blk[16 + 2 * j], blk[17 + 2 * j]]).to_f32();
                         out.iter_mut().zip(codes).for_each(|(o, q)| *o = q as f32 * d + m);
