@@ -28,6 +28,7 @@ pub mod quantize;
 pub mod sample;
 pub mod serve;
 pub mod structured;
+pub mod synthetic;
 pub mod tokenizer;
 pub mod upcycle;
 

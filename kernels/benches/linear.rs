@@ -1,6 +1,9 @@
 //! Linear-layer paths on a Q4_1 1536x576 matrix (SmolLM2's gate/up shape, interleaved as the
 //! engine stores it) at several batch sizes: the int8-activation integer GEMM, the AVX2 dequantizing micro-kernel, and the
 //! portable gemm-crate panel path. This is the data behind `LinearPolicy::DEFAULT`'s switch.
+//! Then the integer GEMV of every interleaved GGUF type on 8192x2048 matrices (a 1B model's
+//! FFN gate/up), cycling over enough of them (> 64 MiB) that the weights stream from DRAM as
+//! in decode: throughput in bytes of weights per second.
 //! Run: `cargo bench -p tessera-kernels --bench linear`.
 
 #![allow(missing_docs)] // criterion's macros generate undocumented functions
@@ -9,8 +12,10 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
+use tessera_kernels::ggml::quantize::quantize_row;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::cpu::interleaved::Interleaved;
+use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::{LinearKernel, LinearPolicy, Weight, WeightView};
 
 /// Random Q4_1 blocks with realistic scales and mins.
@@ -48,5 +53,42 @@ fn linear(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, linear);
+/// The integer GEMV (and an 8-token GEMM) per interleaved type, weights streaming from DRAM.
+fn gemv_bandwidth(c: &mut Criterion) {
+    let (rows, cols) = (8192, 2048);
+    let isa = CpuCaps::detect().best_isa();
+    let mut r = ChaCha8Rng::seed_from_u64(2);
+    let mut g = c.benchmark_group("gemv_8192x2048");
+    g.sample_size(10).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        let row_bytes = ty.row_bytes(cols).unwrap();
+        let count = (64usize << 20).div_ceil(rows * row_bytes) + 1;
+        let mats: Vec<Interleaved> = (0..count)
+            .map(|_| {
+                let mut w = vec![0u8; rows * row_bytes];
+                for row in w.chunks_exact_mut(row_bytes) {
+                    let x: Vec<f32> = (0..cols).map(|_| r.gen_range(-0.03f32..0.03)).collect();
+                    quantize_row(ty, &x, row);
+                }
+                Interleaved::pack(&WeightView::new(ty, rows, cols, &w).unwrap()).unwrap()
+            })
+            .collect();
+        let k = LinearKernel::with_isa(ty, isa, LinearPolicy::DEFAULT);
+        for m in [1usize, 8] {
+            let x: Vec<f32> = (0..m * cols).map(|_| r.gen_range(-1.0..1.0)).collect();
+            let mut y = vec![0f32; m * rows];
+            g.throughput(Throughput::Bytes((rows * row_bytes) as u64));
+            let mut next = 0;
+            g.bench_with_input(BenchmarkId::new(k.id(), m), &m, |b, &m| {
+                b.iter(|| {
+                    next = (next + 1) % count;
+                    k.forward(Weight::Interleaved(&mats[next]), &x, m, &mut y, rows)
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, linear, gemv_bandwidth);
 criterion_main!(benches);

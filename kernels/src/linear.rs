@@ -1,11 +1,12 @@
 //! Linear layers `y = x · Wᵀ` over weights kept in their GGML storage type.
 //!
 //! Two paths, chosen per sequence segment by its token count (see [`LinearPolicy`]):
-//! - **the small path**: for Q4_0/Q4_1/Q8_0, activations are quantized per token to 8-bit
-//!   blocks (llama.cpp's activation quantization) and multiplied with the weights regrouped
-//!   eight rows at a time ([`Interleaved`]) by an integer GEMM, one scale epilogue per eight
-//!   rows and one fma per block; by default on AVX2 these types take this path at every
-//!   batch size. Other types dequantize each weight row and use an f32 dot.
+//! - **the small path**: for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, activations are quantized per token to
+//!   8-bit blocks of 32 (llama.cpp's activation quantization of the 32-value types) and
+//!   multiplied with the weights regrouped eight rows at a time ([`Interleaved`]) by an
+//!   integer GEMM, one scale epilogue per eight rows and one or two fmas per block; by default
+//!   on AVX2 these types take this path at every batch size. Other types dequantize each
+//!   weight row and use an f32 dot.
 //! - **the GEMM path (long segments)**: weight rows are dequantized into packed,
 //!   cache-resident f32 slivers and multiplied with a GEMM micro-kernel (`cpu::sgemm` on AVX2,
 //!   the `gemm` crate's elsewhere); activations stay f32.
@@ -59,7 +60,7 @@ impl<'a> WeightView<'a> {
 pub enum Weight<'a> {
     /// GGML rows as stored in the file (every type).
     Rows(WeightView<'a>),
-    /// Q4_0 / Q4_1 / Q8_0 rows regrouped for the integer GEMM.
+    /// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K rows regrouped for the integer GEMM.
     Interleaved(&'a Interleaved),
 }
 
@@ -109,10 +110,10 @@ enum SmallPath {
 /// When to switch from the small-batch path to the f32 panel GEMM path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearPolicy {
-    /// Types whose small path dequantizes rows (floats, k-quants, Q5): batches of at least
+    /// Types whose small path dequantizes rows (floats, Q2_K, Q3_K): batches of at least
     /// this many tokens use the panel GEMM.
     pub gemm_min_tokens: usize,
-    /// Q4_0 / Q4_1 / Q8_0, whose small path is the integer GEMM: batches of at least this many
+    /// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K, whose small path is the integer GEMM: batches of at least this many
     /// tokens leave it for the panel GEMM. Applies where the integer GEMM is vectorized
     /// (AVX2); with the scalar kernel these types switch at `gemm_min_tokens`.
     pub integer_gemm_min_tokens: usize,
@@ -225,7 +226,8 @@ impl fmt::Display for LinearKernel {
         let small = match self.small {
             SmallPath::Integer => {
                 let w = self.ty.name().to_lowercase();
-                let a = if self.ty == GgmlType::Q4_1 { "q8_1" } else { "q8_0" };
+                // Types with mins also use the activation blocks' sums.
+                let a = if matches!(self.ty, GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K) { "q8_1" } else { "q8_0" };
                 format!("cpu.{w}x{GROUP}*{a}.{}", GemmLevel::for_isa(self.isa).name())
             }
             SmallPath::DequantDot => format!("cpu.dequant-dot.{}.{}", self.ty.name().to_lowercase(), self.isa.name()),

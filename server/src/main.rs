@@ -19,7 +19,7 @@ struct Cli {
 enum Command {
     /// Prefill (pp) and decode (tg) speed, measured like llama-bench.
     Bench(cli::bench::BenchArgs),
-    /// Convert a checkpoint to another format (gguf-to-hf).
+    /// Convert a checkpoint to another format (gguf-to-hf, upcycle-moe) or write a random Llama (random-llama).
     Convert(cli::convert::ConvertArgs),
     /// Generate text from a prompt and report prefill/decode speed.
     Generate(cli::generate::GenerateArgs),

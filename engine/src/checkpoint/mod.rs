@@ -6,6 +6,7 @@
 //! source, and Q/K rows are in Hugging Face order (the GGUF converter's permutation undone).
 
 pub mod gguf;
+pub mod gguf_write;
 mod gguf_model;
 mod hf_config;
 mod hf_dir;

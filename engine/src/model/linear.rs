@@ -37,7 +37,7 @@ pub struct PlanEntry {
 enum Weights {
     /// A GGML-typed tensor (GGUF or float), read in place, with its two-path kernel.
     Ggml { ty: GgmlType, data: TensorBytes, kernel: LinearKernel },
-    /// Q4_0 / Q4_1 / Q8_0 regrouped at load for the integer GEMM (the file's rows are not kept).
+    /// GGUF types with an integer kernel (all but floats, Q2_K, Q3_K) regrouped at load for the integer GEMM (the file's rows are not kept).
     Interleaved { w: Interleaved, kernel: LinearKernel },
     /// A checkpoint-quantized matrix with its kernel.
     Quant { op: QuantLinear, scheme: String, note: Option<String> },

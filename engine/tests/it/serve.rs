@@ -11,6 +11,7 @@ use tessera_engine::kv::{BlockPool, KvDtype, PagedSeqKv, SequenceKv};
 use tessera_engine::model::SeqInput;
 use tessera_engine::sample::{logsumexp, SamplingParams, Sampler};
 use tessera_engine::serve::{Engine, EngineConfig, Event, FinishReason, GenRequest, OutputText, StopReason, SubmitError, Usage};
+use tessera_engine::synthetic::{write_random_llama, LlamaShape, QuantMix, RandomLlamaOptions};
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
@@ -240,6 +241,29 @@ fn greedy_bits(e: &Engine, id: &str, prompt: &[u32], max_tokens: usize) -> (Vec<
 #[test]
 fn prefix_hits_and_chunking_do_not_change_results() {
     let model = Arc::new(LoadedModel::load(&default_model_path(), LinearPolicy::DEFAULT).unwrap());
+    // The default format over the whole grid; the others over one chunking and one hit.
+    prefix_and_chunking_invariance(model, &["f32", "bf16", "int8", "fp8_e4m3", "tq3_0", "hqmq-s96-r4", "k=qjl1-w0-s0,v=bf16"]);
+}
+
+/// The same promise for GGUF k-quants, whose integer kernels compute a token's outputs the
+/// same way at every batch size: a tiny random Llama in llama.cpp's Q4_K_M mix (Q4_K and
+/// Q6_K matrices, a Q6_K tied output) over the whole grid of the default cache format.
+#[test]
+fn prefix_hits_and_chunking_do_not_change_results_with_k_quants() {
+    let path = std::env::temp_dir().join(format!("tessera-serve-q4_k_m-{}.gguf", std::process::id()));
+    let opts = RandomLlamaOptions { shape: LlamaShape::TINY, mix: QuantMix::Q4KM, seed: 1, tokenizer: default_model_path() };
+    write_random_llama(&opts, &path).unwrap();
+    let model = LoadedModel::load(&path, LinearPolicy::DEFAULT).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let plan: Vec<String> = model.model.plan().iter().map(|p| p.kernel.clone()).collect();
+    assert!(plan.iter().any(|k| k.starts_with("cpu.q4_kx8")) && plan.iter().any(|k| k.starts_with("cpu.q6_kx8")), "{plan:?}");
+    prefix_and_chunking_invariance(Arc::new(model), &["f32"]);
+}
+
+/// Greedy tokens and logprob bits of two prompts equal in one chunk, in chunks of other sizes
+/// and after prefix hits, for each KV format in `formats` (the first, `f32`, over the whole
+/// grid of chunkings, hits and block sizes).
+fn prefix_and_chunking_invariance(model: Arc<LoadedModel>, formats: &[&str]) {
     let start = |kv: &KvDtype, chunk: usize, block_size: usize, prefix_caching: bool| {
         // The chunk is max_num_batched_tokens - max_num_seqs.
         let cfg = EngineConfig {
@@ -255,9 +279,7 @@ fn prefix_hits_and_chunking_do_not_change_results() {
     };
     let fisherman = tokens("Once upon a time in a small village by the sea, there lived a fisherman who");
     let long = tokens(&PROMPTS[1].repeat(3));
-    // The default format over the whole grid; the others over one chunking and one hit.
-    let formats = ["f32", "bf16", "int8", "fp8_e4m3", "tq3_0", "hqmq-s96-r4", "k=qjl1-w0-s0,v=bf16"];
-    for name in formats {
+    for &name in formats {
         let kv = match name.split_once(',') {
             Some((k, v)) => KvDtype { k: k[2..].parse().unwrap(), v: v[2..].parse().unwrap() },
             None => KvDtype { k: name.parse().unwrap(), v: name.parse().unwrap() },

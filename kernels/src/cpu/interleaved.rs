@@ -1,10 +1,10 @@
-//! GGML Q4_0 / Q4_1 / Q8_0 weights regrouped eight rows at a time, and the integer GEMM
-//! that multiplies them with per-token Q8 activation blocks.
+//! GGML Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights regrouped eight rows at
+//! a time, and the integer GEMM that multiplies them with per-token Q8 activation blocks.
 //!
 //! Layout: rows are taken in groups of [`GROUP`] (the last group zero-padded). For each group
 //! and each 32-value block there is one record: the eight rows' f16 scales, for Q4_1 then their
 //! f16 mins, then their code bytes interleaved four at a time (chunk `i`, bytes `4j..4j + 4` are
-//! row `j`'s code bytes `4i..4i + 4`). A 256-bit load of a chunk puts one row in each 32-bit
+//! row `j`'s code bytes `4i..4i + 4`), for Q5_0 / Q5_1 then a chunk of their fifth bits. A 256-bit load of a chunk puts one row in each 32-bit
 //! lane, so `vpmaddubsw` against four broadcast activation bytes makes partial sums for eight
 //! rows at once, and the per-block scale epilogue runs once per eight rows instead of once per
 //! row. With AVX-512 VNNI, chunk `i` of two adjacent groups fills one 512-bit register and
@@ -13,13 +13,23 @@
 //! at 576 columns) stay in L1. The repacked matrix has the same size as the GGML rows.
 //!
 //! Numerics, per (row, token), block by block in order: `acc = fma(isum as f32, d_w * d_a, acc)`,
-//! then for Q4_1 `acc = fma(m_w, s_a, acc)`, with `isum` the exact integer dot product. The
+//! then for Q4_1 / Q5_1 `acc = fma(m_w, s_a, acc)`, with `isum` the exact integer dot product
+//! (of the codes less 8 for Q4_0, 16 for Q5_0). The
 //! scalar, AVX2 and AVX-512 VNNI kernels perform exactly these operations, so they agree bit
 //! for bit, and a token's result never depends on which other tokens share the call.
+//!
+//! The k-quants (Q4_K, Q5_K, Q6_K) have one record per 256-value super-block, laid out and computed
+//! as [`super::kquant`] describes. Their activations are the same per-token blocks of 32
+//! (llama.cpp quantizes them per 256 instead, Q8_K): one quantization then serves every matrix
+//! of a fused group whatever its type (Q4_K_M files put Q4_K and Q6_K side by side in Q/K/V),
+//! each 32 values get their own scale (a smaller activation error than one scale per 256),
+//! and the extra cost, one float epilogue per 32 values per eight rows instead of per 256, is
+//! hidden behind the weight stream at decode.
 
 use super::caps::Isa;
+use super::kquant;
 use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
-use crate::ggml::GgmlType;
+use crate::ggml::{GgmlType, QK_K};
 use crate::linear::WeightView;
 use half::f16;
 
@@ -96,7 +106,7 @@ impl GemmLevel {
     }
 }
 
-/// A Q4_0, Q4_1 or Q8_0 matrix in the interleaved layout.
+/// A Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K matrix in the interleaved layout.
 #[derive(Clone)]
 pub struct Interleaved {
     ty: GgmlType,
@@ -108,49 +118,86 @@ pub struct Interleaved {
 /// Byte geometry of one record.
 #[derive(Clone, Copy)]
 struct Record {
+    /// Values per row per record (32, or 256 for the k-quants).
+    values: usize,
     /// Bytes of one GGML block of this type.
     block: usize,
-    /// Offset of the code bytes inside a GGML block.
+    /// Bytes of one record (eight rows' blocks).
+    bytes: usize,
+    /// Offset of the code bytes inside a GGML block (32-value types).
     block_codes: usize,
-    /// Code bytes per row per block (16 for 4-bit, 32 for 8-bit).
+    /// Code bytes per row per block (16 for 4-bit, 32 for 8-bit; 32-value types).
     codes: usize,
     /// Offset of the interleaved codes inside a record (after scales and mins).
     codes_at: usize,
+    /// Whether a 32-byte chunk of fifth bits follows the codes (Q5_0, Q5_1).
+    high: bool,
 }
 
 impl Record {
+    /// A 32-value record: scales (and mins) before `codes` interleaved code bytes per row, then
+    /// when `high` the fifth bits: row `j`'s 32-bit lane, byte `b`, bit `i` (0..4) is the top
+    /// bit of value `4i + b` and bit `4 + i` that of value `16 + 4i + b`.
+    const fn small(block: usize, block_codes: usize, codes: usize, codes_at: usize, high: bool) -> Self {
+        let bytes = codes_at + GROUP * codes + if high { 32 } else { 0 };
+        Record { values: Q8_BLOCK, block, bytes, block_codes, codes, codes_at, high }
+    }
+
+    /// Offset of the fifth bits in a record (Q5_0, Q5_1).
+    fn high_at(self) -> usize {
+        self.codes_at + GROUP * self.codes
+    }
+
+    /// Row `j`'s 32 codes of a 4- or 5-bit record `blk`, in value order (unsigned, before any
+    /// offset).
+    fn small_codes(self, blk: &[u8], j: usize) -> [u8; 32] {
+        std::array::from_fn(|v| {
+            let byte = blk[self.code(j, v % 16)];
+            let nibble = if v < 16 { byte & 0x0F } else { byte >> 4 };
+            if self.high {
+                nibble | (((blk[self.high_at() + 4 * j + v % 4] >> ((v / 16) * 4 + (v % 16) / 4)) & 1) << 4)
+            } else {
+                nibble
+            }
+        })
+    }
+
+    /// A 256-value k-quant record (layouts in [`super::kquant`]).
+    const fn k(block: usize, bytes: usize) -> Self {
+        Record { values: QK_K, block, bytes, block_codes: 0, codes: 0, codes_at: 0, high: false }
+    }
+
     fn of(ty: GgmlType) -> Option<Self> {
         match ty {
-            GgmlType::Q4_0 => Some(Record {
-                block: 18,
-                block_codes: 2,
-                codes: 16,
-                codes_at: 16,
-            }),
-            GgmlType::Q4_1 => Some(Record {
-                block: 20,
-                block_codes: 4,
-                codes: 16,
-                codes_at: 32,
-            }),
-            GgmlType::Q8_0 => Some(Record {
-                block: 34,
-                block_codes: 2,
-                codes: 32,
-                codes_at: 16,
-            }),
+            GgmlType::Q4_0 => Some(Record::small(18, 2, 16, 16, false)),
+            GgmlType::Q4_1 => Some(Record::small(20, 4, 16, 32, false)),
+            GgmlType::Q5_0 => Some(Record::small(22, 6, 16, 16, true)),
+            GgmlType::Q5_1 => Some(Record::small(24, 8, 16, 32, true)),
+            GgmlType::Q8_0 => Some(Record::small(34, 2, 32, 16, false)),
+            GgmlType::Q4K => Some(Record::k(144, kquant::Q4K_RECORD)),
+            GgmlType::Q5K => Some(Record::k(176, kquant::Q5K_RECORD)),
+            GgmlType::Q6K => Some(Record::k(210, kquant::Q6K_RECORD)),
             _ => None,
         }
     }
 
-    /// Bytes of one record (eight rows' blocks).
-    fn bytes(self) -> usize {
-        self.codes_at + GROUP * self.codes
-    }
-
-    /// Offset in a record of row `j`'s code byte `c`.
+    /// Offset in a record of row `j`'s code byte `c` (32-value types).
     fn code(self, j: usize, c: usize) -> usize {
         self.codes_at + (c / 4) * 4 * GROUP + 4 * j + c % 4
+    }
+}
+
+/// Whether a 32-value type stores a min per block (Q4_1, Q5_1).
+fn has_min(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1)
+}
+
+/// The code offset of a symmetric 4- or 5-bit type (8 for Q4_0, 16 for Q5_0; 0 otherwise).
+fn offset(ty: GgmlType) -> i32 {
+    match ty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        _ => 0,
     }
 }
 
@@ -170,20 +217,33 @@ impl Interleaved {
     pub fn pack(w: &WeightView<'_>) -> Result<Self, String> {
         let rec = Record::of(w.ty)
             .ok_or_else(|| format!("{} has no interleaved integer layout", w.ty))?;
-        let nb = w.cols / Q8_BLOCK;
+        let nb = w.cols / rec.values;
         let groups = w.rows.div_ceil(GROUP);
-        let mut data = vec![0u8; groups * nb * rec.bytes()];
-        for (g, group) in data.chunks_exact_mut(nb * rec.bytes()).enumerate() {
+        let mut data = vec![0u8; groups * nb * rec.bytes];
+        for (g, group) in data.chunks_exact_mut(nb * rec.bytes).enumerate() {
             for (j, r) in (g * GROUP..(g * GROUP + GROUP).min(w.rows)).enumerate() {
                 let row = w.row(r);
-                for (b, dst) in group.chunks_exact_mut(rec.bytes()).enumerate() {
+                for (b, dst) in group.chunks_exact_mut(rec.bytes).enumerate() {
                     let src = &row[b * rec.block..(b + 1) * rec.block];
-                    dst[2 * j..2 * j + 2].copy_from_slice(&src[..2]);
-                    if w.ty == GgmlType::Q4_1 {
-                        dst[16 + 2 * j..16 + 2 * j + 2].copy_from_slice(&src[2..4]);
-                    }
-                    for c in 0..rec.codes {
-                        dst[rec.code(j, c)] = src[rec.block_codes + c];
+                    match w.ty {
+                        GgmlType::Q4K | GgmlType::Q5K => kquant::put_k4(dst, j, src, w.ty == GgmlType::Q5K),
+                        GgmlType::Q6K => kquant::put_q6k(dst, j, src),
+                        _ => {
+                            dst[2 * j..2 * j + 2].copy_from_slice(&src[..2]);
+                            if has_min(w.ty) {
+                                dst[16 + 2 * j..16 + 2 * j + 2].copy_from_slice(&src[2..4]);
+                            }
+                            for c in 0..rec.codes {
+                                dst[rec.code(j, c)] = src[rec.block_codes + c];
+                            }
+                            if rec.high {
+                                let qh = u32::from_le_bytes(src[rec.block_codes - 4..rec.block_codes].try_into().expect("4 bytes"));
+                                for b in 0..4 {
+                                    let bit = |v: usize, to: usize| (((qh >> v) & 1) << to) as u8;
+                                    dst[rec.high_at() + 4 * j + b] = (0..4).map(|i| bit(4 * i + b, i) | bit(16 + 4 * i + b, 4 + i)).fold(0, |x, y| x | y);
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -227,7 +287,8 @@ impl Interleaved {
 
     /// The records of groups `g..g + k`, one group after the other.
     fn groups(&self, g: usize, k: usize) -> &[u8] {
-        let len = self.cols / Q8_BLOCK * self.record().bytes();
+        let rec = self.record();
+        let len = self.cols / rec.values * rec.bytes;
         &self.data[g * len..(g + k) * len]
     }
 
@@ -243,28 +304,25 @@ impl Interleaved {
         let j = r % GROUP;
         for (blk, out) in self
             .group(r / GROUP)
-            .chunks_exact(rec.bytes())
-            .zip(out.chunks_exact_mut(Q8_BLOCK))
+            .chunks_exact(rec.bytes)
+            .zip(out.chunks_exact_mut(rec.values))
         {
-            let d = f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
-            let byte = |c: usize| blk[rec.code(j, c)];
+            let d = || f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
             match self.ty {
-                GgmlType::Q8_0 => out
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(c, o)| *o = byte(c) as i8 as f32 * d),
+                GgmlType::Q4K | GgmlType::Q5K => kquant::dequant_k4(blk, j, out, self.ty == GgmlType::Q5K),
+                GgmlType::Q6K => kquant::dequant_q6k(blk, j, out),
+                GgmlType::Q8_0 => {
+                    let d = d();
+                    out.iter_mut().enumerate().for_each(|(c, o)| *o = blk[rec.code(j, c)] as i8 as f32 * d);
+                }
                 _ => {
-                    let m = if self.ty == GgmlType::Q4_1 {
-                        f16::from_le_bytes([blk[16 + 2 * j], blk[17 + 2 * j]]).to_f32()
+                    let (d, codes) = (d(), rec.small_codes(blk, j));
+                    if has_min(self.ty) {
+                        let m = f16::from_le_bytes([blk[16 + 2 * j], blk[17 + 2 * j]]).to_f32();
+                        out.iter_mut().zip(codes).for_each(|(o, q)| *o = q as f32 * d + m);
                     } else {
-                        0.0
-                    };
-                    for c in 0..16 {
-                        let (lo, hi) = ((byte(c) & 0x0F) as f32, (byte(c) >> 4) as f32);
-                        (out[c], out[c + 16]) = match self.ty {
-                            GgmlType::Q4_0 => ((lo - 8.0) * d, (hi - 8.0) * d),
-                            _ => (lo * d + m, hi * d + m),
-                        };
+                        let off = offset(self.ty);
+                        out.iter_mut().zip(codes).for_each(|(o, q)| *o = (q as i32 - off) as f32 * d);
                     }
                 }
             }
@@ -316,31 +374,29 @@ impl Interleaved {
             for t in 0..tokens {
                 for j in 0..GROUP {
                     let mut acc = 0f32;
+                    if rec.values == QK_K {
+                        for (blk, a) in self.group(g).chunks_exact(rec.bytes).zip(acts[t * nb..(t + 1) * nb].chunks_exact(QK_K / Q8_BLOCK)) {
+                            acc = match self.ty {
+                                GgmlType::Q6K => kquant::dot_q6k(blk, j, a, acc),
+                                ty => kquant::dot_k4(blk, j, a, acc, ty == GgmlType::Q5K),
+                            };
+                        }
+                        out[t * width + (g - g0) * GROUP + j] = acc;
+                        continue;
+                    }
                     for (blk, a) in self
                         .group(g)
-                        .chunks_exact(rec.bytes())
+                        .chunks_exact(rec.bytes)
                         .zip(&acts[t * nb..(t + 1) * nb])
                     {
                         let d = f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
                         let byte = |c: usize| blk[rec.code(j, c)];
                         let isum: i32 = match self.ty {
-                            GgmlType::Q8_0 => {
-                                (0..32).map(|c| byte(c) as i8 as i32 * a.qs[c] as i32).sum()
-                            }
-                            _ => (0..16)
-                                .map(|c| {
-                                    (byte(c) & 0x0F) as i32 * a.qs[c] as i32
-                                        + (byte(c) >> 4) as i32 * a.qs[c + 16] as i32
-                                })
-                                .sum(),
-                        };
-                        let isum = if self.ty == GgmlType::Q4_0 {
-                            isum - 8 * a.sum
-                        } else {
-                            isum
+                            GgmlType::Q8_0 => (0..32).map(|c| byte(c) as i8 as i32 * a.qs[c] as i32).sum(),
+                            _ => rec.small_codes(blk, j).iter().zip(&a.qs).map(|(&q, &x)| q as i32 * x as i32).sum::<i32>() - offset(self.ty) * a.sum,
                         };
                         acc = (isum as f32).mul_add(d * a.d, acc);
-                        if self.ty == GgmlType::Q4_1 {
+                        if has_min(self.ty) {
                             let m = f16::from_le_bytes([blk[16 + 2 * j], blk[17 + 2 * j]]).to_f32();
                             acc = m.mul_add(a.s, acc);
                         }
@@ -354,10 +410,13 @@ impl Interleaved {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Interleaved, GROUP, TOKEN_BLOCK};
+    use super::{kquant, Interleaved, GROUP, TOKEN_BLOCK};
     use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
-    use crate::ggml::GgmlType;
+    use crate::ggml::{GgmlType, QK_K};
     use std::arch::x86_64::*;
+
+    /// Activation blocks per k-quant super-block.
+    pub(super) const SUBS: usize = QK_K / Q8_BLOCK;
 
     /// One SIMD level's record kernels: the records of `GROUPS` adjacent groups (one after the
     /// other in `recs`) against up to eight tokens, `8 * GROUPS` outputs per token.
@@ -365,49 +424,62 @@ mod avx2 {
         /// Groups per call.
         const GROUPS: usize;
 
-        /// 4-bit records (Q4_1 when `MIN`, else Q4_0) against T tokens; `dst` gets T rows of
-        /// `8 * GROUPS` outputs at stride `width`.
+        /// 4-bit records (Q4_1 when `MIN`, else Q4_0), or 5-bit ones when `HIGH` (Q5_1, Q5_0),
+        /// against T tokens; `dst` gets T rows of `8 * GROUPS` outputs at stride `width`.
         ///
         /// # Safety
         /// The level's CPU features are present; `recs` holds `GROUPS` groups' whole records
         /// of the type and `a` holds T rows of as many blocks as a group has records.
-        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
 
         /// Q8_0 records against T tokens, as [`Records::q4`].
         ///
         /// # Safety
         /// As [`Records::q4`].
         unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+
+        /// Q4_K records (Q5_K when `HIGH`; one super-block of `8 * GROUPS` rows each) against T
+        /// tokens, as [`Records::q4`]; `a` holds eight blocks per super-block per token.
+        ///
+        /// # Safety
+        /// As [`Records::q4`].
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+
+        /// Q6_K records against T tokens, as [`Records::q4k`].
+        ///
+        /// # Safety
+        /// As [`Records::q4`].
+        unsafe fn q6k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+    }
+
+    /// Calls `<$k>::$f::<n, ...>` for `n` tokens (1..=8), with const arguments `$c` after `n`.
+    macro_rules! by_tokens {
+        ($k:ty, $f:ident, $n:expr, [$($c:tt)*], $($arg:expr),*) => {
+            match $n {
+                8 => <$k>::$f::<8 $($c)*>($($arg),*),
+                7 => <$k>::$f::<7 $($c)*>($($arg),*),
+                6 => <$k>::$f::<6 $($c)*>($($arg),*),
+                5 => <$k>::$f::<5 $($c)*>($($arg),*),
+                4 => <$k>::$f::<4 $($c)*>($($arg),*),
+                3 => <$k>::$f::<3 $($c)*>($($arg),*),
+                2 => <$k>::$f::<2 $($c)*>($($arg),*),
+                _ => <$k>::$f::<1 $($c)*>($($arg),*),
+            }
+        };
     }
 
     /// Calls kernel set `$k`'s record kernel for type `ty` and `n` tokens (1..=8).
     macro_rules! tile {
         ($k:ty, $ty:expr, $n:expr, $($arg:expr),*) => {
-            match ($ty, $n) {
-                (GgmlType::Q4_1, 8) => <$k>::q4::<8, true>($($arg),*),
-                (GgmlType::Q4_1, 7) => <$k>::q4::<7, true>($($arg),*),
-                (GgmlType::Q4_1, 6) => <$k>::q4::<6, true>($($arg),*),
-                (GgmlType::Q4_1, 5) => <$k>::q4::<5, true>($($arg),*),
-                (GgmlType::Q4_1, 4) => <$k>::q4::<4, true>($($arg),*),
-                (GgmlType::Q4_1, 3) => <$k>::q4::<3, true>($($arg),*),
-                (GgmlType::Q4_1, 2) => <$k>::q4::<2, true>($($arg),*),
-                (GgmlType::Q4_1, _) => <$k>::q4::<1, true>($($arg),*),
-                (GgmlType::Q4_0, 8) => <$k>::q4::<8, false>($($arg),*),
-                (GgmlType::Q4_0, 7) => <$k>::q4::<7, false>($($arg),*),
-                (GgmlType::Q4_0, 6) => <$k>::q4::<6, false>($($arg),*),
-                (GgmlType::Q4_0, 5) => <$k>::q4::<5, false>($($arg),*),
-                (GgmlType::Q4_0, 4) => <$k>::q4::<4, false>($($arg),*),
-                (GgmlType::Q4_0, 3) => <$k>::q4::<3, false>($($arg),*),
-                (GgmlType::Q4_0, 2) => <$k>::q4::<2, false>($($arg),*),
-                (GgmlType::Q4_0, _) => <$k>::q4::<1, false>($($arg),*),
-                (_, 8) => <$k>::q8::<8>($($arg),*),
-                (_, 7) => <$k>::q8::<7>($($arg),*),
-                (_, 6) => <$k>::q8::<6>($($arg),*),
-                (_, 5) => <$k>::q8::<5>($($arg),*),
-                (_, 4) => <$k>::q8::<4>($($arg),*),
-                (_, 3) => <$k>::q8::<3>($($arg),*),
-                (_, 2) => <$k>::q8::<2>($($arg),*),
-                (_, _) => <$k>::q8::<1>($($arg),*),
+            match $ty {
+                GgmlType::Q4_1 => by_tokens!($k, q4, $n, [, true, false], $($arg),*),
+                GgmlType::Q4_0 => by_tokens!($k, q4, $n, [, false, false], $($arg),*),
+                GgmlType::Q5_1 => by_tokens!($k, q4, $n, [, true, true], $($arg),*),
+                GgmlType::Q5_0 => by_tokens!($k, q4, $n, [, false, true], $($arg),*),
+                GgmlType::Q4K => by_tokens!($k, q4k, $n, [, false], $($arg),*),
+                GgmlType::Q5K => by_tokens!($k, q4k, $n, [, true], $($arg),*),
+                GgmlType::Q6K => by_tokens!($k, q6k, $n, [], $($arg),*),
+                _ => by_tokens!($k, q8, $n, [], $($arg),*),
             }
         };
     }
@@ -506,6 +578,65 @@ mod avx2 {
         }
     }
 
+    /// Record bytes `at..at + 32`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn load32(rec: &[u8], at: usize) -> __m256i {
+        let c: &[u8; 32] = rec[at..at + 32].try_into().expect("32 bytes");
+        // SAFETY: `c` is 32 readable bytes.
+        unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
+    }
+
+    /// Eight unsigned bytes of a record at `at` as f32 (the Q4_K scales or mins of 8 rows).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn u8x8(rec: &[u8], at: usize) -> __m256 {
+        let c: &[u8; 8] = rec[at..at + 8].try_into().expect("8 bytes");
+        // SAFETY: `c` is 8 readable bytes.
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(c.as_ptr() as *const __m128i) }))
+    }
+
+    /// Eight signed bytes of a record at `at` (the Q6_K scales of 8 rows), each as an i16 in
+    /// both halves of its row's 32-bit lane, the multiplier `vpmaddwd` wants.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn i8x8_pairs(rec: &[u8], at: usize) -> __m256i {
+        let c: &[u8; 8] = rec[at..at + 8].try_into().expect("8 bytes");
+        // SAFETY: `c` is 8 readable bytes.
+        let v = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(c.as_ptr() as *const __m128i) });
+        _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32::<16>(v))
+    }
+
+    /// Bits `2i..2i + 2` of every byte of a Q6_K high-bit chunk, moved to bits 4..6.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn high_pair(hb: __m256i, i: usize) -> __m256i {
+        let v = match i {
+            0 => _mm256_slli_epi16::<4>(hb),
+            1 => _mm256_slli_epi16::<2>(hb),
+            2 => hb,
+            _ => _mm256_srli_epi16::<2>(hb),
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(0x30))
+    }
+
+    /// Bit `i` (0..8) of every byte of a fifth-bit chunk, moved to bit 4.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn fifth_bit(hb: __m256i, i: usize) -> __m256i {
+        let v = match i {
+            0 => _mm256_slli_epi16::<4>(hb),
+            1 => _mm256_slli_epi16::<3>(hb),
+            2 => _mm256_slli_epi16::<2>(hb),
+            3 => _mm256_slli_epi16::<1>(hb),
+            4 => hb,
+            5 => _mm256_srli_epi16::<1>(hb),
+            6 => _mm256_srli_epi16::<2>(hb),
+            _ => _mm256_srli_epi16::<3>(hb),
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(0x10))
+    }
+
     /// The AVX2 record kernels.
     pub(super) struct Avx2;
 
@@ -513,10 +644,11 @@ mod avx2 {
         const GROUPS: usize = 1;
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            let rb = if MIN { 160 } else { 144 };
-            let nb = recs.len() / rb;
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
             let codes = if MIN { 32 } else { 16 };
+            let rb = codes + 128 + if HIGH { 32 } else { 0 };
+            let nb = recs.len() / rb;
+            let off = if HIGH { 16 } else { 8 };
             let mask = _mm256_set1_epi8(0x0F);
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); T];
@@ -525,28 +657,31 @@ mod avx2 {
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x8(rec.as_ptr()) };
                 let m = if MIN { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
+                let hb = if HIGH { load32(rec, codes + 128) } else { _mm256_setzero_si256() };
                 let mut lo = [_mm256_setzero_si256(); 4];
                 let mut hi = [_mm256_setzero_si256(); 4];
                 for i in 0..4 {
-                    let c: &[u8; 32] = rec[codes + 32 * i..codes + 32 * i + 32].try_into().expect("32 bytes");
-                    // SAFETY: `c` is 32 readable bytes.
-                    let p = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
+                    let p = load32(rec, codes + 32 * i);
                     lo[i] = _mm256_and_si256(p, mask);
                     hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(p), mask);
+                    if HIGH {
+                        lo[i] = _mm256_or_si256(lo[i], fifth_bit(hb, i));
+                        hi[i] = _mm256_or_si256(hi[i], fifth_bit(hb, 4 + i));
+                    }
                 }
                 for t in 0..T {
                     let ab = &a[t * nb + b];
-                    // |products| <= 2 * 15 * 127 per pair and 8 pairs per lane: fits in i16.
-                    let mut s = _mm256_maddubs_epi16(lo[0], bcast(ab, 0));
-                    for (i, (l, h)) in lo.iter().zip(&hi).enumerate() {
-                        if i > 0 {
-                            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*l, bcast(ab, i)));
-                        }
-                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*h, bcast(ab, 4 + i)));
-                    }
-                    let mut isum = _mm256_madd_epi16(s, ones);
+                    // Chunks i0..i1 (low and high nibbles) summed in i16: 4 (i1 - i0) products of at
+                    // most 15 * 127, or 31 * 127 with the fifth bit, so 4 chunks fit, or 2.
+                    let part = |i0: usize, i1: usize| {
+                        let s = (i0..i1).fold(_mm256_setzero_si256(), |s, i| {
+                            _mm256_add_epi16(_mm256_add_epi16(s, _mm256_maddubs_epi16(lo[i], bcast(ab, i))), _mm256_maddubs_epi16(hi[i], bcast(ab, 4 + i)))
+                        });
+                        _mm256_madd_epi16(s, ones)
+                    };
+                    let mut isum = if HIGH { _mm256_add_epi32(part(0, 2), part(2, 4)) } else { part(0, 4) };
                     if !MIN {
-                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * ab.sum));
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(off * ab.sum));
                     }
                     acc[t] = accumulate::<MIN>(acc[t], isum, d, m, ab);
                 }
@@ -585,13 +720,99 @@ mod avx2 {
             }
             store::<T>(&acc, dst, width);
         }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
+            let nsb = recs.len() / rb;
+            let nb = nsb * SUBS;
+            let mask = _mm256_set1_epi8(0x0F);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); T];
+            for sb in 0..nsb {
+                let rec = &recs[sb * rb..(sb + 1) * rb];
+                // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
+                let (d, dmin) = unsafe { (f16x8(rec.as_ptr()), f16x8(rec.as_ptr().add(16))) };
+                for s in 0..SUBS {
+                    let dsc = _mm256_mul_ps(d, u8x8(rec, 32 + GROUP * s));
+                    let dm = _mm256_mul_ps(dmin, u8x8(rec, 96 + GROUP * s));
+                    let hb = if HIGH { load32(rec, kquant::Q5K_HIGH + 32 * s) } else { _mm256_setzero_si256() };
+                    let q: [__m256i; 8] = std::array::from_fn(|i| {
+                        let c = load32(rec, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
+                        let n = _mm256_and_si256(if s.is_multiple_of(2) { c } else { _mm256_srli_epi16::<4>(c) }, mask);
+                        if HIGH {
+                            _mm256_or_si256(n, fifth_bit(hb, i))
+                        } else {
+                            n
+                        }
+                    });
+                    for t in 0..T {
+                        let ab = &a[t * nb + sb * SUBS + s];
+                        // Products of at most 15 * 127 (31 * 127 with the fifth bit) per i16 lane:
+                        // 16 of them fit (8 with the fifth bit, so then two halves are widened).
+                        let half = |r: std::ops::Range<usize>| {
+                            r.fold(_mm256_setzero_si256(), |p, i| _mm256_add_epi16(p, _mm256_maddubs_epi16(q[i], bcast(ab, i))))
+                        };
+                        let isum = if HIGH {
+                            _mm256_add_epi32(_mm256_madd_epi16(half(0..4), ones), _mm256_madd_epi16(half(4..8), ones))
+                        } else {
+                            _mm256_madd_epi16(half(0..8), ones)
+                        };
+                        let acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[t]);
+                        acc[t] = _mm256_fmadd_ps(dm, _mm256_set1_ps(-(ab.d * ab.sum as f32)), acc1);
+                    }
+                }
+            }
+            store::<T>(&acc, dst, width);
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn q6k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            const RB: usize = kquant::Q6K_RECORD;
+            let nsb = recs.len() / RB;
+            let nb = nsb * SUBS;
+            let mask = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); T];
+            for sb in 0..nsb {
+                let rec = &recs[sb * RB..(sb + 1) * RB];
+                // SAFETY: a record starts with 16 bytes of scales.
+                let d = unsafe { f16x8(rec.as_ptr()) };
+                for s in 0..SUBS {
+                    let at = kquant::Q6K_CODES + s * kquant::Q6K_BLOCK;
+                    let sc: [__m256i; 2] = std::array::from_fn(|h| i8x8_pairs(rec, 16 + GROUP * (2 * s + h)));
+                    let lo: [__m256i; 4] = std::array::from_fn(|i| load32(rec, at + 32 * i));
+                    let q: [[__m256i; 4]; 2] = std::array::from_fn(|h| {
+                        let hb = load32(rec, at + 128 + 32 * h);
+                        std::array::from_fn(|i| {
+                            let l = if h == 0 { lo[i] } else { _mm256_srli_epi16::<4>(lo[i]) };
+                            _mm256_or_si256(_mm256_and_si256(l, mask), high_pair(hb, i))
+                        })
+                    });
+                    for t in 0..T {
+                        let ab = &a[t * nb + sb * SUBS + s];
+                        let mut isum = _mm256_setzero_si256();
+                        for (h, (qh, sch)) in q.iter().zip(&sc).enumerate() {
+                            // Two chunks per i16 sum: 4 products of at most 63 * 127.
+                            let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[0], bcast(ab, 4 * h)), _mm256_maddubs_epi16(qh[1], bcast(ab, 4 * h + 1)));
+                            let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[2], bcast(ab, 4 * h + 2)), _mm256_maddubs_epi16(qh[3], bcast(ab, 4 * h + 3)));
+                            // The codes' offset: sc * (-16 Σa) twice, |16 Σa| <= 16 * 16 * 127 fits in i16.
+                            let asum = if h == 0 { ab.sum_lo } else { ab.sum - ab.sum_lo };
+                            let bias = _mm256_madd_epi16(*sch, _mm256_set1_epi16((-16 * asum) as i16));
+                            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p01, *sch), _mm256_madd_epi16(p23, *sch)), bias));
+                        }
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), acc[t]);
+                    }
+                }
+            }
+            store::<T>(&acc, dst, width);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::avx2::Records;
-    use super::GROUP;
+    use super::avx2::{Records, SUBS};
+    use super::{kquant, GROUP};
     use crate::ggml::act_quant::Q8Block;
     use std::arch::x86_64::*;
 
@@ -661,6 +882,51 @@ mod avx512 {
         }
     }
 
+    /// Eight bytes at `at` of each of two records, sixteen rows' scales or mins, as i32 lanes
+    /// (zero- or sign-extended).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn bytes16<const SIGNED: bool>(r0: &[u8], r1: &[u8], at: usize) -> __m512i {
+        let (c0, c1): (&[u8; 8], &[u8; 8]) = (r0[at..at + 8].try_into().expect("8 bytes"), r1[at..at + 8].try_into().expect("8 bytes"));
+        // SAFETY: `c0` and `c1` are 8 readable bytes each.
+        let v = unsafe { _mm_unpacklo_epi64(_mm_loadl_epi64(c0.as_ptr() as *const __m128i), _mm_loadl_epi64(c1.as_ptr() as *const __m128i)) };
+        if SIGNED {
+            _mm512_cvtepi8_epi32(v)
+        } else {
+            _mm512_cvtepu8_epi32(v)
+        }
+    }
+
+    /// Bits `2i..2i + 2` of every byte of a Q6_K high-bit chunk, moved to bits 4..6.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn high_pair16(hb: __m512i, i: usize) -> __m512i {
+        let v = match i {
+            0 => _mm512_slli_epi16::<4>(hb),
+            1 => _mm512_slli_epi16::<2>(hb),
+            2 => hb,
+            _ => _mm512_srli_epi16::<2>(hb),
+        };
+        _mm512_and_si512(v, _mm512_set1_epi8(0x30))
+    }
+
+    /// Bit `i` (0..8) of every byte of a fifth-bit chunk, moved to bit 4.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn fifth_bit16(hb: __m512i, i: usize) -> __m512i {
+        let v = match i {
+            0 => _mm512_slli_epi16::<4>(hb),
+            1 => _mm512_slli_epi16::<3>(hb),
+            2 => _mm512_slli_epi16::<2>(hb),
+            3 => _mm512_slli_epi16::<1>(hb),
+            4 => hb,
+            5 => _mm512_srli_epi16::<1>(hb),
+            6 => _mm512_srli_epi16::<2>(hb),
+            _ => _mm512_srli_epi16::<3>(hb),
+        };
+        _mm512_and_si512(v, _mm512_set1_epi8(0x10))
+    }
+
     impl Records for Vnni {
         const GROUPS: usize = 2;
 
@@ -668,10 +934,11 @@ mod avx512 {
         /// activation dword `i` broadcast to all lanes, so no `vpermd` and no folding of
         /// halves, and the epilogue runs on sixteen rows at once.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q4<const T: usize, const MIN: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            let rb = if MIN { 160 } else { 144 };
-            let nb = recs.len() / (2 * rb);
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
             let codes = if MIN { 32 } else { 16 };
+            let rb = codes + 128 + if HIGH { 32 } else { 0 };
+            let nb = recs.len() / (2 * rb);
+            let off = if HIGH { 16 } else { 8 };
             let mask = _mm512_set1_epi8(0x0F);
             let mut acc = [_mm512_setzero_ps(); T];
             for b in 0..nb {
@@ -679,9 +946,16 @@ mod avx512 {
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
                 let m = if MIN { unsafe { f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16)) } } else { _mm512_setzero_ps() };
+                let hb = if HIGH { join(r0, r1, codes + 128) } else { _mm512_setzero_si512() };
                 let c: [__m512i; 4] = std::array::from_fn(|i| join(r0, r1, codes + 32 * i));
-                let lo = c.map(|c| _mm512_and_si512(c, mask));
-                let hi = c.map(|c| _mm512_and_si512(_mm512_srli_epi16::<4>(c), mask));
+                let lo: [__m512i; 4] = std::array::from_fn(|i| {
+                    let n = _mm512_and_si512(c[i], mask);
+                    if HIGH { _mm512_or_si512(n, fifth_bit16(hb, i)) } else { n }
+                });
+                let hi: [__m512i; 4] = std::array::from_fn(|i| {
+                    let n = _mm512_and_si512(_mm512_srli_epi16::<4>(c[i]), mask);
+                    if HIGH { _mm512_or_si512(n, fifth_bit16(hb, 4 + i)) } else { n }
+                });
                 for t in 0..T {
                     let ab = &a[t * nb + b];
                     let mut s = _mm512_setzero_si512();
@@ -690,7 +964,7 @@ mod avx512 {
                         s = _mm512_dpbusd_epi32(s, hi[i], bcast16(ab, 4 + i));
                     }
                     if !MIN {
-                        s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * ab.sum));
+                        s = _mm512_sub_epi32(s, _mm512_set1_epi32(off * ab.sum));
                     }
                     acc[t] = accumulate16::<MIN>(acc[t], s, d, m, ab);
                 }
@@ -720,6 +994,89 @@ mod avx512 {
                     }
                     let isum = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * ab.sum));
                     acc[t] = accumulate16::<false>(acc[t], isum, d, d, ab);
+                }
+            }
+            store16::<T>(&acc, dst, width);
+        }
+        /// Q4_K (Q5_K when `HIGH`) over two groups: a sub-block's eight code chunks of both
+        /// groups, one nibble each (and the fifth bits), against the block's eight activation
+        /// dwords.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
+            let nsb = recs.len() / (2 * rb);
+            let nb = nsb * SUBS;
+            let mask = _mm512_set1_epi8(0x0F);
+            let mut acc = [_mm512_setzero_ps(); T];
+            for sb in 0..nsb {
+                let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
+                // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
+                let (d, dmin) = unsafe { (f16x16(r0.as_ptr(), r1.as_ptr()), f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16))) };
+                for s in 0..SUBS {
+                    let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes16::<false>(r0, r1, 32 + GROUP * s)));
+                    let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(bytes16::<false>(r0, r1, 96 + GROUP * s)));
+                    let hb = if HIGH { join(r0, r1, kquant::Q5K_HIGH + 32 * s) } else { _mm512_setzero_si512() };
+                    let q: [__m512i; 8] = std::array::from_fn(|i| {
+                        let c = join(r0, r1, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
+                        let n = _mm512_and_si512(if s.is_multiple_of(2) { c } else { _mm512_srli_epi16::<4>(c) }, mask);
+                        if HIGH {
+                            _mm512_or_si512(n, fifth_bit16(hb, i))
+                        } else {
+                            n
+                        }
+                    });
+                    for t in 0..T {
+                        let ab = &a[t * nb + sb * SUBS + s];
+                        let mut isum = _mm512_setzero_si512();
+                        for (i, qi) in q.iter().enumerate() {
+                            isum = _mm512_dpbusd_epi32(isum, *qi, bcast16(ab, i));
+                        }
+                        let acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, _mm512_set1_ps(ab.d)), acc[t]);
+                        acc[t] = _mm512_fmadd_ps(dm, _mm512_set1_ps(-(ab.d * ab.sum as f32)), acc1);
+                    }
+                }
+            }
+            store16::<T>(&acc, dst, width);
+        }
+
+        /// Q6_K over two groups: unsigned 6-bit codes into `vpdpbusd`, the offset of 32 taken
+        /// off each 16-value half's sum before its scale multiplies it.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        unsafe fn q6k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            const RB: usize = kquant::Q6K_RECORD;
+            let nsb = recs.len() / (2 * RB);
+            let nb = nsb * SUBS;
+            let mask = _mm512_set1_epi8(0x0F);
+            let mut acc = [_mm512_setzero_ps(); T];
+            for sb in 0..nsb {
+                let (r0, r1) = (&recs[sb * RB..(sb + 1) * RB], &recs[(nsb + sb) * RB..(nsb + sb + 1) * RB]);
+                // SAFETY: a record starts with 16 bytes of scales.
+                let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
+                for s in 0..SUBS {
+                    let at = kquant::Q6K_CODES + s * kquant::Q6K_BLOCK;
+                    let sc: [__m512i; 2] = std::array::from_fn(|h| bytes16::<true>(r0, r1, 16 + GROUP * (2 * s + h)));
+                    let lo: [__m512i; 4] = std::array::from_fn(|i| join(r0, r1, at + 32 * i));
+                    let q: [[__m512i; 4]; 2] = std::array::from_fn(|h| {
+                        let hb = join(r0, r1, at + 128 + 32 * h);
+                        std::array::from_fn(|i| {
+                            let l = if h == 0 { lo[i] } else { _mm512_srli_epi16::<4>(lo[i]) };
+                            _mm512_or_si512(_mm512_and_si512(l, mask), high_pair16(hb, i))
+                        })
+                    });
+                    for t in 0..T {
+                        let ab = &a[t * nb + sb * SUBS + s];
+                        let mut isum = _mm512_setzero_si512();
+                        for (h, (qh, sch)) in q.iter().zip(&sc).enumerate() {
+                            let mut u = _mm512_setzero_si512();
+                            for (i, qi) in qh.iter().enumerate() {
+                                u = _mm512_dpbusd_epi32(u, *qi, bcast16(ab, 4 * h + i));
+                            }
+                            let asum = if h == 0 { ab.sum_lo } else { ab.sum - ab.sum_lo };
+                            let u = _mm512_sub_epi32(u, _mm512_set1_epi32(32 * asum));
+                            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(u, *sch));
+                        }
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(ab.d)), acc[t]);
+                    }
                 }
             }
             store16::<T>(&acc, dst, width);

@@ -20,6 +20,8 @@ pub struct Q8Block {
     pub s: f32,
     /// `Σ qs` exactly (the offset correction of Q4_0 weights).
     pub sum: i32,
+    /// `Σ qs[..16]` exactly (the offset correction of Q6_K's 16-value sub-blocks).
+    pub sum_lo: i32,
     /// Quantized values in [-127, 127].
     pub qs: [i8; Q8_BLOCK],
 }
@@ -50,10 +52,13 @@ pub fn quantize_q8_with(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
                 let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let (d, id) = scales(amax);
                 let mut sum = 0i32;
-                for (q, &v) in blk.qs.iter_mut().zip(xs) {
+                for (l, (q, &v)) in blk.qs.iter_mut().zip(xs).enumerate() {
                     let r = (v * id).round() as i32;
                     *q = r as i8;
                     sum += r;
+                    if l == Q8_BLOCK / 2 - 1 {
+                        blk.sum_lo = sum;
+                    }
                 }
                 blk.sum = sum;
                 blk.d = f16::from_f32(d).to_f32();
@@ -97,18 +102,20 @@ mod avx2 {
             let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
             let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
             let (d, id) = scales(amax);
-            let sum = round_block(xs, id, &mut blk.qs);
+            let (sum, sum_lo) = round_block(xs, id, &mut blk.qs);
             let h = _mm_cvtph_ps(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_setr_ps(d, sum as f32 * d, 0.0, 0.0)));
             blk.sum = sum;
+            blk.sum_lo = sum_lo;
             blk.d = _mm_cvtss_f32(h);
             blk.s = _mm_cvtss_f32(_mm_shuffle_ps::<1>(h, h));
         }
     }
 
-    /// `qs[i] = round(x[i] * id)` (half away from zero, as `f32::round`); returns `Σ qs`.
+    /// `qs[i] = round(x[i] * id)` (half away from zero, as `f32::round`); returns `Σ qs` and
+    /// `Σ qs[..16]`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn round_block(x: &[f32; 32], id: f32, qs: &mut [i8; 32]) -> i32 {
+    fn round_block(x: &[f32; 32], id: f32, qs: &mut [i8; 32]) -> (i32, i32) {
         let sign = _mm256_set1_ps(-0.0);
         let half = _mm256_set1_ps(0.5);
         let one = _mm256_set1_ps(1.0);
@@ -124,16 +131,23 @@ mod avx2 {
             let step = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), _mm256_or_ps(_mm256_and_ps(p, sign), one));
             *v = _mm256_cvtps_epi32(_mm256_add_ps(t, step));
         }
-        let total = _mm256_add_epi32(_mm256_add_epi32(ints[0], ints[1]), _mm256_add_epi32(ints[2], ints[3]));
-        let s = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256::<1>(total));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0x4E>(s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0xB1>(s));
+        let lo = _mm256_add_epi32(ints[0], ints[1]);
+        let (sum_lo, sum) = (hsum(lo), hsum(_mm256_add_epi32(lo, _mm256_add_epi32(ints[2], ints[3]))));
         // i32 -> i16 -> i8 packs interleave the 128-bit halves; one permute restores the order.
         let w01 = _mm256_packs_epi32(ints[0], ints[1]);
         let w23 = _mm256_packs_epi32(ints[2], ints[3]);
         let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         // SAFETY: `qs` is 32 writable bytes.
         unsafe { _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, b) };
-        _mm_cvtsi128_si32(s)
+        (sum, sum_lo)
+    }
+
+    /// Sum of eight i32 lanes.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn hsum(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0x4E>(s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0xB1>(s)))
     }
 }

@@ -1,7 +1,8 @@
-//! GGML block formats: types, scalar dequantization, activation quantization.
+//! GGML block formats: types, scalar dequantization, weight and activation quantization.
 
 pub mod act_quant;
 pub mod dequant;
+pub mod quantize;
 pub mod types;
 
 pub use dequant::dequantize_row;

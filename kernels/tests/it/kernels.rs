@@ -5,6 +5,7 @@ use crate::common;
 use common::{assert_close, randn, random_weights, rng};
 use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, dots_f32, weighted_sum_f32};
 use tessera_kernels::cpu::interleaved::{GemmLevel, Interleaved, GROUP};
+use tessera_kernels::cpu::kquant::{Q4K_RECORD, Q5K_RECORD};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, quantize_q8_with, Q8Block};
 use tessera_kernels::ggml::GgmlType;
@@ -21,7 +22,60 @@ fn simd_isas() -> Vec<Isa> {
 }
 
 /// The integer types with an interleaved layout.
-const INTEGER_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+const INTEGER_TYPES: [GgmlType; 8] =
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+
+/// A width of `k32` columns for 32-value types, scaled to whole 256-value super-blocks for
+/// the k-quants (the same number of blocks per row).
+fn cols(ty: GgmlType, k32: usize) -> usize {
+    k32 * ty.block_size() / 32
+}
+
+/// The 6-bit codes of a GGML Q6_K block in value order, decoded from ggml's `block_q6_K`
+/// (`ql` 128 bytes, `qh` 64, scales 16, `d`).
+fn q6k_codes(b: &[u8]) -> Vec<i32> {
+    (0..256)
+        .map(|v| {
+            let (n, quarter, l) = (v / 128, (v % 128) / 32, v % 32);
+            let lb = b[n * 64 + l + (quarter & 1) * 32];
+            let lo = if quarter >= 2 { lb >> 4 } else { lb & 15 };
+            (lo | (((b[128 + n * 32 + l] >> (2 * quarter)) & 3) << 4)) as i32
+        })
+        .collect()
+}
+
+/// The reference of the k-quant integer GEMM from one GGML super-block (`a`: its 8 activation
+/// blocks), the documented operations in `cpu::kquant`: per 32-value sub-block, Q4_K
+/// `fma(isum, (d * sc) * d_a, acc)` then `fma(dmin * m, -(d_a * Σa), acc)`, Q6_K the exact
+/// `sc_lo * isum_lo + sc_hi * isum_hi` then `fma(isum, d * d_a, acc)`.
+fn kquant_block_dot(ty: GgmlType, b: &[u8], a: &[Q8Block], mut acc: f32) -> f32 {
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    for (s, ab) in a.iter().enumerate() {
+        if ty != GgmlType::Q6K {
+            let q = &b[4..16];
+            let (sc, m) = if s < 4 {
+                (q[s] & 63, q[s + 4] & 63)
+            } else {
+                ((q[s + 4] & 15) | ((q[s - 4] >> 6) << 4), (q[s + 4] >> 4) | ((q[s] >> 6) << 4))
+            };
+            // Q5_K: the fifth bit of value l of sub-block s is bit s of qh[l] (bytes 16..48).
+            let (qs_at, high) = if ty == GgmlType::Q5K { (48, true) } else { (16, false) };
+            let codes = &b[qs_at + 32 * (s / 2)..qs_at + 32 * (s / 2) + 32];
+            let code = |l: usize| {
+                let n = if s.is_multiple_of(2) { codes[l] & 15 } else { codes[l] >> 4 };
+                n as i32 + if high { (((b[16 + l] >> s) & 1) as i32) << 4 } else { 0 }
+            };
+            let isum: i32 = (0..32).map(|l| code(l) * ab.qs[l] as i32).sum();
+            acc = (isum as f32).mul_add(f16(b) * sc as f32 * ab.d, acc);
+            acc = (f16(&b[2..]) * m as f32).mul_add(-(ab.d * ab.sum as f32), acc);
+        } else {
+            let q = q6k_codes(b);
+            let half = |h: usize| (b[192 + 2 * s + h] as i8 as i32) * (0..16).map(|l| (q[32 * s + 16 * h + l] - 32) * ab.qs[16 * h + l] as i32).sum::<i32>();
+            acc = ((half(0) + half(1)) as f32).mul_add(f16(&b[208..]) * ab.d, acc);
+        }
+    }
+    acc
+}
 
 /// `n` tokens of random activations quantized to Q8 blocks, token-major.
 fn q8_acts(r: &mut rand_chacha::ChaCha8Rng, k: usize, n: usize) -> (Vec<f32>, Vec<Q8Block>) {
@@ -36,6 +90,9 @@ fn q8_acts(r: &mut rand_chacha::ChaCha8Rng, k: usize, n: usize) -> (Vec<f32>, Ve
 /// An independent reference from the original GGML block bytes: the documented per-block
 /// operations (`acc = fma(isum, d_w * d_a, acc)`, then `fma(m_w, s_a, acc)` for Q4_1).
 fn ggml_block_dot(ty: GgmlType, row: &[u8], a: &[Q8Block]) -> f32 {
+    if ty.block_size() == 256 {
+        return row.chunks_exact(ty.type_size()).zip(a.chunks_exact(8)).fold(0.0, |acc, (b, a)| kquant_block_dot(ty, b, a, acc));
+    }
     let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     let bb = row.len() / a.len();
     let mut acc = 0f32;
@@ -43,15 +100,29 @@ fn ggml_block_dot(ty: GgmlType, row: &[u8], a: &[Q8Block]) -> f32 {
         let isum = match ty {
             GgmlType::Q8_0 => b[2..34].iter().zip(&ab.qs).map(|(&w, &x)| w as i8 as i32 * x as i32).sum::<i32>(),
             _ => {
-                let qs = if ty == GgmlType::Q4_1 { &b[4..20] } else { &b[2..18] };
-                let off = if ty == GgmlType::Q4_0 { 8 } else { 0 };
+                // Codes after d (and m), and for Q5 after the 32 fifth bits qh.
+                let (qs_at, qh) = match ty {
+                    GgmlType::Q4_0 => (2, None),
+                    GgmlType::Q4_1 => (4, None),
+                    GgmlType::Q5_0 => (6, Some(u32::from_le_bytes(b[2..6].try_into().unwrap()))),
+                    _ => (8, Some(u32::from_le_bytes(b[4..8].try_into().unwrap()))),
+                };
+                let off = match ty {
+                    GgmlType::Q4_0 => 8,
+                    GgmlType::Q5_0 => 16,
+                    _ => 0,
+                };
+                let fifth = |v: usize| qh.map_or(0, |h| (((h >> v) & 1) as i32) << 4);
+                let qs = &b[qs_at..qs_at + 16];
                 (0..16)
-                    .map(|c| ((qs[c] & 15) as i32 - off) * ab.qs[c] as i32 + ((qs[c] >> 4) as i32 - off) * ab.qs[c + 16] as i32)
+                    .map(|c| {
+                        ((qs[c] & 15) as i32 + fifth(c) - off) * ab.qs[c] as i32 + ((qs[c] >> 4) as i32 + fifth(c + 16) - off) * ab.qs[c + 16] as i32
+                    })
                     .sum()
             }
         };
         acc = (isum as f32).mul_add(f16(b) * ab.d, acc);
-        if ty == GgmlType::Q4_1 {
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
             acc = f16(&b[2..4]).mul_add(ab.s, acc);
         }
     }
@@ -87,7 +158,11 @@ fn q8_quantizer_simd_matches_scalar() {
         let mut got = vec![Q8Block::default(); n];
         quantize_q8_with(isa, &x, &mut got);
         for (b, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!((g.qs, g.sum, g.d.to_bits(), g.s.to_bits()), (w.qs, w.sum, w.d.to_bits(), w.s.to_bits()), "{isa:?} block {b}");
+            assert_eq!(
+                (g.qs, g.sum, g.sum_lo, g.d.to_bits(), g.s.to_bits()),
+                (w.qs, w.sum, w.sum_lo, w.d.to_bits(), w.s.to_bits()),
+                "{isa:?} block {b}"
+            );
         }
     }
 }
@@ -99,10 +174,19 @@ fn interleaved_rows_dequantize_like_ggml() {
     let mut r = rng(1);
     for ty in INTEGER_TYPES {
         for (rows, k) in [(1, 32), (13, 96), (37, 576)] {
+            let k = cols(ty, k);
             let w = random_weights(&mut r, ty, rows, k);
             let view = WeightView::new(ty, rows, k, &w).unwrap();
             let packed = Interleaved::pack(&view).unwrap();
-            assert_eq!(packed.bytes(), rows.div_ceil(GROUP) * GROUP * w.len() / rows, "{ty}: same bytes per row as GGML");
+            // Q4_K's and Q5_K's 6-bit scales and mins are unpacked to bytes: 32 more per
+            // super-block of 8 rows.
+            let record_extra = match ty {
+                GgmlType::Q4K => Q4K_RECORD - GROUP * 144,
+                GgmlType::Q5K => Q5K_RECORD - GROUP * 176,
+                _ => 0,
+            };
+            let want_bytes = rows.div_ceil(GROUP) * (GROUP * w.len() / rows + record_extra * k / 256);
+            assert_eq!(packed.bytes(), want_bytes, "{ty}: GGML's bytes per row");
             let (mut want, mut got) = (vec![0f32; k], vec![f32::NAN; k]);
             for row in 0..rows {
                 tessera_kernels::ggml::dequantize_row(ty, view.row(row), &mut want);
@@ -130,6 +214,7 @@ fn interleaved_gemm_is_bit_exact_and_batch_invariant() {
     let mut r = rng(8);
     for ty in INTEGER_TYPES {
         for (rows, k) in [(8, 32), (21, 64), (30, 64), (40, 576)] {
+            let k = cols(ty, k);
             let w = random_weights(&mut r, ty, rows, k);
             let view = WeightView::new(ty, rows, k, &w).unwrap();
             let packed = Interleaved::pack(&view).unwrap();
@@ -160,12 +245,15 @@ fn interleaved_gemm_is_bit_exact_and_batch_invariant() {
 
 /// The integer path approximates the float dot within the activation quantization error:
 /// per element at most d_a/2 = amax/254, plus the f16 rounding of d_a and s_a (2^-11
-/// relative), so |error| <= Σ|w| · amax · (1/254 + 2/2048) per block.
+/// relative), so |error| <= Σ|w| · amax · (1/254 + 2/2048) per block. The k-quants compute
+/// exactly Σ w · d_a · q_a in exact arithmetic (Q4_K's min term uses d_a · Σq_a, not the
+/// f16 s_a; Q6_K has none), so the same bound holds with room for their epilogue's f32
+/// roundings (2^-24 each, against the 2^-11 slack).
 #[test]
 fn interleaved_gemm_matches_float_reference() {
     let mut r = rng(2);
     for ty in INTEGER_TYPES {
-        let (rows, k) = (16, 576);
+        let (rows, k) = (16, cols(ty, 576));
         let w = random_weights(&mut r, ty, rows, k);
         let view = WeightView::new(ty, rows, k, &w).unwrap();
         let packed = Interleaved::pack(&view).unwrap();
@@ -367,7 +455,7 @@ fn rope_pairs_first_and_second_half() {
 }
 
 /// Matrices grouped in one call whose kernels switch paths at different lengths (Q4_1 stays
-/// on the integer GEMM, Q6_K leaves its dequantizing dot at 32 tokens) give, per segment,
+/// on the integer GEMM, Q3_K leaves its dequantizing dot at 32 tokens) give, per segment,
 /// exactly what each matrix gives alone on that segment.
 #[test]
 fn grouped_matrices_with_different_switch_points() {
@@ -376,12 +464,12 @@ fn grouped_matrices_with_different_switch_points() {
     let m: usize = segments.iter().sum();
     let x = randn(&mut r, m * k);
     let q41 = random_weights(&mut r, GgmlType::Q4_1, 24, k);
-    let q6k = random_weights(&mut r, GgmlType::Q6K, 16, k);
+    let q3k = random_weights(&mut r, GgmlType::Q3K, 16, k);
     let packed = Interleaved::pack(&WeightView::new(GgmlType::Q4_1, 24, k, &q41).unwrap()).unwrap();
-    let view6 = WeightView::new(GgmlType::Q6K, 16, k, &q6k).unwrap();
+    let view3 = WeightView::new(GgmlType::Q3K, 16, k, &q3k).unwrap();
     for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
-        let (ka, kb) = (LinearKernel::with_isa(GgmlType::Q4_1, isa, LinearPolicy::DEFAULT), LinearKernel::with_isa(GgmlType::Q6K, isa, LinearPolicy::DEFAULT));
-        let (wa, wb) = (Weight::Interleaved(&packed), Weight::Rows(view6));
+        let (ka, kb) = (LinearKernel::with_isa(GgmlType::Q4_1, isa, LinearPolicy::DEFAULT), LinearKernel::with_isa(GgmlType::Q3K, isa, LinearPolicy::DEFAULT));
+        let (wa, wb) = (Weight::Interleaved(&packed), Weight::Rows(view3));
         let ldy = 24 + 16;
         let mut y = vec![f32::NAN; m * ldy];
         tessera_kernels::linear::forward_group(&[(&ka, wa, 0), (&kb, wb, 24)], &x, &segments, &mut y, ldy);
@@ -398,5 +486,37 @@ fn grouped_matrices_with_different_switch_points() {
             }
             t0 += len;
         }
+    }
+}
+
+/// The round-to-nearest quantizers write blocks that GGML's dequantization (checked against
+/// Python `gguf` in the engine's tests) reads back close to the input. On N(0, 1) values the
+/// rounding error is about a uniform half-step: RMS = step / √12 relative to the RMS input,
+/// with the step ~ range / levels: Q8_0 ~2·3/254 → 0.007, Q6_K ~2·2.5/62 → 0.023 (plus the
+/// 8-bit scale), Q5_K ~4.5/31 → 0.042, Q4_1 and Q4_K ~4.5/15 → 0.087 (plus the k-quants'
+/// 6-bit scales and their min at most 0). The bounds leave about 50% over those estimates;
+/// F32 is exact.
+#[test]
+fn quantizers_round_trip_within_rounding_error() {
+    use tessera_kernels::ggml::quantize::{quantize_row, QUANTIZABLE};
+    let mut r = rng(13);
+    for ty in QUANTIZABLE {
+        let n = 256 * 16;
+        let x = randn(&mut r, n);
+        let mut q = vec![0u8; ty.row_bytes(n).unwrap()];
+        quantize_row(ty, &x, &mut q);
+        let mut back = vec![0f32; n];
+        tessera_kernels::ggml::dequantize_row(ty, &q, &mut back);
+        let rms = |v: &mut dyn Iterator<Item = f32>| (v.map(|e| (e as f64).powi(2)).sum::<f64>() / n as f64).sqrt();
+        let rel = rms(&mut x.iter().zip(&back).map(|(a, b)| a - b)) / rms(&mut x.iter().copied());
+        let bound = match ty {
+            GgmlType::F32 => 0.0,
+            GgmlType::Q8_0 => 0.011,
+            GgmlType::Q6K => 0.035,
+            GgmlType::Q5K => 0.065,
+            _ => 0.13,
+        };
+        eprintln!("{ty}: relative RMS error {rel:.4} (bound {bound})");
+        assert!(rel <= bound, "{ty}: relative RMS error {rel} > {bound}");
     }
 }

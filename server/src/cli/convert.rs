@@ -1,4 +1,5 @@
-//! `tessera convert`: checkpoint conversions (`gguf-to-hf`, `upcycle-moe`).
+//! `tessera convert`: checkpoint conversions (`gguf-to-hf`, `upcycle-moe`) and synthetic
+//! models (`random-llama`).
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
@@ -6,7 +7,9 @@ use std::path::PathBuf;
 use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions, ConvertSummary};
 use tessera_engine::float_dtype::FloatDtype;
+use tessera_engine::synthetic::{write_random_llama, LlamaShape, QuantMix, RandomLlamaOptions};
 use tessera_engine::upcycle::{upcycle, MoeFamily, UpcycleOptions};
+use tessera_kernels::ggml::GgmlType;
 
 /// Arguments of `tessera convert`.
 #[derive(Args, Debug)]
@@ -22,6 +25,63 @@ enum ConvertCommand {
     /// A dense Llama model (GGUF or HF directory) to a mixture-of-experts HF directory whose
     /// experts are copies of its MLP (identical experts compute the dense model's function).
     UpcycleMoe(UpcycleArgs),
+    /// A Llama GGUF file with random weights at a real model's shapes (for benchmarks beyond
+    /// the cache), quantized by Tessera's round-to-nearest quantizers, with the default
+    /// model's tokenizer.
+    RandomLlama(RandomLlamaArgs),
+}
+
+/// Shape presets of `random-llama`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PresetArg {
+    /// 1.07B parameters: hidden 2048, 16 layers, 32 / 8 heads, FFN 8192.
+    #[value(name = "1b")]
+    L1b,
+    /// Llama 3.2 3B's blocks: hidden 3072, 28 layers, 24 / 8 heads, FFN 8192.
+    #[value(name = "3b")]
+    L3b,
+    /// Hidden 256, 2 layers (tests).
+    Tiny,
+}
+
+/// Quantization mixes of `random-llama`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum MixArg {
+    /// llama.cpp's Q4_K_M mix (Q4_K, Q6_K for the embedding and some attn_v / ffn_down).
+    #[value(name = "q4_k_m")]
+    Q4KM,
+    /// Q4_K everywhere but the Q6_K embedding.
+    #[value(name = "q4_k")]
+    Q4K,
+    /// Q6_K everywhere.
+    #[value(name = "q6_k")]
+    Q6K,
+    /// Q4_1 everywhere but the Q6_K embedding.
+    #[value(name = "q4_1")]
+    Q4_1,
+    /// Q8_0 everywhere.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+/// Arguments of `tessera convert random-llama`.
+#[derive(Args, Debug)]
+struct RandomLlamaArgs {
+    /// Output GGUF file.
+    #[arg(long)]
+    output: PathBuf,
+    /// Shape.
+    #[arg(long, value_enum, default_value = "1b")]
+    preset: PresetArg,
+    /// Quantization mix.
+    #[arg(long = "type", value_enum, default_value = "q4_k_m")]
+    mix: MixArg,
+    /// Seed of the weights.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// GGUF file whose tokenizer the model takes (default: the project's default model).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
 }
 
 /// Output MoE family.
@@ -142,6 +202,30 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             };
             let s = upcycle(&ck, &a.output, &opts).with_context(|| format!("upcycling {}", a.input.display()))?;
             report(&a.output, &s, opts.convert.dtype);
+        }
+        ConvertCommand::RandomLlama(a) => {
+            let shape = match a.preset {
+                PresetArg::L1b => LlamaShape::L1B,
+                PresetArg::L3b => LlamaShape::L3B,
+                PresetArg::Tiny => LlamaShape::TINY,
+            };
+            let mix = match a.mix {
+                MixArg::Q4KM => QuantMix::Q4KM,
+                MixArg::Q4K => QuantMix::Uniform(GgmlType::Q4K),
+                MixArg::Q6K => QuantMix::Uniform(GgmlType::Q6K),
+                MixArg::Q4_1 => QuantMix::Uniform(GgmlType::Q4_1),
+                MixArg::Q8_0 => QuantMix::Uniform(GgmlType::Q8_0),
+            };
+            let tokenizer = super::model_path::resolve(a.tokenizer.as_deref())?;
+            let opts = RandomLlamaOptions { shape, mix, seed: a.seed, tokenizer };
+            let s = write_random_llama(&opts, &a.output).with_context(|| format!("writing {}", a.output.display()))?;
+            println!(
+                "wrote {}: {} tensors, {:.3}B parameters, {:.1} MiB of weights",
+                a.output.display(),
+                s.tensors,
+                s.params as f64 / 1e9,
+                s.bytes as f64 / (1u64 << 20) as f64
+            );
         }
     }
     Ok(())
