@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::quantize::quantize_row;
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::cpu::interleaved::Interleaved;
+use tessera_kernels::linear::interleaved::Interleaved;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::{LinearKernel, LinearPolicy, Weight, WeightView};
 

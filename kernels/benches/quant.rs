@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::caps::bf16_dot_available;
 use tessera_kernels::cpu::{CpuCaps, Isa};
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::cpu::interleaved::Interleaved;
+use tessera_kernels::linear::interleaved::Interleaved;
 use tessera_kernels::linear::{LinearKernel, LinearPolicy, Weight, WeightView};
 use tessera_kernels::quant::fp8::e4m3_is_nan;
 use tessera_kernels::quant::{ActQuant, Fp8Matrix, Int4Matrix, Int8Matrix, QuantLinear, QuantMatrix};

@@ -8,7 +8,7 @@ use crate::checkpoint::{Checkpoint, LoadError, TensorBytes};
 use crate::quant::QuantizedWeight;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::cpu::interleaved::Interleaved;
+use tessera_kernels::linear::interleaved::Interleaved;
 use tessera_kernels::linear::{forward_group, LinearKernel, LinearPolicy, Weight, WeightView};
 use tessera_kernels::quant::{forward_fused as quant_forward_fused, ActQuant, QuantLinear, QuantMatrix};
 

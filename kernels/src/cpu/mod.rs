@@ -3,11 +3,7 @@
 pub mod caps;
 pub mod dot;
 pub mod exp;
-pub mod interleaved;
-pub mod kquant;
 pub mod pool;
-#[cfg(target_arch = "x86_64")]
-pub mod sgemm;
 pub(crate) mod simd;
 
 pub use caps::{CpuCaps, Isa};

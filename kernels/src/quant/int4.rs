@@ -7,7 +7,7 @@
 //! holding column `j` in its low nibble and column `j + 16` in its high nibble, as `q + 8`
 //! (0..=15). So a 16-byte load unpacks to 32 consecutive columns with one mask and one shift.
 
-use crate::cpu::interleaved::GemmLevel;
+use crate::linear::interleaved::GemmLevel;
 use crate::cpu::Isa;
 
 /// Columns per packed run.

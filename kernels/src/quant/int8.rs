@@ -1,6 +1,6 @@
 //! Int8 weight matrices (W8A8 int8): symmetric per-output-channel scales, row-major values.
 
-use crate::cpu::interleaved::GemmLevel;
+use crate::linear::interleaved::GemmLevel;
 use crate::cpu::Isa;
 
 /// An int8 matrix: `W[r, c] = q[r, c] * s[r]`.

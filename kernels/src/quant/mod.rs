@@ -274,7 +274,7 @@ impl fmt::Display for QuantLinear {
             (QuantMatrix::Fp8(_), _) => "w8a8.fp8xfp8",
         };
         let level = match (&*self.w, self.act) {
-            (QuantMatrix::Int4(_) | QuantMatrix::Int8(_), ActQuant::Int8PerToken) => crate::cpu::interleaved::GemmLevel::for_isa(self.isa).name(),
+            (QuantMatrix::Int4(_) | QuantMatrix::Int8(_), ActQuant::Int8PerToken) => crate::linear::interleaved::GemmLevel::for_isa(self.isa).name(),
             (_, ActQuant::Bf16) if self.isa != Isa::Scalar => "avx512bf16",
             _ => self.isa.name(),
         };

@@ -4,8 +4,8 @@ use crate::common;
 
 use common::{assert_close, randn, random_weights, rng};
 use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, dots_f32, weighted_sum_f32};
-use tessera_kernels::cpu::interleaved::{GemmLevel, Interleaved, GROUP};
-use tessera_kernels::cpu::kquant::{Q4K_RECORD, Q5K_RECORD};
+use tessera_kernels::linear::interleaved::{GemmLevel, Interleaved, GROUP};
+use tessera_kernels::linear::kquant::{Q4K_RECORD, Q5K_RECORD};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, quantize_q8_with, Q8Block};
 use tessera_kernels::ggml::GgmlType;
@@ -45,7 +45,7 @@ fn q6k_codes(b: &[u8]) -> Vec<i32> {
 }
 
 /// The reference of the k-quant integer GEMM from one GGML super-block (`a`: its 8 activation
-/// blocks), the documented operations in `cpu::kquant`: per 32-value sub-block, Q4_K
+/// blocks), the documented operations in `linear::kquant`: per 32-value sub-block, Q4_K
 /// `fma(isum, (d * sc) * d_a, acc)` then `fma(dmin * m, -(d_a * Σa), acc)`, Q6_K the exact
 /// `sc_lo * isum_lo + sc_hi * isum_hi` then `fma(isum, d * d_a, acc)`.
 fn kquant_block_dot(ty: GgmlType, b: &[u8], a: &[Q8Block], mut acc: f32) -> f32 {

@@ -22,7 +22,7 @@ use common::{int4, randn, rng, scale};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use tessera_kernels::cpu::interleaved::GemmLevel;
+use tessera_kernels::linear::interleaved::GemmLevel;
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::cpu::caps::bf16_dot_available;
 use tessera_kernels::quant::act::{quantize_int8_row, quantize_int8_row_scalar, round_bf16_row, round_bf16_scalar};

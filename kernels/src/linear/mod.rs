@@ -8,16 +8,21 @@
 //!   on AVX2 these types take this path at every batch size. Other types dequantize each
 //!   weight row and use an f32 dot.
 //! - **the GEMM path (long segments)**: weight rows are dequantized into packed,
-//!   cache-resident f32 slivers and multiplied with a GEMM micro-kernel (`cpu::sgemm` on AVX2,
+//!   cache-resident f32 slivers and multiplied with a GEMM micro-kernel (`linear::sgemm` on AVX2,
 //!   the `gemm` crate's elsewhere); activations stay f32.
 //!
 //! A [`LinearKernel`] is selected once per layer at load and prints as a kernel id, so the
 //! per-layer plan is data.
 
+pub mod interleaved;
+pub mod kquant;
+#[cfg(target_arch = "x86_64")]
+pub mod sgemm;
+
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::{pool, SyncPtr};
 use crate::cpu::dot::dot_f32;
-use crate::cpu::interleaved::{GemmLevel, Interleaved, GROUP};
+use crate::linear::interleaved::{GemmLevel, Interleaved, GROUP};
 use crate::ggml::act_quant::{quantize_q8, Q8Block, Q8_BLOCK};
 use crate::ggml::{dequantize_row, GgmlType};
 use rayon::prelude::*;
@@ -199,7 +204,7 @@ impl LinearKernel {
     fn gemm(&self, w: &Weight<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => crate::cpu::sgemm::dequant_sgemm(w, x, m, y, ldy),
+            Isa::Avx2 => crate::linear::sgemm::dequant_sgemm(w, x, m, y, ldy),
             _ => panel_gemm(w, x, m, y, ldy),
         }
     }

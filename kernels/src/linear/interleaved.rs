@@ -26,7 +26,7 @@
 //! and the extra cost, one float epilogue per 32 values per eight rows instead of per 256, is
 //! hidden behind the weight stream at decode.
 
-use super::caps::Isa;
+use crate::cpu::caps::Isa;
 use super::kquant;
 use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
 use crate::ggml::{GgmlType, QK_K};
