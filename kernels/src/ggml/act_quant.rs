@@ -80,6 +80,7 @@ fn scales(amax: f32) -> (f32, f32) {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{scales, Q8Block, Q8_BLOCK};
+    use crate::cpu::simd::hsum_epi32;
     use std::arch::x86_64::*;
 
     /// [`super::quantize_q8_with`] for AVX2: the block maximum of |x| in vector registers
@@ -132,7 +133,8 @@ mod avx2 {
             *v = _mm256_cvtps_epi32(_mm256_add_ps(t, step));
         }
         let lo = _mm256_add_epi32(ints[0], ints[1]);
-        let (sum_lo, sum) = (hsum(lo), hsum(_mm256_add_epi32(lo, _mm256_add_epi32(ints[2], ints[3]))));
+        // SAFETY: this function runs with AVX2.
+        let (sum_lo, sum) = unsafe { (hsum_epi32(lo), hsum_epi32(_mm256_add_epi32(lo, _mm256_add_epi32(ints[2], ints[3])))) };
         // i32 -> i16 -> i8 packs interleave the 128-bit halves; one permute restores the order.
         let w01 = _mm256_packs_epi32(ints[0], ints[1]);
         let w23 = _mm256_packs_epi32(ints[2], ints[3]);
@@ -140,14 +142,5 @@ mod avx2 {
         // SAFETY: `qs` is 32 writable bytes.
         unsafe { _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, b) };
         (sum, sum_lo)
-    }
-
-    /// Sum of eight i32 lanes.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn hsum(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0x4E>(s));
-        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0xB1>(s)))
     }
 }

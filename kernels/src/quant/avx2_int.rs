@@ -12,7 +12,7 @@
 //! - W4A16 keeps one 8-lane f32 accumulator per `(row, token)` for the current group,
 //!   fed in a fixed column order (`0..8, 16..24, 8..16, 24..32` of each 32-column run), folded
 //!   into an 8-lane total with `total = fma(s[g], acc, total)` at each group end (the row end
-//!   for a short last group), and summed across lanes by one fixed tree ([`hsum_ps`]). Tiles
+//!   for a short last group), and summed across lanes by one fixed tree ([`hsum`]). Tiles
 //!   only choose how many of these independent accumulators run side by side; column blocks
 //!   save and restore them exactly.
 //! - W4A8 and W8A8 sum integer products exactly (int16 partial sums that cannot overflow,
@@ -24,6 +24,7 @@
 
 use super::int4::{Int4Matrix, RUN};
 use super::int8::Int8Matrix;
+use crate::cpu::simd::{hsum, hsum_epi32};
 use std::arch::x86_64::*;
 
 /// Most tokens one block serves (the integer epilogues vectorize over 8 tokens).
@@ -32,26 +33,6 @@ const TOKENS: usize = 8;
 /// Bytes of f32 activations a W4A16 column block may span (all its tokens), so the block
 /// stays in L1 while every row of the task streams past it.
 const F32_BLOCK_BYTES: usize = 16 * 1024;
-
-/// Sum of the 8 lanes, always in the same tree: `(lo128 + hi128)`, then halves, then pairs.
-///
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
-/// Wrapping sum of the 8 int32 lanes.
-///
-#[target_feature(enable = "avx2,fma")]
-fn hsum_epi32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0x4E>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0xB1>(s));
-    _mm_cvtsi128_si32(s)
-}
 
 /// Lane `j` of the result is the (wrapping) sum of the 8 lanes of `v[j]`.
 ///
@@ -79,7 +60,8 @@ fn lane_sums(v: &[__m256i], sums: &mut [i32]) {
         unsafe { _mm256_storeu_si256(s8.as_mut_ptr().cast(), reduce8(v8)) };
     }
     for (v, s) in vc.remainder().iter().zip(sc.into_remainder()) {
-        *s = hsum_epi32(*v);
+        // SAFETY: this function runs with AVX2.
+        *s = unsafe { hsum_epi32(*v) };
     }
 }
 
@@ -181,7 +163,8 @@ unsafe fn f32_block<const R: usize, const T: usize>(
     }
     for (row, st) in state.chunks_exact(STATE).enumerate() {
         for (t, &v) in st[TOKENS..TOKENS + T].iter().enumerate() {
-            out[row * m + t0 + t] = hsum_ps(v);
+            // SAFETY: this function runs with AVX2.
+            out[row * m + t0 + t] = unsafe { hsum(v) };
         }
     }
 }

@@ -10,13 +10,13 @@
 //!
 //! Batch invariance: per `(row, token)` two 8-lane accumulators take the low and high nibbles
 //! of each run of the current group in column order; at the group end (the row end for a
-//! short last group) `total = fma(s[g], lo + hi, total)`, and [`hsum_ps`] sums the total's
+//! short last group) `total = fma(s[g], lo + hi, total)`, and [`hsum`] sums the total's
 //! lanes in one fixed tree. Row and token tiles only choose how many of these independent
 //! chains run side by side.
 
 #![cfg(target_arch = "x86_64")]
 
-use super::avx2_int::hsum_ps;
+use crate::cpu::simd::hsum;
 use super::int4::{Int4Matrix, RUN};
 use std::arch::x86_64::*;
 
@@ -88,7 +88,8 @@ unsafe fn bf16_block<const R: usize, const T: usize>(
         let totals = unsafe { bf16_micro::<R, T>(w, tables, r, xt) };
         for (rr, row) in totals.iter().enumerate() {
             for (t, &v) in row.iter().enumerate() {
-                out[(r + rr - r0) * m + t0 + t] = hsum_ps(v);
+                // SAFETY: this function runs with AVX-512, which implies AVX.
+                out[(r + rr - r0) * m + t0 + t] = unsafe { hsum(v) };
             }
         }
         r += R;
@@ -97,7 +98,8 @@ unsafe fn bf16_block<const R: usize, const T: usize>(
         // SAFETY: as above, one row.
         let totals = unsafe { bf16_micro::<1, T>(w, tables, r, xt) };
         for (t, &v) in totals[0].iter().enumerate() {
-            out[(r - r0) * m + t0 + t] = hsum_ps(v);
+            // SAFETY: as above.
+            out[(r - r0) * m + t0 + t] = unsafe { hsum(v) };
         }
         r += 1;
     }
