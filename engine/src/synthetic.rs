@@ -40,6 +40,9 @@ impl LlamaShape {
     pub const L1B: LlamaShape = LlamaShape { hidden: 2048, layers: 16, heads: 32, kv_heads: 8, ffn: 8192, context: 8192 };
     /// Llama 3.2 3B's blocks: hidden 3072, 28 layers, 24 heads / 8 KV heads, FFN 8192.
     pub const L3B: LlamaShape = LlamaShape { hidden: 3072, layers: 28, heads: 24, kv_heads: 8, ffn: 8192, context: 8192 };
+    /// Llama 3.1 8B's blocks: hidden 4096, 32 layers, 32 heads / 8 KV heads, FFN 14336 (the
+    /// vocabulary stays the tokenizer's, and the embedding tied).
+    pub const L8B: LlamaShape = LlamaShape { hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn: 14336, context: 8192 };
     /// A tiny model for tests: hidden 256, 2 layers, 4 heads / 2 KV heads, FFN 512.
     pub const TINY: LlamaShape = LlamaShape { hidden: 256, layers: 2, heads: 4, kv_heads: 2, ffn: 512, context: 2048 };
 }
@@ -75,6 +78,7 @@ impl QuantMix {
     fn file_type(self) -> u32 {
         match self {
             QuantMix::Q4KM => 15,
+            QuantMix::Uniform(GgmlType::Q4_0) => 2,
             QuantMix::Uniform(GgmlType::Q4_1) => 3,
             QuantMix::Uniform(GgmlType::Q8_0) => 7,
             QuantMix::Uniform(GgmlType::Q4K) => 14,
@@ -91,6 +95,9 @@ pub struct RandomLlamaOptions {
     pub shape: LlamaShape,
     /// Quantization mix.
     pub mix: QuantMix,
+    /// Type of the (tied) token embedding instead of the mix's choice (`Some(Q8_0)` for a
+    /// legacy-quant file like the default model, whose embedding is Q8_0).
+    pub embedding: Option<GgmlType>,
     /// Seed of every tensor's stream.
     pub seed: u64,
     /// GGUF file whose `tokenizer.*` metadata (and vocabulary size) the model takes.
@@ -143,7 +150,7 @@ pub fn write_random_llama(opts: &RandomLlamaOptions, output: &Path) -> Result<Ra
     }
     let head_dim = s.hidden / s.heads;
     let kv = s.kv_heads * head_dim;
-    let mut tensors = vec![TensorSpec { name: "token_embd.weight".into(), ty: opts.mix.tensor_type("token_embd", 0, s.layers), shape: vec![vocab, s.hidden] }];
+    let mut tensors = vec![TensorSpec { name: "token_embd.weight".into(), ty: opts.embedding.unwrap_or(opts.mix.tensor_type("token_embd", 0, s.layers)), shape: vec![vocab, s.hidden] }];
     tensors.push(TensorSpec { name: "output_norm.weight".into(), ty: GgmlType::F32, shape: vec![s.hidden] });
     for l in 0..s.layers {
         let mat = |kind: &str, rows: usize, cols: usize| TensorSpec { name: format!("blk.{l}.{kind}.weight"), ty: opts.mix.tensor_type(kind, l, s.layers), shape: vec![rows, cols] };

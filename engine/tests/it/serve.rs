@@ -251,7 +251,7 @@ fn prefix_hits_and_chunking_do_not_change_results() {
 #[test]
 fn prefix_hits_and_chunking_do_not_change_results_with_k_quants() {
     let path = std::env::temp_dir().join(format!("tessera-serve-q4_k_m-{}.gguf", std::process::id()));
-    let opts = RandomLlamaOptions { shape: LlamaShape::TINY, mix: QuantMix::Q4KM, seed: 1, tokenizer: default_model_path() };
+    let opts = RandomLlamaOptions { shape: LlamaShape::TINY, mix: QuantMix::Q4KM, embedding: None, seed: 1, tokenizer: default_model_path() };
     write_random_llama(&opts, &path).unwrap();
     let model = LoadedModel::load(&path, LinearPolicy::DEFAULT).unwrap();
     std::fs::remove_file(&path).unwrap();

@@ -127,10 +127,13 @@ impl CudaDevice {
 }
 
 /// For GPU tests and benchmarks: device 0, or `None` after printing why it is unavailable
-/// (`skipped: ...`), so the caller can return early on machines without a GPU.
+/// (`skipped: ...`), so the caller can return early on machines without a GPU. With
+/// `TESSERA_REQUIRE_GPU` set (the GPU machine's run), an unusable device panics instead, so a
+/// run there cannot pass by skipping.
 pub fn test_device() -> Option<Arc<CudaDevice>> {
     match CudaDevice::open(0) {
         Ok(dev) => Some(dev),
+        Err(e) if std::env::var_os("TESSERA_REQUIRE_GPU").is_some() => panic!("TESSERA_REQUIRE_GPU is set but: {e}"),
         Err(e) => {
             eprintln!("skipped: no usable CUDA device ({e})");
             None

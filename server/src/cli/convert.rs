@@ -40,6 +40,9 @@ enum PresetArg {
     /// Llama 3.2 3B's blocks: hidden 3072, 28 layers, 24 / 8 heads, FFN 8192.
     #[value(name = "3b")]
     L3b,
+    /// Llama 3.1 8B's blocks: hidden 4096, 32 layers, 32 / 8 heads, FFN 14336.
+    #[value(name = "8b")]
+    L8b,
     /// Hidden 256, 2 layers (tests).
     Tiny,
 }
@@ -56,12 +59,26 @@ enum MixArg {
     /// Q6_K everywhere.
     #[value(name = "q6_k")]
     Q6K,
+    /// Q4_0 everywhere but the Q6_K embedding.
+    #[value(name = "q4_0")]
+    Q4_0,
     /// Q4_1 everywhere but the Q6_K embedding.
     #[value(name = "q4_1")]
     Q4_1,
     /// Q8_0 everywhere.
     #[value(name = "q8_0")]
     Q8_0,
+}
+
+/// Token-embedding types of `random-llama --embedding-type`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EmbeddingArg {
+    /// Q8_0.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// Q6_K.
+    #[value(name = "q6_k")]
+    Q6K,
 }
 
 /// Arguments of `tessera convert random-llama`.
@@ -76,6 +93,10 @@ struct RandomLlamaArgs {
     /// Quantization mix.
     #[arg(long = "type", value_enum, default_value = "q4_k_m")]
     mix: MixArg,
+    /// Type of the tied token embedding instead of the mix's (q8_0 as in the default model;
+    /// the CUDA backend has no K-quant kernels yet).
+    #[arg(long, value_enum)]
+    embedding_type: Option<EmbeddingArg>,
     /// Seed of the weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -207,17 +228,23 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             let shape = match a.preset {
                 PresetArg::L1b => LlamaShape::L1B,
                 PresetArg::L3b => LlamaShape::L3B,
+                PresetArg::L8b => LlamaShape::L8B,
                 PresetArg::Tiny => LlamaShape::TINY,
             };
             let mix = match a.mix {
                 MixArg::Q4KM => QuantMix::Q4KM,
                 MixArg::Q4K => QuantMix::Uniform(GgmlType::Q4K),
                 MixArg::Q6K => QuantMix::Uniform(GgmlType::Q6K),
+                MixArg::Q4_0 => QuantMix::Uniform(GgmlType::Q4_0),
                 MixArg::Q4_1 => QuantMix::Uniform(GgmlType::Q4_1),
                 MixArg::Q8_0 => QuantMix::Uniform(GgmlType::Q8_0),
             };
             let tokenizer = super::model_path::resolve(a.tokenizer.as_deref())?;
-            let opts = RandomLlamaOptions { shape, mix, seed: a.seed, tokenizer };
+            let embedding = a.embedding_type.map(|e| match e {
+                EmbeddingArg::Q8_0 => GgmlType::Q8_0,
+                EmbeddingArg::Q6K => GgmlType::Q6K,
+            });
+            let opts = RandomLlamaOptions { shape, mix, embedding, seed: a.seed, tokenizer };
             let s = write_random_llama(&opts, &a.output).with_context(|| format!("writing {}", a.output.display()))?;
             println!(
                 "wrote {}: {} tensors, {:.3}B parameters, {:.1} MiB of weights",
