@@ -10,10 +10,10 @@
 // Dequantized values are computed as the CPU does (ggml/dequant.rs): Q4_0 (q - 8)·d,
 // Q4_1 q·d + m (separately rounded, no FMA), Q8_0 q·d.
 //
-// Work split (ggml_matmul): a CTA of TS_WARPS warps, one output row per warp, one tile of up to
-// TS_MT tokens per grid row (grid = (ceil(N / TS_WARPS), ceil(m / TS_MT))). Each lane walks the
-// row's 32-value blocks with stride 32, dequantizes a block into registers once and dots it with
-// every token of the tile (f32 accumulation), then the warp reduces by shuffles.
+// Work split (ggml_matmul): a CTA of TS_WARPS warps, TS_RW output rows per warp, one tile of up
+// to TS_MT tokens per grid row (grid = (ceil(N / (TS_WARPS * TS_RW)), ceil(m / TS_MT))). Each
+// lane walks the rows' 32-value blocks with stride 32, dequantizes them in registers and dots
+// them with every token of the tile (f32 accumulation), then the warp reduces by shuffles.
 
 #ifndef GGML_TYPE
 #error "GGML_TYPE must be defined"
@@ -21,6 +21,7 @@
 
 #define TS_MT 8
 #define TS_WARPS 8
+#define TS_RW 4
 #define TS_BLOCKED (GGML_TYPE == 2 || GGML_TYPE == 3 || GGML_TYPE == 8)
 
 #if GGML_TYPE == 2 || GGML_TYPE == 3
@@ -59,28 +60,6 @@ __device__ __forceinline__ void ts_block_scales(const uint8_t* sc, int64_t blk, 
 #endif
 }
 
-// Dequantizes block `blk` into w[0..32) with 16-byte loads.
-__device__ __forceinline__ void ts_load_block(const uint8_t* qs, const uint8_t* sc, int64_t blk, float w[32]) {
-    float d, m;
-    ts_block_scales(sc, blk, d, m);
-    const uint4* p = reinterpret_cast<const uint4*>(qs + blk * TS_QS);
-#if TS_QS == 16
-    const uint4 v = p[0];
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const uint32_t b = (words[j / 4] >> (8 * (j % 4))) & 0xffu;
-        w[j] = ts_dequant(b & 0xfu, d, m);
-        w[j + 16] = ts_dequant(b >> 4, d, m);
-    }
-#else
-    const uint4 v0 = p[0], v1 = p[1];
-    const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-#pragma unroll
-    for (int j = 0; j < 32; ++j) w[j] = ts_dequant((words[j / 4] >> (8 * (j % 4))) & 0xffu, d, m);
-#endif
-}
-
 // Element `c` of row `r` (embedding gather).
 __device__ __forceinline__ float ts_element(const uint8_t* qs, const uint8_t* sc, int64_t r, int k, int c) {
     const int64_t blk = r * (k / 32) + c / 32;
@@ -109,77 +88,145 @@ __device__ __forceinline__ float ts_element(const uint8_t* qs, const uint8_t*, i
 }
 #endif
 
+#if TS_BLOCKED
+// Code bytes of block `blk` as words (4 for 4-bit types, 8 for Q8_0), 16-byte loads.
+__device__ __forceinline__ void ts_block_words(const uint8_t* qs, int64_t blk, uint32_t w[TS_QS / 4]) {
+    const uint4* p = reinterpret_cast<const uint4*>(qs + blk * TS_QS);
+#pragma unroll
+    for (int i = 0; i < TS_QS / 16; ++i) {
+        const uint4 v = p[i];
+        w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+    }
+}
+
+// Values 8c..8c+8 of a block from its code words (4-bit: value j is the low nibble of byte j for
+// j < 16, the high nibble of byte j - 16 otherwise; Q8_0: value j is byte j).
+__device__ __forceinline__ void ts_chunk8(const uint32_t* words, int c, float d, float m, float w[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#if TS_QS == 16
+        const int v = 8 * c + j, byte = v & 15;
+        const uint32_t b = (words[byte / 4] >> (8 * (byte % 4))) & 0xffu;
+        w[j] = ts_dequant(v < 16 ? (b & 0xfu) : (b >> 4), d, m);
+#else
+        const int byte = 8 * c + j;
+        w[j] = ts_dequant((words[byte / 4] >> (8 * (byte % 4))) & 0xffu, d, m);
+#endif
+    }
+}
+#endif
+
 // x: [m, k] f32, 16-byte aligned (checked by the launcher); y: [m, n] f32. For block types
 // k is a multiple of 32; float types take any k (8-wide vector loads when k % 8 == 0).
+//
+// Block types: each warp owns TS_RW consecutive rows, and each lane a 32-value block column of
+// all of them: the TS_RW blocks are loaded together (TS_RW independent 16-byte loads in flight),
+// then dequantized 8 values at a time and dotted with every token of the tile, so each
+// activation value read serves TS_RW rows (the activations, not the weights, were the traffic
+// that bounded the one-row-per-warp version at batch 8: ~64x the weight bytes).
 extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)
 ggml_matmul(const uint8_t* qs, const uint8_t* sc, const float* x, float* y, int n, int k, int m) {
     const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * TS_WARPS + threadIdx.x / 32;
-    if (row >= n) return;  // whole warps leave; no CTA-wide barrier follows
+    const int row0 = (blockIdx.x * TS_WARPS + threadIdx.x / 32) * TS_RW;
+    if (row0 >= n) return;  // whole warps leave; no CTA-wide barrier follows
+    const int nr = min(TS_RW, n - row0);
     const int t0 = blockIdx.y * TS_MT;
     const int mt = min(TS_MT, m - t0);
     const float* xt = x + (int64_t)t0 * k;
-    float acc[TS_MT];
-#pragma unroll
-    for (int t = 0; t < TS_MT; ++t) acc[t] = 0.0f;
 
 #if TS_BLOCKED
+    float acc[TS_MT][TS_RW];
+#pragma unroll
+    for (int t = 0; t < TS_MT; ++t)
+#pragma unroll
+        for (int r = 0; r < TS_RW; ++r) acc[t][r] = 0.0f;
     const int nb = k / 32;
     for (int b = lane; b < nb; b += 32) {
-        float w[32];
-        ts_load_block(qs, sc, (int64_t)row * nb + b, w);
+        uint32_t words[TS_RW][TS_QS / 4];
+        float d[TS_RW], mm[TS_RW];
 #pragma unroll
-        for (int t = 0; t < TS_MT; ++t) {
-            if (t < mt) {
-                acc[t] += ts_dot32(w, xt + (int64_t)t * k + b * 32);
-            }
+        for (int r = 0; r < TS_RW; ++r) {
+            // Rows past the end repeat the last row (in bounds); their sums are not stored.
+            const int64_t blk = (int64_t)(row0 + min(r, nr - 1)) * nb + b;
+            ts_block_words(qs, blk, words[r]);
+            ts_block_scales(sc, blk, d[r], mm[r]);
         }
-    }
-#else
-    const ts_w_t* wr = reinterpret_cast<const ts_w_t*>(qs) + (int64_t)row * k;
-    if (k % 8 == 0) {
-        for (int c = lane * 8; c < k; c += 32 * 8) {
-            float w[8];
-#if GGML_TYPE == 0
-            const float4 w0 = *reinterpret_cast<const float4*>(wr + c);
-            const float4 w1 = *reinterpret_cast<const float4*>(wr + c + 4);
-            w[0] = w0.x; w[1] = w0.y; w[2] = w0.z; w[3] = w0.w;
-            w[4] = w1.x; w[5] = w1.y; w[6] = w1.z; w[7] = w1.w;
-#else
-            const uint4 v = *reinterpret_cast<const uint4*>(wr + c);
-            const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                w[2 * j] = ts_float((uint16_t)(words[j] & 0xffffu));
-                w[2 * j + 1] = ts_float((uint16_t)(words[j] >> 16));
-            }
-#endif
+        for (int c = 0; c < 4; ++c) {
+            float w[TS_RW][8];
+#pragma unroll
+            for (int r = 0; r < TS_RW; ++r) ts_chunk8(words[r], c, d[r], mm[r], w[r]);
 #pragma unroll
             for (int t = 0; t < TS_MT; ++t) {
                 if (t < mt) {
-                    const float4* xv = reinterpret_cast<const float4*>(xt + (int64_t)t * k + c);
-                    const float4 a = xv[0], b = xv[1];
-                    acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w
-                            + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+                    const float4* xv = reinterpret_cast<const float4*>(xt + (int64_t)t * k + b * 32 + c * 8);
+                    const float4 a0 = xv[0], a1 = xv[1];
+#pragma unroll
+                    for (int r = 0; r < TS_RW; ++r) {
+                        acc[t][r] += w[r][0] * a0.x + w[r][1] * a0.y + w[r][2] * a0.z + w[r][3] * a0.w
+                                   + w[r][4] * a1.x + w[r][5] * a1.y + w[r][6] * a1.z + w[r][7] * a1.w;
+                    }
                 }
             }
         }
-    } else {
-        for (int c = lane; c < k; c += 32) {
-            const float w = ts_float(wr[c]);
+    }
 #pragma unroll
-            for (int t = 0; t < TS_MT; ++t) {
-                if (t < mt) acc[t] += w * xt[(int64_t)t * k + c];
+    for (int t = 0; t < TS_MT; ++t)
+#pragma unroll
+        for (int r = 0; r < TS_RW; ++r) {
+            const float v = ts_warp_sum(acc[t][r]);
+            if (lane == 0 && t < mt && r < nr) y[(int64_t)(t0 + t) * n + row0 + r] = v;
+        }
+#else
+    // Float types: the warp's rows one after another.
+    for (int row = row0; row < row0 + nr; ++row) {
+        float acc[TS_MT];
+#pragma unroll
+        for (int t = 0; t < TS_MT; ++t) acc[t] = 0.0f;
+        const ts_w_t* wr = reinterpret_cast<const ts_w_t*>(qs) + (int64_t)row * k;
+        if (k % 8 == 0) {
+            for (int c = lane * 8; c < k; c += 32 * 8) {
+                float w[8];
+#if GGML_TYPE == 0
+                const float4 w0 = *reinterpret_cast<const float4*>(wr + c);
+                const float4 w1 = *reinterpret_cast<const float4*>(wr + c + 4);
+                w[0] = w0.x; w[1] = w0.y; w[2] = w0.z; w[3] = w0.w;
+                w[4] = w1.x; w[5] = w1.y; w[6] = w1.z; w[7] = w1.w;
+#else
+                const uint4 v = *reinterpret_cast<const uint4*>(wr + c);
+                const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    w[2 * j] = ts_float((uint16_t)(words[j] & 0xffffu));
+                    w[2 * j + 1] = ts_float((uint16_t)(words[j] >> 16));
+                }
+#endif
+#pragma unroll
+                for (int t = 0; t < TS_MT; ++t) {
+                    if (t < mt) {
+                        const float4* xv = reinterpret_cast<const float4*>(xt + (int64_t)t * k + c);
+                        const float4 a = xv[0], b = xv[1];
+                        acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w
+                                + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+                    }
+                }
             }
+        } else {
+            for (int c = lane; c < k; c += 32) {
+                const float w = ts_float(wr[c]);
+#pragma unroll
+                for (int t = 0; t < TS_MT; ++t) {
+                    if (t < mt) acc[t] += w * xt[(int64_t)t * k + c];
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TS_MT; ++t) {
+            const float v = ts_warp_sum(acc[t]);
+            if (lane == 0 && t < mt) y[(int64_t)(t0 + t) * n + row] = v;
         }
     }
 #endif
-
-#pragma unroll
-    for (int t = 0; t < TS_MT; ++t) {
-        const float v = ts_warp_sum(acc[t]);
-        if (lane == 0 && t < mt) y[(int64_t)(t0 + t) * n + row] = v;
-    }
 }
 
 // Embedding gather: out[i, :] = table[ids[i], :] as f32 (table [rows, k] in the layout above).

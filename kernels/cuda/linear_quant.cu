@@ -2,9 +2,8 @@
 //   y[m, N] = x[m, K] · W[N, K]ᵀ, f32 output.
 //
 // Specialized by QKIND:
-//   0 W4A16: int4 weights, f32 activations. Per 32-column run, (q - z)·x summed in f32, times
-//            the group scale, accumulated in f32 (the CPU's per-group order is not kept: a
-//            tolerance, not bit-equality).
+//   0 W4A16: int4 weights, f32 activations: dequantized (q - z)·s as the CPU does, dotted in f32
+//            (the CPU's summation order is not kept: a tolerance, not bit-equality).
 //   1 W4A8:  int4 weights, per-token int8 activations. Per group an exact int32 sum of
 //            (q - z)·xq (dp4a), then, in group order, acc = acc + s[g]·sum and y = xs·acc in
 //            separately rounded f32 operations: the CPU's scalar epilogue operation for operation.
@@ -20,8 +19,8 @@
 //   fp8:  [N, K] E4M3 bytes, scales f32 [ceil(N / bh), ceil(K / bw)] (bw passed as `group`).
 // K is a multiple of 32 and group (bw) a multiple of 32 or >= K.
 //
-// Work split: one output row per warp, TS_WARPS warps per CTA, up to TS_MT tokens per grid row
-// (grid = (ceil(N / TS_WARPS), ceil(m / TS_MT))).
+// Work split: TS_RW output rows per warp, TS_WARPS warps per CTA, up to TS_MT tokens per grid row
+// (grid = (ceil(N / (TS_WARPS * TS_RW)), ceil(m / TS_MT))).
 
 #ifndef QKIND
 #error "QKIND must be defined"
@@ -29,6 +28,7 @@
 
 #define TS_MT 8
 #define TS_WARPS 8
+#define TS_RW 4
 
 __device__ __forceinline__ float ts_e4m3(uint32_t b) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
@@ -39,122 +39,155 @@ extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)
 quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* xa, const float* xs,
              float* y, int n, int k, int m, int group, int bh) {
     const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * TS_WARPS + threadIdx.x / 32;
-    if (row >= n) return;  // whole warps leave; no CTA-wide barrier follows
+    const int row0 = (blockIdx.x * TS_WARPS + threadIdx.x / 32) * TS_RW;
+    if (row0 >= n) return;  // whole warps leave; no CTA-wide barrier follows
+    const int nr = min(TS_RW, n - row0);
     const int t0 = blockIdx.y * TS_MT;
     const int mt = min(TS_MT, m - t0);
     const int ng = (k + group - 1) / group;
-    float acc[TS_MT];
-#pragma unroll
-    for (int t = 0; t < TS_MT; ++t) acc[t] = 0.0f;
 
 #if QKIND == 0
     (void)xs;
     (void)bh;
-    // Lane per 32-column run: one 16-byte weight load, 32 values dequantized in registers.
+    // Lane per 32-column run of the warp's TS_RW rows: TS_RW 16-byte weight loads in flight, values
+    // dequantized 8 at a time ((q - z)·s, as the CPU dequantizes) and dotted with every token, so
+    // each activation value read serves TS_RW rows.
     const float* x = reinterpret_cast<const float*>(xa) + (int64_t)t0 * k;
-    const uint8_t* wr = wq + (int64_t)row * (k / 2);
+    float acc[TS_MT][TS_RW];
+#pragma unroll
+    for (int t = 0; t < TS_MT; ++t)
+#pragma unroll
+        for (int r = 0; r < TS_RW; ++r) acc[t][r] = 0.0f;
     for (int run = lane; run < k / 32; run += 32) {
         const int g = run * 32 / group;
-        const float s = ws[(int64_t)row * ng + g];
-        const int z = wz ? (int)wz[(int64_t)row * ng + g] : 0;
-        const uint4 v = *reinterpret_cast<const uint4*>(wr + run * 16);
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-        float w[32];
+        uint32_t words[TS_RW][4];
+        float s[TS_RW];
+        int z[TS_RW];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const uint32_t b = (words[j / 4] >> (8 * (j % 4))) & 0xffu;
-            w[j] = (float)((int)(b & 0xfu) - 8 - z);
-            w[j + 16] = (float)((int)(b >> 4) - 8 - z);
+        for (int r = 0; r < TS_RW; ++r) {
+            // Rows past the end repeat the last row (in bounds); their sums are not stored.
+            const int64_t rr = row0 + min(r, nr - 1);
+            s[r] = ws[rr * ng + g];
+            z[r] = wz ? (int)wz[rr * ng + g] : 0;
+            const uint4 v = *reinterpret_cast<const uint4*>(wq + rr * (k / 2) + run * 16);
+            words[r][0] = v.x; words[r][1] = v.y; words[r][2] = v.z; words[r][3] = v.w;
         }
 #pragma unroll
-        for (int t = 0; t < TS_MT; ++t) {
-            if (t < mt) {
-                acc[t] += s * ts_dot32(w, x + (int64_t)t * k + run * 32);
-            }
-        }
-    }
+        for (int c = 0; c < 4; ++c) {
+            float w[TS_RW][8];
 #pragma unroll
-    for (int t = 0; t < TS_MT; ++t) {
-        const float v = ts_warp_sum(acc[t]);
-        if (lane == 0 && t < mt) y[(int64_t)(t0 + t) * n + row] = v;
-    }
-#else
-    // Group by group (column blocks for FP8), in order; lanes split a group into 4-column units.
-    const uint8_t* xq = reinterpret_cast<const uint8_t*>(xa) + (int64_t)t0 * k;
-#if QKIND == 3
-    const float* wsr = ws + (int64_t)(row / bh) * ng;
-#else
-    (void)bh;
-#endif
-    for (int g = 0; g < ng; ++g) {
-        const int c0 = g * group, c1 = min(k, c0 + group);
-#if QKIND == 3
-        float part[TS_MT];
+            for (int r = 0; r < TS_RW; ++r)
 #pragma unroll
-        for (int t = 0; t < TS_MT; ++t) part[t] = 0.0f;
-#else
-        int part[TS_MT];
-#pragma unroll
-        for (int t = 0; t < TS_MT; ++t) part[t] = 0;
-#endif
-#if QKIND == 1
-        const int zb = 8 + (wz ? (int)wz[(int64_t)row * ng + g] : 0);  // code offset, 0..15
-#endif
-        for (int c = c0 + 4 * lane; c < c1; c += 4 * 32) {
-#if QKIND == 1
-            // Columns c..c+3 sit in the low (c % 32 < 16) or high nibbles of 4 bytes of the run.
-            const int off = c % 32;
-            const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * (k / 2) + (c / 32) * 16 + (off & 15));
-            const uint32_t nib = (off < 16 ? word : word >> 4) & 0x0f0f0f0fu;
-            const int wv = (int)__vsub4(nib, 0x01010101u * (uint32_t)zb);  // bytes q - z in -15..15
-#else
-            const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * k + c);
-#endif
-#if QKIND == 3
-            const float w0 = ts_e4m3(word & 0xffu), w1 = ts_e4m3((word >> 8) & 0xffu);
-            const float w2 = ts_e4m3((word >> 16) & 0xffu), w3 = ts_e4m3(word >> 24);
-#endif
+                for (int j = 0; j < 8; ++j) {
+                    // Value v of the run: low nibble of byte v for v < 16, else high nibble of byte v - 16.
+                    const int v = 8 * c + j, byte = v & 15;
+                    const uint32_t b = (words[r][byte / 4] >> (8 * (byte % 4))) & 0xffu;
+                    const int q = (int)(v < 16 ? (b & 0xfu) : (b >> 4)) - 8;
+                    w[r][j] = __fmul_rn((float)(q - z[r]), s[r]);
+                }
 #pragma unroll
             for (int t = 0; t < TS_MT; ++t) {
                 if (t < mt) {
-                    const uint32_t a = *reinterpret_cast<const uint32_t*>(xq + (int64_t)t * k + c);
-#if QKIND == 1
-                    part[t] = __dp4a(wv, (int)a, part[t]);
-#elif QKIND == 2
-                    part[t] = __dp4a((int)word, (int)a, part[t]);
-#else
-                    part[t] += w0 * ts_e4m3(a & 0xffu) + w1 * ts_e4m3((a >> 8) & 0xffu)
-                             + w2 * ts_e4m3((a >> 16) & 0xffu) + w3 * ts_e4m3(a >> 24);
-#endif
+                    const float4* xv = reinterpret_cast<const float4*>(x + (int64_t)t * k + run * 32 + c * 8);
+                    const float4 a0 = xv[0], a1 = xv[1];
+#pragma unroll
+                    for (int r = 0; r < TS_RW; ++r) {
+                        acc[t][r] += w[r][0] * a0.x + w[r][1] * a0.y + w[r][2] * a0.z + w[r][3] * a0.w
+                                   + w[r][4] * a1.x + w[r][5] * a1.y + w[r][6] * a1.z + w[r][7] * a1.w;
+                    }
                 }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TS_MT; ++t)
+#pragma unroll
+        for (int r = 0; r < TS_RW; ++r) {
+            const float v = ts_warp_sum(acc[t][r]);
+            if (lane == 0 && t < mt && r < nr) y[(int64_t)(t0 + t) * n + row0 + r] = v;
+        }
+#else
+    // The warp's rows one after another.
+    for (int row = row0; row < row0 + nr; ++row) {
+        float acc[TS_MT];
+#pragma unroll
+        for (int t = 0; t < TS_MT; ++t) acc[t] = 0.0f;
+        // Group by group (column blocks for FP8), in order; lanes split a group into 4-column units.
+        const uint8_t* xq = reinterpret_cast<const uint8_t*>(xa) + (int64_t)t0 * k;
+#if QKIND == 3
+        const float* wsr = ws + (int64_t)(row / bh) * ng;
+#else
+        (void)bh;
+#endif
+        for (int g = 0; g < ng; ++g) {
+            const int c0 = g * group, c1 = min(k, c0 + group);
+#if QKIND == 3
+            float part[TS_MT];
+#pragma unroll
+            for (int t = 0; t < TS_MT; ++t) part[t] = 0.0f;
+#else
+            int part[TS_MT];
+#pragma unroll
+            for (int t = 0; t < TS_MT; ++t) part[t] = 0;
+#endif
+#if QKIND == 1
+            const int zb = 8 + (wz ? (int)wz[(int64_t)row * ng + g] : 0);  // code offset, 0..15
+#endif
+            for (int c = c0 + 4 * lane; c < c1; c += 4 * 32) {
+#if QKIND == 1
+                // Columns c..c+3 sit in the low (c % 32 < 16) or high nibbles of 4 bytes of the run.
+                const int off = c % 32;
+                const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * (k / 2) + (c / 32) * 16 + (off & 15));
+                const uint32_t nib = (off < 16 ? word : word >> 4) & 0x0f0f0f0fu;
+                const int wv = (int)__vsub4(nib, 0x01010101u * (uint32_t)zb);  // bytes q - z in -15..15
+#else
+                const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * k + c);
+#endif
+#if QKIND == 3
+                const float w0 = ts_e4m3(word & 0xffu), w1 = ts_e4m3((word >> 8) & 0xffu);
+                const float w2 = ts_e4m3((word >> 16) & 0xffu), w3 = ts_e4m3(word >> 24);
+#endif
+#pragma unroll
+                for (int t = 0; t < TS_MT; ++t) {
+                    if (t < mt) {
+                        const uint32_t a = *reinterpret_cast<const uint32_t*>(xq + (int64_t)t * k + c);
+#if QKIND == 1
+                        part[t] = __dp4a(wv, (int)a, part[t]);
+#elif QKIND == 2
+                        part[t] = __dp4a((int)word, (int)a, part[t]);
+#else
+                        part[t] += w0 * ts_e4m3(a & 0xffu) + w1 * ts_e4m3((a >> 8) & 0xffu)
+                                 + w2 * ts_e4m3((a >> 16) & 0xffu) + w3 * ts_e4m3(a >> 24);
+#endif
+                    }
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < TS_MT; ++t) {
+#if QKIND == 3
+                const float p = ts_warp_sum(part[t]);
+                if (t < mt) {
+                    const float sx = xs[(int64_t)(t0 + t) * ng + g];
+                    acc[t] = __fadd_rn(acc[t], __fmul_rn(__fmul_rn(wsr[g], sx), p));
+                }
+#elif QKIND == 1
+                const int p = __reduce_add_sync(0xffffffffu, part[t]);
+                acc[t] = __fadd_rn(acc[t], __fmul_rn(ws[(int64_t)row * ng + g], (float)p));
+#else
+                const int p = __reduce_add_sync(0xffffffffu, part[t]);
+                acc[t] = __fmul_rn(ws[row], (float)p);
+#endif
             }
         }
 #pragma unroll
         for (int t = 0; t < TS_MT; ++t) {
+            if (lane == 0 && t < mt) {
 #if QKIND == 3
-            const float p = ts_warp_sum(part[t]);
-            if (t < mt) {
-                const float sx = xs[(int64_t)(t0 + t) * ng + g];
-                acc[t] = __fadd_rn(acc[t], __fmul_rn(__fmul_rn(wsr[g], sx), p));
+                y[(int64_t)(t0 + t) * n + row] = acc[t];
+#else
+                y[(int64_t)(t0 + t) * n + row] = __fmul_rn(xs[t0 + t], acc[t]);
+#endif
             }
-#elif QKIND == 1
-            const int p = __reduce_add_sync(0xffffffffu, part[t]);
-            acc[t] = __fadd_rn(acc[t], __fmul_rn(ws[(int64_t)row * ng + g], (float)p));
-#else
-            const int p = __reduce_add_sync(0xffffffffu, part[t]);
-            acc[t] = __fmul_rn(ws[row], (float)p);
-#endif
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < TS_MT; ++t) {
-        if (lane == 0 && t < mt) {
-#if QKIND == 3
-            y[(int64_t)(t0 + t) * n + row] = acc[t];
-#else
-            y[(int64_t)(t0 + t) * n + row] = __fmul_rn(xs[t0 + t], acc[t]);
-#endif
         }
     }
 #endif

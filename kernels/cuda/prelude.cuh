@@ -57,18 +57,6 @@ __device__ __forceinline__ float ts_block_max(float v, float* scratch) {
     return ts_block_reduce<ts_warp_max>(v, scratch, -TS_INF);
 }
 
-// Dot product of 32 register weights with 32 activations (16-byte aligned), four at a time.
-__device__ __forceinline__ float ts_dot32(const float* w, const float* x) {
-    const float4* xv = reinterpret_cast<const float4*>(x);
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float4 a = xv[i];
-        s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
-    }
-    return s;
-}
-
 // IEEE half bits to float (GGUF block scales are stored as raw f16 bits).
 __device__ __forceinline__ float ts_f16_bits(uint16_t bits) {
     return __half2float(__ushort_as_half(bits));

@@ -3,10 +3,15 @@
 //! compressed KV formats, and batching (several sequences in one step over shuffled block
 //! tables equal each alone). Skips, saying so, on machines without a GPU.
 //!
-//! Tolerance: both sides compute in f32 from the same stored weights and KV bytes; they differ
-//! only in summation order (warp reductions vs SIMD lanes), a few ulps per operation, which 30
-//! layers amplify to ~1e-5 of the logit spread. 1e-3 of the spread leaves room for that and still
-//! fails on any indexing or layout error (those give O(1) differences).
+//! Tolerance (of the logit spread, max - min): both sides compute in f32 from the same stored
+//! weights; they differ only in summation order (warp reductions vs SIMD lanes), a few ulps per
+//! operation. With an f32 cache that stays far under 1e-3. A compressed cache rounds each K/V
+//! value to its format, and a value within those ulps of a rounding boundary is stored one step
+//! apart on the two sides (bf16: 2^-8 relative; int8: 1/127 of the row's absmax; e4m3: 2^-4
+//! relative), so a few of the ~10^5 cached values of a prompt differ by a whole step and the
+//! logits by more: measured 1.7e-3 with bf16 on an H100 (docs/cuda-notes.md). The bounds
+//! (bf16 1e-2, int8 2e-2, e4m3 3e-2) leave room for that; an indexing or layout error gives
+//! differences of the order of the spread. Every error is printed before any assertion.
 
 use crate::common;
 
@@ -52,7 +57,8 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
     let Some(dev) = test_device() else { return };
     let lm = model_with(LinearPolicy::ALWAYS_GEMM);
     let vocab = lm.model.config().vocab_size;
-    for fmt in [KvFormat::F32, KvFormat::Bf16, KvFormat::Fp8E4m3, KvFormat::Int8] {
+    let mut errors = Vec::new();
+    for (fmt, tol) in [(KvFormat::F32, 1e-3), (KvFormat::Bf16, 1e-2), (KvFormat::Fp8E4m3, 3e-2), (KvFormat::Int8, 2e-2)] {
         let layout = lm.model.kv_layout(KvDtype::both(fmt), DEFAULT_BLOCK_SIZE, 0).unwrap();
         let mut gpu = CudaLlama::load(&lm.checkpoint, dev.clone(), layout.clone(), 512).unwrap();
         // Non-contiguous, out-of-order blocks.
@@ -61,12 +67,10 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
             let ids = lm.tokenizer.encode(prompt).unwrap();
             let want = cpu_logits(&lm.model, &layout, &[&ids]);
             let got = gpu_logits(&mut gpu, &blocks, &[&ids]);
-            let err = max_rel_err(&got, &want, vocab);
-            assert!(err <= 1e-3, "{fmt} {prompt:?}: logits differ by {err} of the spread");
+            errors.push((format!("{fmt} {prompt:?}"), max_rel_err(&got, &want, vocab), tol));
             // Chunked prefill (a split inside a KV block) gives the same logits.
             let (a, b) = ids.split_at(ids.len() / 2 + 1);
-            let err = max_rel_err(&gpu_logits(&mut gpu, &blocks, &[a, b]), &want, vocab);
-            assert!(err <= 1e-3, "{fmt} {prompt:?} chunked: {err}");
+            errors.push((format!("{fmt} {prompt:?} chunked"), max_rel_err(&gpu_logits(&mut gpu, &blocks, &[a, b]), &want, vocab), tol));
         }
         // Greedy decode: 24 tokens, same ids unless the CPU's top two are a near-tie.
         let ids = lm.tokenizer.encode(PROMPTS[0]).unwrap();
@@ -87,6 +91,12 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
             }
             (tc, tg) = (vec![a], vec![b]);
         }
+    }
+    for (what, err, tol) in &errors {
+        eprintln!("{what}: logits differ by {err:.2e} of the spread (bound {tol:.0e})");
+    }
+    for (what, err, tol) in &errors {
+        assert!(err <= tol, "{what}: logits differ by {err} of the spread (bound {tol})");
     }
 }
 

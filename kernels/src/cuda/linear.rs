@@ -13,9 +13,10 @@
 //!   epilogue operation for operation), W8A8 FP8 (per-token-and-block E4M3 activations
 //!   bit-identical to the CPU's, f32 sums). Kernels: `act_quant.cu`, `linear_quant.cu`.
 //!
-//! One entry point serves every batch size: CTAs of 8 warps, one output row per warp, tiles of
-//! up to 8 tokens ([`matmul_grid`]); weights are re-read once per 8-token tile (through L2), so
-//! large prefill batches are correct but not tensor-core fast yet.
+//! One entry point serves every batch size: CTAs of 8 warps, four output rows per warp (each
+//! activation value read serves four rows), tiles of up to 8 tokens ([`matmul_grid`]); weights
+//! are re-read once per 8-token tile (through L2), so large prefill batches are correct but not
+//! tensor-core fast yet (docs/cuda-notes.md has the measurements).
 //!
 //! Launches are asynchronous on the device's stream; [`CudaDevice::synchronize`] surfaces faults.
 
@@ -28,8 +29,12 @@ use crate::quant::{ActQuant, QuantMatrix};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 use std::sync::Mutex;
 
-/// Output rows per CTA of the matmul kernels (one warp each; `TS_WARPS` in the sources).
-pub const ROWS_PER_CTA: usize = 8;
+/// Warps per CTA of the matmul kernels (`TS_WARPS` in the sources).
+pub const WARPS_PER_CTA: usize = 8;
+/// Output rows per warp of the matmul kernels (`TS_RW` in the sources).
+pub const ROWS_PER_WARP: usize = 4;
+/// Output rows per CTA of the matmul kernels.
+pub const ROWS_PER_CTA: usize = WARPS_PER_CTA * ROWS_PER_WARP;
 /// Tokens per CTA of the matmul kernels (`TS_MT` in the sources).
 pub const TOKENS_PER_CTA: usize = 8;
 /// Threads per CTA of the activation-quantization and embedding kernels.
@@ -137,7 +142,7 @@ pub fn repack_blocks(ty: GgmlType, data: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((codes, heads))
 }
 
-/// Grid of the matmul kernels for `rows` outputs and `m` tokens: `(ceil(rows / 8), ceil(m / 8))`
+/// Grid of the matmul kernels for `rows` outputs and `m` tokens: `(ceil(rows / 32), ceil(m / 8))`
 /// CTAs of 256 threads.
 pub fn matmul_grid(rows: usize, m: usize) -> Result<LaunchConfig, CudaError> {
     let gx = u32::try_from(rows.div_ceil(ROWS_PER_CTA)).map_err(|_| shape(format!("{rows} rows exceed the grid")))?;
@@ -145,7 +150,7 @@ pub fn matmul_grid(rows: usize, m: usize) -> Result<LaunchConfig, CudaError> {
     if gy > 65_535 {
         return Err(shape(format!("{m} tokens exceed the grid (at most {})", 65_535 * TOKENS_PER_CTA)));
     }
-    Ok(LaunchConfig { grid_dim: (gx, gy as u32, 1), block_dim: (32 * ROWS_PER_CTA as u32, 1, 1), shared_mem_bytes: 0 })
+    Ok(LaunchConfig { grid_dim: (gx, gy as u32, 1), block_dim: (32 * WARPS_PER_CTA as u32, 1, 1), shared_mem_bytes: 0 })
 }
 
 impl DeviceWeight {
@@ -590,7 +595,7 @@ mod tests {
             let cfg = matmul_grid(rows, m).unwrap();
             assert!(cfg.grid_dim.0 as usize * ROWS_PER_CTA >= rows && (cfg.grid_dim.0 as usize - 1) * ROWS_PER_CTA < rows);
             assert!(cfg.grid_dim.1 as usize * TOKENS_PER_CTA >= m && (cfg.grid_dim.1 as usize - 1) * TOKENS_PER_CTA < m);
-            assert_eq!(cfg.block_dim.0 as usize, 32 * ROWS_PER_CTA);
+            assert_eq!(cfg.block_dim.0 as usize, 32 * WARPS_PER_CTA);
         }
         assert!(matmul_grid(8, 65_536 * TOKENS_PER_CTA).is_err());
     }

@@ -1,4 +1,4 @@
-//! Round-to-nearest quantization of f32 rows to GGML block types (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K):
+//! Round-to-nearest quantization of f32 rows to GGML block types (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K):
 //! enough to write synthetic models and test data in the formats llama.cpp ships. The
 //! search llama.cpp's `llama-quantize` does for the k-quants' scales (weighted, iterative)
 //! is not attempted: scales come straight from each sub-block's range, so the error is that
@@ -8,7 +8,7 @@ use super::types::GgmlType;
 use half::f16;
 
 /// Types [`quantize_row`] writes.
-pub const QUANTIZABLE: [GgmlType; 6] = [GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+pub const QUANTIZABLE: [GgmlType; 7] = [GgmlType::F32, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
 
 /// Quantizes `x` (whole blocks of `ty`) into `out` (`ty.row_bytes(x.len())` bytes).
 ///
@@ -23,6 +23,7 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
             }
             return;
         }
+        GgmlType::Q4_0 => q4_0,
         GgmlType::Q4_1 => q4_1,
         GgmlType::Q8_0 => q8_0,
         GgmlType::Q4K => |x, b| k4(x, b, false),
@@ -57,6 +58,19 @@ fn q8_0(x: &[f32], b: &mut [u8]) {
     let id = inv(d);
     for (o, v) in b[2..34].iter_mut().zip(x) {
         *o = (v * id).round().clamp(-127.0, 127.0) as i8 as u8;
+    }
+}
+
+/// As llama.cpp's reference: the value of largest magnitude maps to code 0 (-8 steps), so the
+/// scale keeps its sign and the other end of the range gets 7 steps.
+fn q4_0(x: &[f32], b: &mut [u8]) {
+    let max = x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let (d, db) = h(max / -8.0);
+    b[0..2].copy_from_slice(&db);
+    let id = inv(d);
+    let q = |v: f32| (v * id + 8.5).clamp(0.0, 15.0) as u8;
+    for j in 0..16 {
+        b[2 + j] = q(x[j]) | (q(x[j + 16]) << 4);
     }
 }
 

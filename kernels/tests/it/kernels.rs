@@ -493,7 +493,7 @@ fn grouped_matrices_with_different_switch_points() {
 /// Python `gguf` in the engine's tests) reads back close to the input. On N(0, 1) values the
 /// rounding error is about a uniform half-step: RMS = step / √12 relative to the RMS input,
 /// with the step ~ range / levels: Q8_0 ~2·3/254 → 0.007, Q6_K ~2·2.5/62 → 0.023 (plus the
-/// 8-bit scale), Q5_K ~4.5/31 → 0.042, Q4_1 and Q4_K ~4.5/15 → 0.087 (plus the k-quants'
+/// 8-bit scale), Q5_K ~4.5/31 → 0.042, Q4_0, Q4_1 and Q4_K ~4.5/15 → 0.087 (plus the k-quants'
 /// 6-bit scales and their min at most 0). The bounds leave about 50% over those estimates;
 /// F32 is exact.
 #[test]

@@ -2,6 +2,7 @@
 
 use super::model_path::ModelArg;
 use super::kv_args::KvCacheArgs;
+use super::perplexity::ComputePath;
 use super::SamplingArgs;
 use anyhow::{anyhow, Result};
 use clap::Args;
@@ -42,6 +43,10 @@ pub struct GenerateArgs {
     /// Where to run: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// CPU arithmetic of the linear layers (default: `default`); `float` is the function the
+    /// CUDA backend computes (f32 activations over dequantized weights), for comparing the two.
+    #[arg(long, value_enum)]
+    compute: Option<ComputePath>,
 }
 
 /// Runs the command.
@@ -54,11 +59,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     let g = match args.device {
         Device::Cpu => {
-            let lm = args.model.load(LinearPolicy::DEFAULT)?;
+            let lm = args.model.load(args.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy))?;
             let prompt = encode(&lm.tokenizer, &args.prompt)?;
             let layout = lm.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
             let opts = options(&args, lm.eos_ids(), layout);
             generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(params, &prompt), &opts, on_text)?
+        }
+        Device::Cuda(_) if args.compute.is_some() => {
+            return Err(anyhow!("--compute chooses the CPU's arithmetic; the CUDA backend has one (f32 activations over dequantized weights)"))
         }
         Device::Cuda(ordinal) => {
             let dev = CudaDevice::open(ordinal)?;
