@@ -8,8 +8,9 @@
 # There (GPU machine): scripts/gpu-check.sh run kernels   kernel tests vs the CPU, memcheck,
 #                                                          ceilings and kernel timings
 #                      scripts/gpu-check.sh run model     model tests vs the CPU, greedy text,
-#                                                          serving + tessera-bench on the default
-#                                                          model and a synthetic 8B Q4_0
+#                                                          serving (the openai client's checks,
+#                                                          tessera-bench) on the default model
+#                                                          and a synthetic 8B Q4_0
 # Here (dry run):      scripts/gpu-check.sh run all      the same; GPU parts fail fast without one
 #
 # Every log goes to $OUT (or gpu-out/); a summary table is printed last. Each stage has its own
@@ -112,10 +113,17 @@ serve_bench() {
         echo "$name: server exited (serve.log)" | tee -a "$SUMMARY"; return 1
     fi
     echo "$name: server up after ${i}s" | tee -a "$SUMMARY"
+    # The official openai client's checks (server/tests/python/openai_client.py), from wheels
+    # carried in .whl/ (the GPU machine cannot reach PyPI).
+    if [[ $name == default && -d "$ROOT/.whl" ]]; then
+        stage "openai client (python)" serve.log 90 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \
+            --no-cache-dir --upgrade --target /tmp/site $ROOT/.whl/*.whl && PYTHONPATH=/tmp/site python3 \
+            $ROOT/server/tests/python/openai_client.py http://127.0.0.1:$port/v1 SmolLM2-135M-Instruct.Q4_1"
+    fi
     for c in 1 32; do
         stage "$name bench c=$c" serve.log 60 "$BIN/tessera-bench" --port "$port" --model "$model" \
             --random-input-len 256 --random-output-len 128 --num-prompts $((c == 1 ? 4 : 64)) \
-            --max-concurrency "$c" --no-progress --max-duration 45
+            --max-concurrency "$c" --warmup-requests 2 --no-progress --max-duration 45
         grep -E 'Output token throughput|Mean TTFT|Mean TPOT|Successful requests|Failed requests' /tmp/stage.out | sed "s/^/  $name c=$c: /" | tee -a "$SUMMARY"
     done
     http_get "http://127.0.0.1:$port/metrics" 2>/dev/null | grep -E '^tessera_(requests|generation_tokens)' | head -6 >>"$OUTDIR/serve.log"
@@ -131,8 +139,8 @@ model_phase() {
         echo "default model: checksum mismatch" | tee -a "$SUMMARY"; return 1
     fi
     export TESSERA_TEST_MODEL="$ROOT/$m" TESSERA_MODEL="$ROOT/$m"
-    stage "model tests vs CPU" model.log 150 "$BIN/engine-tests" --test-threads=2 cuda_
-    grep -E '^test result|FAILED|panicked|logits differ by' /tmp/stage.out | head -40 | tee -a "$SUMMARY"
+    stage "model tests vs CPU" model.log 150 "$BIN/engine-tests" --test-threads=2 --nocapture cuda_
+    grep -E '^test result|FAILED|panicked|logits differ by|batched vs alone|greedy:' /tmp/stage.out | head -40 | tee -a "$SUMMARY"
     # Greedy text, GPU vs CPU (the same 64 tokens unless a near-tie: the model tests check that).
     local gen="$BIN/tessera generate --model $m --prompt 'The capital of France is' --max-tokens 64 --temperature 0"
     # The CPU's default path quantizes activations to 8 bits for GGUF blocks; `--compute float`

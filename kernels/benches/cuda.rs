@@ -1,5 +1,5 @@
 //! GPU ceilings and kernel timings for `docs/cuda-notes.md`: device-to-device copy bandwidth,
-//! cuBLAS bf16 GEMM 8192³, the matmul kernels at Llama-8B shapes (weight copies rotated so the
+//! cuBLAS bf16 GEMM 8192³, the matmul kernels and the dequantize + SGEMM path at Llama-8B shapes (weight copies rotated so the
 //! working set is several times the 50 MB L2), and paged decode attention over bf16 KV at
 //! 32k context × batch 16. Each figure is the median over 7 rounds of CUDA-event-timed
 //! repetitions after a warm-up; inputs are random (never zeros).
@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use tessera_kernels::cuda::attention::{paged_decode_attention, AttnWorkspace, KvLayerDesc, KvSide, PagedBatch};
 use tessera_kernels::cuda::blas::gemm_bf16;
-use tessera_kernels::cuda::linear::{matmul, DeviceWeight};
+use tessera_kernels::cuda::linear::{matmul_dequant_gemm, matmul_direct, DeviceWeight};
 use tessera_kernels::cuda::{test_device, CudaDevice};
 use tessera_kernels::ggml::quantize::quantize_row;
 use tessera_kernels::ggml::GgmlType;
@@ -121,25 +121,36 @@ fn weight(dev: &CudaDevice, r: &mut ChaCha8Rng, kind: &str, rows: usize, cols: u
 
 fn matmuls(dev: &CudaDevice, r: &mut ChaCha8Rng, copy_bw: f64) {
     let s = dev.stream();
-    println!("\n| weight | shape (rows × cols) | tokens | µs | GB/s | share of copy bandwidth | TFLOP/s |\n| --- | --- | --- | --- | --- | --- | --- |");
+    println!("\n| weight | shape (rows × cols) | tokens | path | µs | GB/s | share of copy bandwidth | TFLOP/s |\n| --- | --- | --- | --- | --- | --- | --- | --- |");
     for kind in ["W4A16 g128", "W4A8 g128", "Q4_0", "Q4_1", "Q8_0"] {
         for (rows, cols) in [(14336, 4096), (4096, 14336)] {
             // Copies rotated so the working set is well past L2.
             let copies: Vec<(DeviceWeight, usize)> = (0..4).map(|_| weight(dev, r, kind, rows, cols)).collect();
             let bytes = copies[0].1;
-            for m in [1, 8, 32, 512] {
+            for m in [1, 8, 16, 32, 512] {
                 let x = s.clone_htod(&randn(r, m * cols, 1.0)).unwrap();
                 let mut y = s.alloc_zeros::<f32>(m * rows).unwrap();
                 let reps = if m >= 512 { 5 } else { 50 };
-                let t = time(dev, reps, |i| matmul(dev, &copies[i % 4].0, &x.slice(..), m, &mut y.slice_mut(..)).unwrap());
-                let moved = (bytes + 4 * m * (rows + cols)) as f64;
-                println!(
-                    "| {kind} | {rows} × {cols} | {m} | {:.1} | {:.0} | {:.0} % | {:.1} |",
-                    t * 1e6,
-                    moved / t / 1e9,
-                    100.0 * moved / t / copy_bw,
-                    2.0 * (m * rows * cols) as f64 / t / 1e12
-                );
+                // The per-format kernel, and (where the format has it) the dequantize + SGEMM
+                // path, side by side.
+                let gemm = kind != "W4A8 g128" && m > 1;
+                for (path, direct) in [("kernel", true), ("dequant + SGEMM", false)] {
+                    if !direct && !gemm {
+                        continue;
+                    }
+                    let t = time(dev, reps, |i| {
+                        let (w, xv, mut yv) = (&copies[i % 4].0, x.slice(..), y.slice_mut(..));
+                        if direct { matmul_direct(dev, w, &xv, m, &mut yv) } else { matmul_dequant_gemm(dev, w, &xv, m, &mut yv) }.unwrap()
+                    });
+                    let moved = (bytes + 4 * m * (rows + cols)) as f64;
+                    println!(
+                        "| {kind} | {rows} × {cols} | {m} | {path} | {:.1} | {:.0} | {:.0} % | {:.1} |",
+                        t * 1e6,
+                        moved / t / 1e9,
+                        100.0 * moved / t / copy_bw,
+                        2.0 * (m * rows * cols) as f64 / t / 1e12
+                    );
+                }
             }
         }
     }

@@ -21,8 +21,14 @@
 
 #define TS_MT 8
 #define TS_WARPS 8
-#define TS_RW 4
 #define TS_BLOCKED (GGML_TYPE == 2 || GGML_TYPE == 3 || GGML_TYPE == 8)
+// Rows per warp: 4 for block types (activation reuse), 1 for float types (cuda/linear.rs
+// sizes the grid to match).
+#if TS_BLOCKED
+#define TS_RW 4
+#else
+#define TS_RW 1
+#endif
 
 #if GGML_TYPE == 2 || GGML_TYPE == 3
 #define TS_QS 16
@@ -240,3 +246,22 @@ extern "C" __global__ void embedding_rows(const uint8_t* qs, const uint8_t* sc, 
     float* o = out + i * k;
     for (int c = threadIdx.x; c < k; c += blockDim.x) o[c] = ok ? ts_element(qs, sc, id, k, c) : 0.0f;
 }
+
+#if TS_BLOCKED
+// Dequantization of a whole matrix to f32 (`out` [n, k], k a multiple of 32), for the prefill
+// path that hands large batches to cuBLAS: one thread per 8 values (a warp writes 1 KB
+// contiguously), values exactly as the CPU's dequantize_row. `chunks` = n·k / 8.
+extern "C" __global__ void ggml_dequant_rows(const uint8_t* qs, const uint8_t* sc, float* out, int64_t chunks) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= chunks) return;
+    const int64_t blk = i / 4;  // flat block index: row-major blocks are row-major values
+    uint32_t words[TS_QS / 4];
+    float d, m, w[8];
+    ts_block_words(qs, blk, words);
+    ts_block_scales(sc, blk, d, m);
+    ts_chunk8(words, (int)(i % 4), d, m, w);
+    float4* o = reinterpret_cast<float4*>(out + i * 8);
+    o[0] = make_float4(w[0], w[1], w[2], w[3]);
+    o[1] = make_float4(w[4], w[5], w[6], w[7]);
+}
+#endif

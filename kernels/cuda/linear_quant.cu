@@ -28,7 +28,14 @@
 
 #define TS_MT 8
 #define TS_WARPS 8
+// Rows per warp: 4 for W4A16 (activation reuse); 1 for the integer-activation kinds, whose
+// activations are a quarter of the bytes and which need every warp for parallelism at batch 1
+// (cuda/linear.rs sizes the grid to match).
+#if QKIND == 0
 #define TS_RW 4
+#else
+#define TS_RW 1
+#endif
 
 __device__ __forceinline__ float ts_e4m3(uint32_t b) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
@@ -192,3 +199,32 @@ quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* x
     }
 #endif
 }
+
+#if QKIND == 0
+// Dequantization of a whole int4 matrix to f32 (`out` [n, k]): (q - z)·s per value, as the CPU's
+// dequantize_row, for the prefill path that hands large batches to cuBLAS. One thread per 8
+// values (a warp writes 1 KB contiguously); `chunks` = n·k / 8.
+extern "C" __global__ void int4_dequant_rows(const uint8_t* wq, const float* ws, const int8_t* wz, int k, int group,
+                                             float* out, int64_t chunks) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= chunks) return;
+    const int64_t run = i / 4;  // flat 32-value run index (16 bytes each)
+    const int c = (int)(i % 4), runs = k / 32;
+    const int64_t r = run / runs;
+    const int ng = (k + group - 1) / group, g = (int)(run % runs) * 32 / group;
+    const float s = ws[r * ng + g];
+    const int z = wz ? (int)wz[r * ng + g] : 0;
+    const uint4 v = *reinterpret_cast<const uint4*>(wq + run * 16);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    float w[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int val = 8 * c + j, byte = val & 15;
+        const uint32_t b = (words[byte / 4] >> (8 * (byte % 4))) & 0xffu;
+        w[j] = __fmul_rn((float)((int)(val < 16 ? (b & 0xfu) : (b >> 4)) - 8 - z), s);
+    }
+    float4* o = reinterpret_cast<float4*>(out + i * 8);
+    o[0] = make_float4(w[0], w[1], w[2], w[3]);
+    o[1] = make_float4(w[4], w[5], w[6], w[7]);
+}
+#endif

@@ -11,7 +11,8 @@
 //! relative), so a few of the ~10^5 cached values of a prompt differ by a whole step and the
 //! logits by more: measured 1.7e-3 with bf16 on an H100 (docs/cuda-notes.md). The bounds
 //! (bf16 1e-2, int8 2e-2, e4m3 3e-2) leave room for that; an indexing or layout error gives
-//! differences of the order of the spread. Every error is printed before any assertion.
+//! differences of the order of the spread. Greedy decoding may part only where the CPU's top two
+//! logits are closer than twice the bound. Every error is printed as it is measured.
 
 use crate::common;
 
@@ -67,10 +68,14 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
             let ids = lm.tokenizer.encode(prompt).unwrap();
             let want = cpu_logits(&lm.model, &layout, &[&ids]);
             let got = gpu_logits(&mut gpu, &blocks, &[&ids]);
-            errors.push((format!("{fmt} {prompt:?}"), max_rel_err(&got, &want, vocab), tol));
+            let mut record = |what: String, err: f32| {
+                eprintln!("{what}: logits differ by {err:.2e} of the spread (bound {tol:.0e})");
+                errors.push((what, err, tol));
+            };
+            record(format!("{fmt} {prompt:?}"), max_rel_err(&got, &want, vocab));
             // Chunked prefill (a split inside a KV block) gives the same logits.
             let (a, b) = ids.split_at(ids.len() / 2 + 1);
-            errors.push((format!("{fmt} {prompt:?} chunked"), max_rel_err(&gpu_logits(&mut gpu, &blocks, &[a, b]), &want, vocab), tol));
+            record(format!("{fmt} {prompt:?} chunked"), max_rel_err(&gpu_logits(&mut gpu, &blocks, &[a, b]), &want, vocab));
         }
         // Greedy decode: 24 tokens, same ids unless the CPU's top two are a near-tie.
         let ids = lm.tokenizer.encode(PROMPTS[0]).unwrap();
@@ -86,14 +91,14 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
             if a != b {
                 let mut sorted = lc.clone();
                 sorted.sort_by(|x, y| y.total_cmp(x));
-                assert!(sorted[0] - sorted[1] < 1e-3 * (sorted[0] - sorted[vocab - 1]), "{fmt} step {step}: cpu {a} gpu {b} without a near-tie");
+                // A near-tie: a gap the logit bound could close from both sides.
+                let (gap, spread) = (sorted[0] - sorted[1], sorted[0] - sorted[vocab - 1]);
+                eprintln!("{fmt} greedy: diverged at step {step}, top-two gap {:.2e} of the spread", gap / spread);
+                assert!(gap < 2.0 * tol * spread, "{fmt} step {step}: cpu {a} gpu {b} without a near-tie (gap {} of the spread)", gap / spread);
                 break;
             }
             (tc, tg) = (vec![a], vec![b]);
         }
-    }
-    for (what, err, tol) in &errors {
-        eprintln!("{what}: logits differ by {err:.2e} of the spread (bound {tol:.0e})");
     }
     for (what, err, tol) in &errors {
         assert!(err <= tol, "{what}: logits differ by {err} of the spread (bound {tol})");
@@ -105,7 +110,9 @@ fn a_batch_equals_its_sequences_alone() {
     let Some(dev) = test_device() else { return };
     let lm = model_with(LinearPolicy::ALWAYS_GEMM);
     let vocab = lm.model.config().vocab_size;
-    let layout = lm.model.kv_layout(KvDtype::both(KvFormat::Bf16), DEFAULT_BLOCK_SIZE, 0).unwrap();
+    // An f32 cache: with a compressed one, K/V rounding flips (see the module docs) would add
+    // to the summation-order difference this test bounds.
+    let layout = lm.model.kv_layout(KvDtype::both(KvFormat::F32), DEFAULT_BLOCK_SIZE, 0).unwrap();
     let mut gpu = CudaLlama::load(&lm.checkpoint, dev, layout, 96).unwrap();
     let ids: Vec<Vec<u32>> = PROMPTS.iter().map(|p| lm.tokenizer.encode(p).unwrap()).collect();
     let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (0..8).map(|i| 95 - (i * 3 + s)).collect()).collect();
@@ -114,11 +121,14 @@ fn a_batch_equals_its_sequences_alone() {
     // step for all three with different cached lengths.
     let steps: Vec<CudaStep<'_>> = (0..3).map(|i| CudaStep { tokens: &ids[i], blocks: &tables[i], cached: 0, logits_from: Some(0) }).collect();
     let together = gpu.forward(&steps).unwrap();
-    // A batch may take a different matmul path (more rows per launch) than a sequence alone,
-    // which changes f32 summation order only: 1e-4 of the spread.
+    // A batch may take another matmul path than a sequence alone (from GEMM_MIN_TOKENS tokens
+    // the dequantize + SGEMM path), which changes the f32 summation order only: the same kind
+    // of difference as GPU vs CPU, under the same 1e-3 of the spread (measured 5.9e-4 with a
+    // bf16 cache on an H100).
     for i in 0..3 {
         let err = max_rel_err(&together[i], &alone[i], vocab);
-        assert!(err <= 1e-4, "sequence {i}: batched vs alone {err}");
+        eprintln!("sequence {i}: batched vs alone {err:.2e} of the spread");
+        assert!(err <= 1e-3, "sequence {i}: batched vs alone {err}");
     }
     let next: Vec<[u32; 1]> = (0..3).map(|i| [argmax(&together[i][together[i].len() - vocab..])]).collect();
     let steps: Vec<CudaStep<'_>> = (0..3).map(|i| CudaStep { tokens: &next[i], blocks: &tables[i], cached: ids[i].len(), logits_from: Some(0) }).collect();

@@ -4,7 +4,7 @@ use super::compile::{cached_cubin, include_dir, nvrtc_available, CudaArch};
 use super::source::KernelSource;
 use super::CudaError;
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -27,6 +27,9 @@ pub struct CudaDevice {
     total_bytes: usize,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
     blas: OnceLock<CudaBlas>,
+    /// f32 workspace shared by every launch on the stream (stream order makes reuse safe),
+    /// grown to the largest request.
+    workspace: Mutex<Option<CudaSlice<f32>>>,
 }
 
 impl CudaDevice {
@@ -58,6 +61,7 @@ impl CudaDevice {
             stream,
             modules: Mutex::new(HashMap::new()),
             blas: OnceLock::new(),
+            workspace: Mutex::new(None),
         }))
     }
 
@@ -116,6 +120,19 @@ impl CudaDevice {
         }
         let b = CudaBlas::new(self.stream.clone())?;
         Ok(self.blas.get_or_init(|| b))
+    }
+
+    /// Runs `f` with at least `len` floats of the device's shared workspace (its contents are
+    /// whatever the last user left). Work queued on the stream by `f` may use it; the next user's
+    /// work is queued after it, so the reuse is ordered.
+    pub fn with_workspace<R>(&self, len: usize, f: impl FnOnce(&mut CudaSlice<f32>) -> Result<R, CudaError>) -> Result<R, CudaError> {
+        let mut guard = self.workspace.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.as_ref().is_none_or(|w| w.len() < len) {
+            *guard = None; // free the old one first
+            // SAFETY: the contents are never read before a kernel writes them (callers' contract).
+            *guard = Some(unsafe { self.stream.alloc::<f32>(len) }?);
+        }
+        f(guard.as_mut().expect("allocated above"))
     }
 
     /// Waits for the stream and surfaces any fault a kernel raised.

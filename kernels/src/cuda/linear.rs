@@ -13,13 +13,16 @@
 //!   epilogue operation for operation), W8A8 FP8 (per-token-and-block E4M3 activations
 //!   bit-identical to the CPU's, f32 sums). Kernels: `act_quant.cu`, `linear_quant.cu`.
 //!
-//! One entry point serves every batch size: CTAs of 8 warps, four output rows per warp (each
-//! activation value read serves four rows), tiles of up to 8 tokens ([`matmul_grid`]); weights
-//! are re-read once per 8-token tile (through L2), so large prefill batches are correct but not
-//! tensor-core fast yet (docs/cuda-notes.md has the measurements).
+//! One entry point serves every batch size. Below [`GEMM_MIN_TOKENS`] tokens the per-format
+//! kernels run: CTAs of 8 warps, four output rows per warp for GGUF blocks and W4A16 (each
+//! activation value read serves four rows), one for the others, tiles of up to 8 tokens
+//! ([`matmul_grid`]). From it on, GGUF blocks and W4A16 are dequantized to f32 and multiplied by
+//! cuBLAS SGEMM ([`matmul_dequant_gemm`]); tensor-core GEMMs are not written yet
+//! (docs/cuda-notes.md has the measurements).
 //!
 //! Launches are asynchronous on the device's stream; [`CudaDevice::synchronize`] surfaces faults.
 
+use super::blas::gemm_f32;
 use super::device::CudaDevice;
 use super::source::{ACT_QUANT, LINEAR_GGML, LINEAR_QUANT};
 use super::CudaError;
@@ -29,12 +32,13 @@ use crate::quant::{ActQuant, QuantMatrix};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 use std::sync::Mutex;
 
+/// Batch size from which [`matmul`] dequantizes GGUF block types and W4A16 to f32 and calls
+/// cuBLAS SGEMM instead of the per-format kernel (H100, docs/cuda-notes.md: at 32 tokens of a
+/// 14336 × 4096 matrix the kernel takes ~0.5 ms, the dequantization plus SGEMM should take a
+/// third of that).
+pub const GEMM_MIN_TOKENS: usize = 32;
 /// Warps per CTA of the matmul kernels (`TS_WARPS` in the sources).
 pub const WARPS_PER_CTA: usize = 8;
-/// Output rows per warp of the matmul kernels (`TS_RW` in the sources).
-pub const ROWS_PER_WARP: usize = 4;
-/// Output rows per CTA of the matmul kernels.
-pub const ROWS_PER_CTA: usize = WARPS_PER_CTA * ROWS_PER_WARP;
 /// Tokens per CTA of the matmul kernels (`TS_MT` in the sources).
 pub const TOKENS_PER_CTA: usize = 8;
 /// Threads per CTA of the activation-quantization and embedding kernels.
@@ -51,6 +55,31 @@ enum Format {
     Int8,
     /// E4M3 with `[bh, bw]` scale blocks (clamped to the shape), E4M3 activations per `bw` columns.
     Fp8 { bh: usize, bw: usize },
+}
+
+impl Format {
+    /// Whether the kernel dequantizes weights to f32 in registers and multiplies f32
+    /// activations (GGUF block types, W4A16): those take four rows per warp, and the
+    /// dequantize-then-SGEMM path at large batches.
+    fn dequantizes(self) -> bool {
+        match self {
+            Format::Ggml(ty) => block_code_bytes(ty).is_some(),
+            Format::Int4 { act, .. } => act == ActQuant::F32,
+            Format::Int8 | Format::Fp8 { .. } => false,
+        }
+    }
+
+    /// Output rows per warp of the format's kernel (`TS_RW` in its source): four where the
+    /// activation reads dominate ([`Format::dequantizes`]), one for float weights and for the
+    /// integer-activation kinds (a quarter of the activation bytes, and batch 1 needs every
+    /// warp for parallelism).
+    fn rows_per_warp(self) -> usize {
+        if self.dequantizes() {
+            4
+        } else {
+            1
+        }
+    }
 }
 
 /// A `[rows, cols]` weight matrix in device memory, in its storage type (never expanded), with
@@ -142,10 +171,10 @@ pub fn repack_blocks(ty: GgmlType, data: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((codes, heads))
 }
 
-/// Grid of the matmul kernels for `rows` outputs and `m` tokens: `(ceil(rows / 32), ceil(m / 8))`
-/// CTAs of 256 threads.
-pub fn matmul_grid(rows: usize, m: usize) -> Result<LaunchConfig, CudaError> {
-    let gx = u32::try_from(rows.div_ceil(ROWS_PER_CTA)).map_err(|_| shape(format!("{rows} rows exceed the grid")))?;
+/// Grid of the matmul kernels for `rows` outputs, `m` tokens and `rows_per_warp` outputs per
+/// warp: `(ceil(rows / (8 · rows_per_warp)), ceil(m / 8))` CTAs of 256 threads.
+pub fn matmul_grid(rows: usize, m: usize, rows_per_warp: usize) -> Result<LaunchConfig, CudaError> {
+    let gx = u32::try_from(rows.div_ceil(WARPS_PER_CTA * rows_per_warp)).map_err(|_| shape(format!("{rows} rows exceed the grid")))?;
     let gy = m.div_ceil(TOKENS_PER_CTA);
     if gy > 65_535 {
         return Err(shape(format!("{m} tokens exceed the grid (at most {})", 65_535 * TOKENS_PER_CTA)));
@@ -293,7 +322,25 @@ fn check_aligned(dev: &CudaDevice, what: &str, x: &CudaView<'_, f32>) -> Result<
 /// allocated on the first call and reallocated only when `m` exceeds every earlier call (call
 /// once with the largest batch before capturing a CUDA graph); [`matmul_with`] takes shared
 /// scratch instead.
+///
+/// From [`GEMM_MIN_TOKENS`] tokens on, GGUF block types and W4A16 are dequantized to f32 in the
+/// device's workspace and multiplied by cuBLAS SGEMM (f32 math, no TF32: the same function,
+/// another summation order); [`matmul_direct`] always takes the per-format kernel.
 pub fn matmul(
+    dev: &CudaDevice,
+    w: &DeviceWeight,
+    x: &CudaView<'_, f32>,
+    m: usize,
+    y: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    if m >= GEMM_MIN_TOKENS && w.format.dequantizes() {
+        return matmul_dequant_gemm(dev, w, x, m, y);
+    }
+    matmul_direct(dev, w, x, m, y)
+}
+
+/// [`matmul`] through the per-format kernel at any batch size.
+pub fn matmul_direct(
     dev: &CudaDevice,
     w: &DeviceWeight,
     x: &CudaView<'_, f32>,
@@ -311,6 +358,49 @@ pub fn matmul(
     launch_matmul(dev, w, x, m, y, guard.as_mut())
 }
 
+/// [`matmul`]'s large-batch path at any batch size: `w` dequantized to f32 into the device
+/// workspace, then `y = x · wᵀ` by cuBLAS SGEMM. GGUF block types and W4A16 only (an error for
+/// the others).
+pub fn matmul_dequant_gemm(dev: &CudaDevice, w: &DeviceWeight, x: &CudaView<'_, f32>, m: usize, y: &mut CudaViewMut<'_, f32>) -> Result<(), CudaError> {
+    check_len("matmul x", x.len(), m * w.cols)?;
+    check_len("matmul y", y.len(), m * w.rows)?;
+    let (n, k) = (w.rows, w.cols);
+    // One thread per 8 values (k is a multiple of 32 for both formats).
+    let chunks = (n * k / 8) as i64;
+    let grid = u32::try_from((n * k / 8).div_ceil(ROW_THREADS as usize)).map_err(|_| shape(format!("{n} x {k} exceeds the grid")))?;
+    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let ki = int(k)?;
+    dev.with_workspace(n * k, |ws| {
+        let mut out = ws.slice_mut(..n * k);
+        match w.format {
+            Format::Ggml(ty) => {
+                let f = dev.function(&LINEAR_GGML, ggml_defines(ty).expect("checked at upload"), "ggml_dequant_rows")?;
+                let sc = w.block_scales.as_ref().expect("block types carry a scale plane");
+                let mut b = dev.stream().launch_builder(&f);
+                b.arg(&w.codes).arg(sc).arg(&mut out).arg(&chunks);
+                // SAFETY: argument types and order match `ggml_dequant_rows`; `out` holds n·k floats.
+                unsafe { b.launch(cfg) }?;
+            }
+            Format::Int4 { group, .. } => {
+                let f = dev.function(&LINEAR_QUANT, &["QKIND=0"], "int4_dequant_rows")?;
+                let scales = w.scales.as_ref().expect("quantized weights carry scales");
+                let (null, gi) = (0u64, int(group)?);
+                let mut b = dev.stream().launch_builder(&f);
+                b.arg(&w.codes).arg(scales);
+                match &w.zeros {
+                    Some(z) => b.arg(z),
+                    None => b.arg(&null),
+                };
+                b.arg(&ki).arg(&gi).arg(&mut out).arg(&chunks);
+                // SAFETY: argument types and order match `int4_dequant_rows`; `out` holds n·k floats.
+                unsafe { b.launch(cfg) }?;
+            }
+            _ => return Err(shape(format!("{} is multiplied by its own kernel, not dequantized", w.storage))),
+        }
+        gemm_f32(dev, x, &ws.slice(..n * k), m, n, k, y)
+    })
+}
+
 /// [`matmul`] with caller-owned activation scratch (ignored by weights that keep f32
 /// activations); an error if `scratch` is too small for `m` tokens of `w.cols()` columns.
 pub fn matmul_with(
@@ -324,6 +414,9 @@ pub fn matmul_with(
     let (codes, scales) = w.scratch_need(m);
     if !scratch.fits(codes, scales) {
         return Err(shape(format!("activation scratch too small for {m} tokens of {} columns", w.cols)));
+    }
+    if m >= GEMM_MIN_TOKENS && w.format.dequantizes() {
+        return matmul_dequant_gemm(dev, w, x, m, y);
     }
     launch_matmul(dev, w, x, m, y, Some(scratch))
 }
@@ -342,7 +435,7 @@ fn launch_matmul(
         return Ok(());
     }
     check_aligned(dev, "matmul x", x)?;
-    let cfg = matmul_grid(w.rows, m)?;
+    let cfg = matmul_grid(w.rows, m, w.format.rows_per_warp())?;
     let (n, k, mi) = (int(w.rows)?, int(w.cols)?, int(m)?);
     let null = 0u64;
     let (kind, group, bh) = match w.format {
@@ -591,13 +684,16 @@ mod tests {
 
     #[test]
     fn grid_covers_rows_and_tokens() {
-        for (rows, m) in [(1, 1), (8, 8), (9, 17), (1536, 257)] {
-            let cfg = matmul_grid(rows, m).unwrap();
-            assert!(cfg.grid_dim.0 as usize * ROWS_PER_CTA >= rows && (cfg.grid_dim.0 as usize - 1) * ROWS_PER_CTA < rows);
-            assert!(cfg.grid_dim.1 as usize * TOKENS_PER_CTA >= m && (cfg.grid_dim.1 as usize - 1) * TOKENS_PER_CTA < m);
-            assert_eq!(cfg.block_dim.0 as usize, 32 * WARPS_PER_CTA);
+        for rpw in [1, 4] {
+            let per_cta = WARPS_PER_CTA * rpw;
+            for (rows, m) in [(1, 1), (8, 8), (9, 17), (33, 3), (1536, 257)] {
+                let cfg = matmul_grid(rows, m, rpw).unwrap();
+                assert!(cfg.grid_dim.0 as usize * per_cta >= rows && (cfg.grid_dim.0 as usize - 1) * per_cta < rows);
+                assert!(cfg.grid_dim.1 as usize * TOKENS_PER_CTA >= m && (cfg.grid_dim.1 as usize - 1) * TOKENS_PER_CTA < m);
+                assert_eq!(cfg.block_dim.0 as usize, 32 * WARPS_PER_CTA);
+            }
         }
-        assert!(matmul_grid(8, 65_536 * TOKENS_PER_CTA).is_err());
+        assert!(matmul_grid(8, 65_536 * TOKENS_PER_CTA, 1).is_err());
     }
 
     #[test]

@@ -21,7 +21,7 @@ use common::{int4, randn, random_weights, rng, scale};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
-use tessera_kernels::cuda::linear::{embedding, matmul, matmul_with, quantize_fp8_rows, quantize_int8_rows, ActScratch, DeviceWeight};
+use tessera_kernels::cuda::linear::{embedding, matmul, matmul_dequant_gemm, matmul_direct, matmul_with, quantize_fp8_rows, quantize_int8_rows, ActScratch, DeviceWeight};
 use tessera_kernels::cuda::{test_device, CudaDevice};
 use tessera_kernels::ggml::{dequantize_row, GgmlType};
 use tessera_kernels::quant::act::{quantize_fp8_row, quantize_int8_row_scalar};
@@ -30,12 +30,35 @@ use tessera_kernels::quant::{ActQuant, Fp8Matrix, Int8Matrix, QuantLinear, Quant
 
 const TOKENS: [usize; 7] = [1, 2, 3, 8, 17, 64, 257];
 
+/// Which entry point a test runs.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// `matmul` (the batch size picks).
+    Auto,
+    /// `matmul_direct` (the per-format kernel).
+    Kernel,
+    /// `matmul_dequant_gemm` (dequantize to f32, cuBLAS SGEMM).
+    DequantGemm,
+}
+
 /// `matmul` on the GPU into a NaN-poisoned output; asserts every output was written.
 fn gpu_matmul(dev: &CudaDevice, w: &DeviceWeight, x: &[f32], m: usize) -> Vec<f32> {
+    gpu_matmul_by(dev, w, x, m, Path::Auto)
+}
+
+/// [`gpu_matmul`] through the entry point `path`.
+fn gpu_matmul_by(dev: &CudaDevice, w: &DeviceWeight, x: &[f32], m: usize, path: Path) -> Vec<f32> {
     let s = dev.stream();
     let xd = s.clone_htod(x).unwrap();
     let mut yd = s.clone_htod(&vec![f32::NAN; m * w.rows()]).unwrap();
-    matmul(dev, w, &xd.slice(..), m, &mut yd.slice_mut(..)).unwrap();
+    let (xv, mut yv) = (xd.slice(..), yd.slice_mut(..));
+    match path {
+        Path::Auto => matmul(dev, w, &xv, m, &mut yv),
+        Path::Kernel => matmul_direct(dev, w, &xv, m, &mut yv),
+        Path::DequantGemm => matmul_dequant_gemm(dev, w, &xv, m, &mut yv),
+    }
+    .unwrap();
+    drop(yv);
     dev.synchronize().unwrap();
     let y = s.clone_dtoh(&yd).unwrap();
     if let Some(i) = y.iter().position(|v| !v.is_finite()) {
@@ -91,10 +114,14 @@ fn ggml_matmul_matches_f64_reference() {
             let wd = dequantized_ggml(ty, n, k, &data);
             let w = DeviceWeight::from_ggml(&dev, ty, n, k, &data).unwrap();
             assert_eq!((w.rows(), w.cols(), w.storage()), (n, k, ty.name().to_string()));
+            // Block types have both paths; each is checked at every batch size.
+            let paths: &[Path] = if ty.is_float() { &[Path::Auto] } else { &[Path::Kernel, Path::DequantGemm] };
             for m in TOKENS {
                 let x = randn(&mut r, m * k);
-                let y = gpu_matmul(&dev, &w, &x, m);
-                check_f32_math(&y, &x, &wd, m, n, k, &format!("{} {n}x{k}", w.kernel_id()));
+                for &path in paths {
+                    let y = gpu_matmul_by(&dev, &w, &x, m, path);
+                    check_f32_math(&y, &x, &wd, m, n, k, &format!("{} {path:?} {n}x{k}", w.kernel_id()));
+                }
             }
         }
     }
@@ -181,8 +208,10 @@ fn w4a16_matches_f64_reference() {
         assert_eq!(w.kernel_id(), "cuda.w4a16.int4xf32");
         for m in TOKENS {
             let x = activations(&mut r, m, k);
-            let y = gpu_matmul(&dev, &w, &x, m);
-            check_f32_math(&y, &x, &wd, m, n, k, &format!("w4a16 {}", wq.storage()));
+            for path in [Path::Kernel, Path::DequantGemm] {
+                let y = gpu_matmul_by(&dev, &w, &x, m, path);
+                check_f32_math(&y, &x, &wd, m, n, k, &format!("w4a16 {path:?} {}", wq.storage()));
+            }
         }
     }
 }
