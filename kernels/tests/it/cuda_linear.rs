@@ -51,14 +51,15 @@ fn gpu_matmul_by(dev: &CudaDevice, w: &DeviceWeight, x: &[f32], m: usize, path: 
     let s = dev.stream();
     let xd = s.clone_htod(x).unwrap();
     let mut yd = s.clone_htod(&vec![f32::NAN; m * w.rows()]).unwrap();
-    let (xv, mut yv) = (xd.slice(..), yd.slice_mut(..));
-    match path {
-        Path::Auto => matmul(dev, w, &xv, m, &mut yv),
-        Path::Kernel => matmul_direct(dev, w, &xv, m, &mut yv),
-        Path::DequantGemm => matmul_dequant_gemm(dev, w, &xv, m, &mut yv),
+    {
+        let (xv, mut yv) = (xd.slice(..), yd.slice_mut(..));
+        match path {
+            Path::Auto => matmul(dev, w, &xv, m, &mut yv),
+            Path::Kernel => matmul_direct(dev, w, &xv, m, &mut yv),
+            Path::DequantGemm => matmul_dequant_gemm(dev, w, &xv, m, &mut yv),
+        }
+        .unwrap();
     }
-    .unwrap();
-    drop(yv);
     dev.synchronize().unwrap();
     let y = s.clone_dtoh(&yd).unwrap();
     if let Some(i) = y.iter().position(|v| !v.is_finite()) {
