@@ -164,7 +164,7 @@ fn calibration_brings_quantized_models_closer_to_float() {
     // 4096 calibration tokens (with 2048, SmoothQuant+GPTQ no longer beat SmoothQuant alone
     // on W8A8: the 1536-wide down inputs' Σ x xᵀ is poorly estimated). The MSE observer is
     // tested with GPTQ's input-energy weights only: unweighted it clips weights that matter and
-    // did worse than min/max on this model (README).
+    // did worse than min/max on this model (docs/quantization.md).
     assert!(w8_sq < 0.7 * w8_rtn, "SmoothQuant {w8_sq} vs rounding {w8_rtn}");
     assert!(w4_gptq < 0.7 * w4_rtn, "GPTQ {w4_gptq} vs rounding {w4_rtn}");
     assert!(w4_gptq_mse < w4_gptq, "GPTQ with the MSE observer {w4_gptq_mse} vs GPTQ {w4_gptq}");

@@ -231,7 +231,7 @@ fn greedy_bits(e: &Engine, id: &str, prompt: &[u32], max_tokens: usize) -> (Vec<
     (o.ids, o.logprobs.iter().map(|l| l.to_bits()).collect(), cached)
 }
 
-/// The README's promise, for every KV format whose scores do not depend on what is cached:
+/// docs/serving.md's promise, for every KV format whose scores do not depend on what is cached:
 /// a prompt's greedy tokens and their logprobs are bit-identical whether it is computed in one
 /// chunk, in chunks of other sizes, or after a prefix-cache hit of any length (a whole block,
 /// several, all but the last token's block) under either block size (the whole grid for the

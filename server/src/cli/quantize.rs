@@ -74,7 +74,7 @@ pub struct QuantizeArgs {
     smoothquant: Option<f32>,
     /// GPTQ: round each layer's weights minimizing its output error on the calibration inputs
     /// (activation order, static groups). Needs --calibration. For int4, add --mse-observer:
-    /// together they were the best here (README "Quality").
+    /// together they were the best here (docs/quantization.md, "Quality").
     #[arg(long)]
     gptq: bool,
     /// Choose each scale by searching the clipping ratio that minimizes the squared error
