@@ -84,10 +84,10 @@ pub fn chat_template(data: &[u8]) -> Result<String, String> {
     while let Some(role) = parts.next() {
         let content = parts.next().unwrap_or_default().into_owned();
         let name = (role.len() % 7 == 6).then(|| "fuzz".to_owned());
-        messages.push(ChatMessage { role: role.into_owned(), content, name });
+        messages.push(ChatMessage { role: role.into_owned(), content, name, ..Default::default() });
     }
     let t = ChatTemplate::with_limits(&source, "<|endoftext|>", "<|im_end|>", TEMPLATE_FUZZ_LIMITS)?;
-    let rendered = t.render(&messages, true)?;
+    let rendered = t.render(&messages, true, None)?;
     std::hint::black_box(t.without_duplicate_bos(&rendered, true));
     Ok(rendered)
 }

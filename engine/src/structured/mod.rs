@@ -36,8 +36,8 @@ pub enum Constraint {
 impl Constraint {
     fn grammar(&self) -> TopLevelGrammar {
         match self {
-            Constraint::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
-            Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"}))),
+            Constraint::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact_schema(s.clone())),
+            Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact_schema(serde_json::json!({"type": "object"}))),
             Constraint::Regex(r) => TopLevelGrammar::from_regex(r),
             Constraint::Choice(c) => TopLevelGrammar::from_regex(&c.iter().map(|s| regex::escape(s)).collect::<Vec<_>>().join("|")),
             Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
@@ -47,8 +47,8 @@ impl Constraint {
 
 /// JSON laid out one way (`{"a": 1, "b": [1, 2]}`), unless the schema sets llguidance's own
 /// `x-guidance` options: with free whitespace a small model can pad the output with newlines
-/// until `max_tokens`.
-fn compact(mut schema: Value) -> Value {
+/// until `max_tokens`. Public for schemas embedded in Lark grammars (`%json {...}`).
+pub fn compact_schema(mut schema: Value) -> Value {
     if schema.as_object().is_some_and(|o| !o.contains_key("x-guidance")) {
         let opts = JsonCompileOptions { whitespace_flexible: false, item_separator: ", ".into(), key_separator: ": ".into(), ..Default::default() };
         opts.apply_to(&mut schema);

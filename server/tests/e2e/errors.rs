@@ -77,7 +77,7 @@ async fn invalid_chat_parameters() {
         (json!({"messages": [{"role": "", "content": "Hi"}]}), "messages[0].role"),
         (json!({"messages": [{"role": "function", "content": "Hi"}]}), "messages[0].role"),
         // Fields that would change the answer and are not supported are refused, not ignored.
-        (json!({"messages": m, "tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
+        (json!({"messages": m, "functions": [{"name": "f"}]}), "functions"),
         (json!({"messages": m, "tool_choice": "required"}), "tool_choice"),
         (json!({"messages": m, "logit_bias": {"42": 5}}), "logit_bias"),
         (json!({"messages": m, "chat_template": "{{ 1 }}"}), "chat_template"),

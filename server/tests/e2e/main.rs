@@ -20,3 +20,4 @@ mod routers;
 mod scheduling;
 mod structured;
 mod tokenize;
+mod tools;

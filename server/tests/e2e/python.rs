@@ -31,6 +31,11 @@ fn the_openai_python_client_works() {
 }
 
 #[test]
+fn tool_calls_round_trip_with_the_openai_client() {
+    run_script("tool_calls.py");
+}
+
+#[test]
 fn structured_outputs_parse_with_the_openai_client() {
     run_script("structured_outputs.py");
 }

@@ -1,11 +1,13 @@
 //! `POST /v1/chat/completions`: messages rendered with the model's chat template, `n` choices,
-//! chat-format logprobs, streaming as `chat.completion.chunk`s (role first, then content).
+//! chat-format logprobs, tool calls ([`tools`](super::tools)), streaming as
+//! `chat.completion.chunk`s (role first, then content, then any tool calls).
 
 use super::generation::{self, ChoiceOutput, ChunkShaper, Finish};
 use super::logprobs::ChatLogprobs;
 use super::request::{self, refuse_set, CommonParams, DefaultMaxTokens, RequestShape};
 use super::response::{stop_reason_json, Meta};
 use super::structured;
+use super::tools::{self, ToolCall, ToolCallDelta, ToolCalling};
 use crate::http::chat_template::{ChatMessage, ChatTemplate};
 use crate::http::errors::ApiError;
 use crate::http::conn::PeerSocket;
@@ -17,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
-use tessera_engine::serve::{GenRequest, TokenLogprob};
+use tessera_engine::serve::{FinishReason, GenRequest, TokenLogprob};
 use tessera_engine::structured::Grammars;
 use tessera_engine::tokenizer::Tokenizer;
 
@@ -28,9 +30,9 @@ const ROLE: &str = "assistant";
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// Chat fields (OpenAI's and vLLM's) that change the prompt or the answer and are not
-/// supported: refused when set. Tool calling is among them.
-pub(crate) const UNSUPPORTED: [&str; 10] = [
-    "tools",
+/// supported: refused when set (`functions` and `function_call` are OpenAI's deprecated form
+/// of `tools` and `tool_choice`).
+pub(crate) const UNSUPPORTED: [&str; 9] = [
     "functions",
     "function_call",
     "chat_template",
@@ -51,7 +53,6 @@ struct ChatParams {
     max_completion_tokens: Option<usize>,
     add_generation_prompt: Option<bool>,
     add_special_tokens: Option<bool>,
-    tool_choice: Option<Value>,
 }
 
 /// A message as a client sends it.
@@ -60,6 +61,10 @@ pub(crate) struct MessageIn {
     role: String,
     content: Option<Content>,
     name: Option<String>,
+    /// An assistant turn's calls (passed to the template as sent).
+    tool_calls: Option<Value>,
+    /// A `tool` turn's answer to this call.
+    tool_call_id: Option<String>,
 }
 
 /// A message's content: text, or a list of parts.
@@ -80,7 +85,10 @@ struct Part {
 #[derive(Debug, Serialize)]
 struct Message {
     role: &'static str,
-    content: String,
+    /// `null` when the answer is only tool calls.
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ToolCall>,
 }
 
 #[derive(Debug, Serialize)]
@@ -98,6 +106,8 @@ struct Delta {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -130,7 +140,7 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, pee
     let v = validate(&value, &meta.id, template, &model.tokenizer, state.engine().grammars(), state.engine().info().max_model_len)?;
     state.check_model(v.common.model.as_deref())?;
     let interrupts = super::Interrupts::new(&state, &v.common, started, peer)?;
-    let (common, logprobs, prompt_tokens, reqs) = (v.common, v.logprobs, v.prompt_tokens, v.reqs);
+    let (common, logprobs, prompt_tokens, reqs, tools) = (v.common, v.logprobs, v.prompt_tokens, v.reqs, v.tools);
     super::log_request(&common, 1, reqs.len(), prompt_tokens);
     let choices = reqs.len();
     // The prompt is the conversation: errors about it name `messages`.
@@ -138,7 +148,8 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, pee
         Some("prompt") => ApiError { param: Some("messages".into()), ..e },
         _ => e,
     })?;
-    super::deliver(Shaper { logprobs: logprobs.is_some() }, meta, events, choices, prompt_tokens, &common, interrupts).await
+    let shaper = Shaper::new(logprobs.is_some(), tools.filter(ToolCalling::parses), &meta.id);
+    super::deliver(shaper, meta, events, choices, prompt_tokens, &common, interrupts).await
 }
 
 /// `logprobs: true` with `top_logprobs` alternatives becomes the engine's top-n.
@@ -153,6 +164,8 @@ pub(crate) struct Validated {
     pub prompt_tokens: usize,
     /// One engine request per choice.
     pub reqs: Vec<GenRequest>,
+    /// The request's tools, when it has any.
+    pub tools: Option<ToolCalling>,
 }
 
 /// Checks a chat body (parsed JSON), renders the conversation with `template` and builds its
@@ -171,16 +184,23 @@ pub(crate) fn validate(
     let logprobs = chat_logprobs(own.logprobs, own.top_logprobs)?;
     refuse_set(value, &request::UNSUPPORTED)?;
     refuse_set(value, &UNSUPPORTED)?;
-    if own.tool_choice.as_ref().is_some_and(|c| !matches!(c.as_str(), Some("none" | "auto"))) {
-        return Err(ApiError::invalid("tool_choice", "tool_choice needs tools, and tool calling is not supported"));
-    }
+    let tools = ToolCalling::from_request(value)?;
     let messages = messages(own.messages)?;
     let how = Conversation {
         add_generation_prompt: own.add_generation_prompt.unwrap_or(true),
         add_special_tokens: own.add_special_tokens.unwrap_or(true),
     };
-    let prompt = conversation_tokens(template, tok, &messages, how)?;
-    let guide = structured::guide(value, grammars)?;
+    let prompt = conversation_tokens(template, tok, &messages, how, tools.as_ref().map(ToolCalling::template_tools))?;
+    let guide = match tools.as_ref().and_then(ToolCalling::constraint) {
+        Some(c) => {
+            if structured::is_set(value)? {
+                return Err(ApiError::invalid("tool_choice", "tool_choice required or a named function cannot be combined with a structured-output constraint"));
+            }
+            let grammars = grammars.map_err(|e| ApiError::invalid("tool_choice", format!("tool_choice needs structured outputs, unavailable for this model: {e}")))?;
+            Some(grammars.compile(&c).map_err(|e| ApiError::invalid("tools", format!("the tools' parameter schemas were refused by the grammar compiler: {e}")))?)
+        }
+        None => structured::guide(value, grammars)?,
+    };
     let shape = RequestShape {
         max_model_len,
         logprobs,
@@ -190,7 +210,7 @@ pub(crate) fn validate(
     };
     let prompt_tokens = prompt.len();
     let reqs = common.requests(id, &[prompt], shape)?;
-    Ok(Validated { common, logprobs, prompt_tokens, reqs })
+    Ok(Validated { common, logprobs, prompt_tokens, reqs, tools })
 }
 
 /// How a conversation becomes prompt tokens (vLLM's fields; both default to true here).
@@ -202,9 +222,16 @@ pub(crate) struct Conversation {
     pub add_special_tokens: bool,
 }
 
-/// The prompt tokens of `messages` rendered with `template`; errors name `messages`.
-pub(crate) fn conversation_tokens(template: &ChatTemplate, tok: &Tokenizer, messages: &[ChatMessage], how: Conversation) -> Result<Vec<u32>, ApiError> {
-    let rendered = template.render(messages, how.add_generation_prompt).map_err(|e| ApiError::invalid("messages", e))?;
+/// The prompt tokens of `messages` (and `tools`, as the template shows them) rendered with
+/// `template`; errors name `messages`.
+pub(crate) fn conversation_tokens(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    messages: &[ChatMessage],
+    how: Conversation,
+    tools: Option<&Value>,
+) -> Result<Vec<u32>, ApiError> {
+    let rendered = template.render(messages, how.add_generation_prompt, tools).map_err(|e| ApiError::invalid("messages", e))?;
     let add_bos = how.add_special_tokens && tok.special().add_bos;
     let text = template.without_duplicate_bos(&rendered, add_bos);
     tok.encode_with(text, add_bos).map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))
@@ -250,7 +277,7 @@ pub(crate) fn messages(input: Option<Vec<MessageIn>>) -> Result<Vec<ChatMessage>
                     .collect::<Result<Vec<_>, _>>()?
                     .join("\n"),
             };
-            Ok(ChatMessage { role: m.role, content, name: m.name })
+            Ok(ChatMessage { role: m.role, content, name: m.name, tool_calls: m.tool_calls, tool_call_id: m.tool_call_id })
         })
         .collect()
 }
@@ -258,6 +285,26 @@ pub(crate) fn messages(input: Option<Vec<MessageIn>>) -> Result<Vec<ChatMessage>
 /// Shapes chat choices.
 struct Shaper {
     logprobs: bool,
+    /// Set when the answer is searched for tool calls.
+    tools: Option<ToolCalling>,
+    /// Tool-call ids start with this (`call_` and the response id's tail).
+    call_id: String,
+    /// Streaming with tools: per choice, the text so far and how much of it went out as content.
+    streamed: Vec<(String, usize)>,
+}
+
+impl Shaper {
+    fn new(logprobs: bool, tools: Option<ToolCalling>, response_id: &str) -> Self {
+        let tail = response_id.rsplit('-').next().unwrap_or(response_id);
+        Shaper { logprobs, tools, call_id: format!("call_{tail}"), streamed: Vec::new() }
+    }
+
+    fn stream_state(&mut self, i: usize) -> &mut (String, usize) {
+        if self.streamed.len() <= i {
+            self.streamed.resize_with(i + 1, Default::default);
+        }
+        &mut self.streamed[i]
+    }
 }
 
 impl ChunkShaper for Shaper {
@@ -268,17 +315,21 @@ impl ChunkShaper for Shaper {
 
     fn whole(&self, index: usize, o: ChoiceOutput) -> Choice {
         let finish = o.finish.expect("collected choices are finished");
+        let (content, tool_calls) = match &self.tools {
+            Some(t) => t.parse(&o.text, &format!("{}-{index}", self.call_id)),
+            None => (Some(o.text), Vec::new()),
+        };
         Choice {
             index,
-            message: Message { role: ROLE, content: o.text },
+            finish_reason: finish_reason(&finish, !tool_calls.is_empty()),
+            message: Message { role: ROLE, content, tool_calls },
             logprobs: self.logprobs.then(|| ChatLogprobs::of(&o.tokens)),
-            finish_reason: finish.reason.as_str(),
             stop_reason: stop_reason_json(finish.stop_reason.as_ref()),
         }
     }
 
     fn start(&mut self, i: usize) -> Option<ChunkChoice> {
-        Some(ChunkChoice::delta(i, Delta { role: Some(ROLE), content: Some(String::new()) }, None))
+        Some(ChunkChoice::delta(i, Delta { role: Some(ROLE), content: Some(String::new()), tool_calls: None }, None))
     }
 
     fn prompt_logprobs(&mut self, _: usize, _: Vec<TokenLogprob>) -> Option<ChunkChoice> {
@@ -286,19 +337,51 @@ impl ChunkShaper for Shaper {
     }
 
     fn delta(&mut self, i: usize, text: String, tokens: Vec<TokenLogprob>) -> Option<ChunkChoice> {
+        // With tools, text that may be (or is) a call is held back until the choice ends.
+        let text = if self.tools.is_some() {
+            let (full, sent) = self.stream_state(i);
+            full.push_str(&text);
+            let upto = *sent + tools::streamable_prefix(&full[*sent..]);
+            let out = full[*sent..upto].to_owned();
+            *sent = upto;
+            out
+        } else {
+            text
+        };
         if text.is_empty() && (tokens.is_empty() || !self.logprobs) {
             return None;
         }
         let logprobs = self.logprobs.then(|| ChatLogprobs::of(&tokens));
-        Some(ChunkChoice::delta(i, Delta { role: None, content: Some(text) }, logprobs))
+        Some(ChunkChoice::delta(i, Delta { content: Some(text), ..Delta::default() }, logprobs))
     }
 
     fn finish(&mut self, i: usize, f: Finish) -> ChunkChoice {
-        ChunkChoice {
-            finish_reason: Some(f.reason.as_str()),
-            stop_reason: Some(stop_reason_json(f.stop_reason.as_ref())),
-            ..ChunkChoice::delta(i, Delta::default(), None)
+        // The held-back text: the calls it holds, or else the rest of the content.
+        let mut delta = Delta::default();
+        if let Some(t) = self.tools.take() {
+            let (full, sent) = std::mem::take(self.stream_state(i));
+            let (_, calls) = t.parse(&full, &format!("{}-{i}", self.call_id));
+            if calls.is_empty() {
+                delta.content = Some(full[sent..].to_owned()).filter(|c| !c.is_empty());
+            } else {
+                delta.tool_calls = Some(calls.into_iter().enumerate().map(|(index, call)| ToolCallDelta { index, call }).collect());
+            }
+            self.tools = Some(t);
         }
+        let called = delta.tool_calls.is_some();
+        ChunkChoice {
+            finish_reason: Some(finish_reason(&f, called)),
+            stop_reason: Some(stop_reason_json(f.stop_reason.as_ref())),
+            ..ChunkChoice::delta(i, delta, None)
+        }
+    }
+}
+
+/// `tool_calls` when the answer ended by itself with calls in it; the engine's reason otherwise.
+fn finish_reason(f: &Finish, called: bool) -> &'static str {
+    match f.reason {
+        FinishReason::Stop if called => "tool_calls",
+        r => r.as_str(),
     }
 }
 
@@ -307,7 +390,7 @@ mod tests {
     use super::*;
     use crate::http::json::fields;
     use serde_json::json;
-    use tessera_engine::serve::{FinishReason, StopReason};
+    use tessera_engine::serve::StopReason;
 
     fn parse(v: Value) -> Result<Vec<ChatMessage>, ApiError> {
         messages(fields::<ChatParams>(&v)?.messages)
@@ -321,8 +404,15 @@ mod tests {
             {"role": "assistant", "content": null},
         ]}))
         .unwrap();
-        assert_eq!(m[0], ChatMessage { role: "system".into(), content: "s".into(), name: None });
-        assert_eq!(m[1], ChatMessage { role: "user".into(), content: "a\nb".into(), name: Some("u".into()) });
+        let msg = |role: &str, content: &str, name: Option<&str>| ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            name: name.map(Into::into),
+            tool_calls: None,
+            tool_call_id: None,
+        };
+        assert_eq!(m[0], msg("system", "s", None));
+        assert_eq!(m[1], msg("user", "a\nb", Some("u")));
         assert_eq!(m[2].content, "");
     }
 
@@ -354,7 +444,7 @@ mod tests {
 
     #[test]
     fn chunk_and_response_shapes() {
-        let mut s = Shaper { logprobs: false };
+        let mut s = Shaper::new(false, None, "chatcmpl-x");
         let start = serde_json::to_value(s.start(1).unwrap()).unwrap();
         assert_eq!(
             start,
@@ -368,7 +458,7 @@ mod tests {
         assert_eq!(end, json!({"index": 1, "delta": {}, "logprobs": null, "finish_reason": "stop", "stop_reason": 2}));
         let tok = TokenLogprob { id: 3, text: "Hi".into(), logprob: Some(-0.1), top: vec![("Hi".into(), -0.1)] };
         let out = ChoiceOutput { prompt_logprobs: None, text: "Hi".into(), tokens: vec![tok], finish: Some(f) };
-        let whole = serde_json::to_value(Shaper { logprobs: true }.whole(0, out)).unwrap();
+        let whole = serde_json::to_value(Shaper::new(true, None, "chatcmpl-x").whole(0, out)).unwrap();
         assert_eq!(whole["message"], json!({"role": "assistant", "content": "Hi"}));
         assert_eq!(whole["logprobs"]["content"][0]["token"], "Hi");
         assert_eq!(whole["logprobs"]["content"][0]["top_logprobs"][0]["logprob"], json!(-0.1f32));

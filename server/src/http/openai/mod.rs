@@ -7,6 +7,7 @@ mod logprobs;
 mod request;
 mod response;
 mod structured;
+pub mod tools;
 pub mod tokenize;
 
 use crate::http::conn::PeerSocket;

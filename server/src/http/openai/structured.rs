@@ -120,6 +120,11 @@ fn constraint(value: &Value) -> Result<Option<(String, Constraint)>, ApiError> {
     Ok(all.pop())
 }
 
+/// Whether the body sets a structured-output constraint.
+pub fn is_set(value: &Value) -> Result<bool, ApiError> {
+    Ok(constraint(value)?.is_some())
+}
+
 /// The guide for the body's structured-output fields, compiled with `grammars`; `None` when
 /// the body sets none.
 pub fn guide(value: &Value, grammars: Result<&Grammars, &str>) -> Result<Option<Guide>, ApiError> {

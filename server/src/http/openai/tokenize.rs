@@ -69,7 +69,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Respons
                     add_generation_prompt: p.add_generation_prompt.unwrap_or(true),
                     add_special_tokens: p.add_special_tokens.unwrap_or(true),
                 };
-                chat::conversation_tokens(template, tok, &chat::messages(p.messages)?, how)?
+                chat::conversation_tokens(template, tok, &chat::messages(p.messages)?, how, None)?
             }
             (Some(_), true) => return Err(ApiError::invalid("messages", "give either prompt or messages, not both")),
             (None, false) => return Err(ApiError::invalid("prompt", "prompt (a string) or messages is required")),
