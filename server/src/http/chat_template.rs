@@ -84,7 +84,7 @@ impl ChatTemplate {
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, tools: Option<&serde_json::Value>) -> Result<String, String> {
         let tmpl = self.env.get_template(NAME).map_err(|e| e.to_string())?;
         let mut out = BoundedWriter { buf: Vec::new(), limit: self.limits.max_output_bytes };
-        // `tools` as transformers passes them: the request's list, or none (undefined).
+        // `tools` as transformers passes them: the request's list, or none.
         let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -188,8 +188,8 @@ mod tests {
             ChatMessage { tool_call_id: Some("c1".into()), ..msg("tool", "sunny") },
         ];
         assert_eq!(t.render(&msgs, false, Some(&tools)).unwrap(), "get_weather;[assistant  get_weather][tool c1 ]");
-        // Without tools the variable is undefined, as transformers leaves it.
-        let plain = ChatTemplate::new("{% if tools is defined %}tools{% else %}none{% endif %}", "", "").unwrap();
+        // Without tools the variable is none, as transformers passes it (`tools=None`).
+        let plain = ChatTemplate::new("{% if tools is none %}none{% else %}tools{% endif %}", "", "").unwrap();
         assert_eq!(plain.render(&[msg("user", "x")], false, None).unwrap(), "none");
     }
 

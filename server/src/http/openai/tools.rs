@@ -15,9 +15,6 @@ const OPEN: &str = "<tool_call>";
 /// Its closing tag.
 const CLOSE: &str = "</tool_call>";
 
-/// The parsers `--tool-call-parser` accepts (vLLM's names).
-pub const PARSERS: [&str; 1] = ["hermes"];
-
 /// What `tool_choice` asks for.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ToolChoice {
