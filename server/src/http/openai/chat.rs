@@ -135,9 +135,13 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, peer: Option<E
 
 async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, peer: Option<PeerSocket>) -> Result<Response, ApiError> {
     let value = super::read_body(&state, body, started).await?;
-    let template = state.chat_template().map_err(ApiError::bad_request)?;
-    let model = state.engine().model();
-    let v = validate(&value, &meta.id, template, &model.tokenizer, state.engine().grammars(), state.engine().info().max_model_len)?;
+    let (st, id) = (state.clone(), meta.id.clone());
+    let v = super::off_the_runtime(move || {
+        let template = st.chat_template().map_err(ApiError::bad_request)?;
+        let engine = st.engine();
+        validate(&value, &id, template, &engine.model().tokenizer, engine.grammars(), engine.info().max_model_len)
+    })
+    .await?;
     state.check_model(v.common.model.as_deref())?;
     let interrupts = super::Interrupts::new(&state, &v.common, started, peer)?;
     let (common, logprobs, prompt_tokens, reqs, tools) = (v.common, v.logprobs, v.prompt_tokens, v.reqs, v.tools);

@@ -65,8 +65,12 @@ pub async fn completions(State(state): State<Arc<AppState>>, peer: Option<Extens
 
 async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, peer: Option<PeerSocket>) -> Result<Response, ApiError> {
     let value = super::read_body(&state, body, started).await?;
-    let engine = state.engine();
-    let v = validate(&value, &meta.id, &engine.model().tokenizer, engine.grammars(), engine.info().max_model_len)?;
+    let (st, id) = (state.clone(), meta.id.clone());
+    let v = super::off_the_runtime(move || {
+        let engine = st.engine();
+        validate(&value, &id, &engine.model().tokenizer, engine.grammars(), engine.info().max_model_len)
+    })
+    .await?;
     state.check_model(v.common.model.as_deref())?;
     let interrupts = super::Interrupts::new(&state, &v.common, started, peer)?;
     let prompt_tokens: usize = v.prompts.iter().map(|p| p.ids.len()).sum();

@@ -54,6 +54,13 @@ pub struct Interrupts {
     peer: Option<PeerSocket>,
 }
 
+/// Runs a request's validation (chat template rendering, tokenization, grammar compilation:
+/// milliseconds of CPU for a long conversation or a large schema) on tokio's blocking pool, so
+/// the async workers keep serving other connections meanwhile.
+async fn off_the_runtime<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("validating the request failed: {e}")))?
+}
+
 /// Checks that new work is accepted and reads the body, all within the body timeout (the
 /// connection's header-read timeout) and the server's request timeout; `started` is when the
 /// request arrived.
