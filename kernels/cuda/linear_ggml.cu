@@ -162,27 +162,10 @@ ggml_matmul(const uint8_t* qs, const uint8_t* sc, const float* x, float* y, int 
             float w[TS_RW][8];
 #pragma unroll
             for (int r = 0; r < TS_RW; ++r) ts_chunk8(words[r], c, d[r], mm[r], w[r]);
-#pragma unroll
-            for (int t = 0; t < TS_MT; ++t) {
-                if (t < mt) {
-                    const float4* xv = reinterpret_cast<const float4*>(xt + (int64_t)t * k + b * 32 + c * 8);
-                    const float4 a0 = xv[0], a1 = xv[1];
-#pragma unroll
-                    for (int r = 0; r < TS_RW; ++r) {
-                        acc[t][r] += w[r][0] * a0.x + w[r][1] * a0.y + w[r][2] * a0.z + w[r][3] * a0.w
-                                   + w[r][4] * a1.x + w[r][5] * a1.y + w[r][6] * a1.z + w[r][7] * a1.w;
-                    }
-                }
-            }
+            ts_tile_dot8<TS_MT, TS_RW>(acc, w, xt + b * 32 + c * 8, k, mt);
         }
     }
-#pragma unroll
-    for (int t = 0; t < TS_MT; ++t)
-#pragma unroll
-        for (int r = 0; r < TS_RW; ++r) {
-            const float v = ts_warp_sum(acc[t][r]);
-            if (lane == 0 && t < mt && r < nr) y[(int64_t)(t0 + t) * n + row0 + r] = v;
-        }
+    ts_tile_store<TS_MT, TS_RW>(acc, y, n, t0, mt, row0, nr);
 #else
     // Float types: the warp's rows one after another.
     for (int row = row0; row < row0 + nr; ++row) {

@@ -57,6 +57,39 @@ __device__ __forceinline__ float ts_block_max(float v, float* scratch) {
     return ts_block_reduce<ts_warp_max>(v, scratch, -TS_INF);
 }
 
+// The matmul kernels' inner step for a warp owning RW rows and a tile of MT tokens:
+// acc[t][r] += w[r][0..8) · x[t][0..8), where token t's 8 activations start at x + t·k
+// (16-byte aligned), for the tile's first mt tokens.
+template <int MT, int RW>
+__device__ __forceinline__ void ts_tile_dot8(float (&acc)[MT][RW], const float (&w)[RW][8], const float* x, int64_t k, int mt) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+        if (t < mt) {
+            const float4* xv = reinterpret_cast<const float4*>(x + t * k);
+            const float4 a0 = xv[0], a1 = xv[1];
+#pragma unroll
+            for (int r = 0; r < RW; ++r) {
+                acc[t][r] += w[r][0] * a0.x + w[r][1] * a0.y + w[r][2] * a0.z + w[r][3] * a0.w
+                           + w[r][4] * a1.x + w[r][5] * a1.y + w[r][6] * a1.z + w[r][7] * a1.w;
+            }
+        }
+    }
+}
+
+// Reduces each lane's partial sums over the warp and stores y[t0 + t, row0 + r] for the tile's
+// first mt tokens and the warp's first nr rows (y is [m, n]).
+template <int MT, int RW>
+__device__ __forceinline__ void ts_tile_store(const float (&acc)[MT][RW], float* y, int n, int t0, int mt, int row0, int nr) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+            const float v = ts_warp_sum(acc[t][r]);
+            if (lane == 0 && t < mt && r < nr) y[(int64_t)(t0 + t) * n + row0 + r] = v;
+        }
+}
+
 // IEEE half bits to float (GGUF block scales are stored as raw f16 bits).
 __device__ __forceinline__ float ts_f16_bits(uint16_t bits) {
     return __half2float(__ushort_as_half(bits));
