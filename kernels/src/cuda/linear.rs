@@ -333,10 +333,15 @@ pub fn matmul(
     m: usize,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<(), CudaError> {
-    if m >= GEMM_MIN_TOKENS && w.format.dequantizes() {
+    if takes_gemm(w, m) {
         return matmul_dequant_gemm(dev, w, x, m, y);
     }
     matmul_direct(dev, w, x, m, y)
+}
+
+/// Whether [`matmul`] hands `m` tokens of `w` to the dequantize + SGEMM path.
+fn takes_gemm(w: &DeviceWeight, m: usize) -> bool {
+    m >= GEMM_MIN_TOKENS && w.format.dequantizes()
 }
 
 /// [`matmul`] through the per-format kernel at any batch size.
@@ -415,7 +420,7 @@ pub fn matmul_with(
     if !scratch.fits(codes, scales) {
         return Err(shape(format!("activation scratch too small for {m} tokens of {} columns", w.cols)));
     }
-    if m >= GEMM_MIN_TOKENS && w.format.dequantizes() {
+    if takes_gemm(w, m) {
         return matmul_dequant_gemm(dev, w, x, m, y);
     }
     launch_matmul(dev, w, x, m, y, Some(scratch))

@@ -362,15 +362,14 @@ impl ChunkShaper for Shaper {
     fn finish(&mut self, i: usize, f: Finish) -> ChunkChoice {
         // The held-back text: the calls it holds, or else the rest of the content.
         let mut delta = Delta::default();
-        if let Some(t) = self.tools.take() {
-            let (full, sent) = std::mem::take(self.stream_state(i));
+        if let Some(t) = &self.tools {
+            let (full, sent) = self.streamed.get_mut(i).map(std::mem::take).unwrap_or_default();
             let (_, calls) = t.parse(&full, &format!("{}-{i}", self.call_id));
             if calls.is_empty() {
                 delta.content = Some(full[sent..].to_owned()).filter(|c| !c.is_empty());
             } else {
                 delta.tool_calls = Some(calls.into_iter().enumerate().map(|(index, call)| ToolCallDelta { index, call }).collect());
             }
-            self.tools = Some(t);
         }
         let called = delta.tool_calls.is_some();
         ChunkChoice {
