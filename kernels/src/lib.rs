@@ -9,10 +9,12 @@
 //! - [`ops`]: RMSNorm, RoPE, SwiGLU;
 //! - [`quant`]: linear layers over checkpoint-quantized weights (W4A16, W4A8, W8A8);
 //! - [`cuda`]: the CUDA backend (NVRTC-compiled sources, launched through `cudarc`);
+//! - [`comm`]: collectives between tensor-parallel ranks (in-process shared memory, NCCL);
 //! - [`reference`](mod@reference): scalar references the optimized kernels are tested against.
 
 pub mod attention;
 pub mod kv;
+pub mod comm;
 pub mod cpu;
 pub mod cuda;
 pub mod ggml;
