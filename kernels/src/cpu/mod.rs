@@ -1,5 +1,6 @@
 //! CPU kernels: feature detection, SIMD helpers and row dot products.
 
+pub mod affinity;
 pub mod caps;
 pub mod dot;
 pub mod exp;
