@@ -218,8 +218,9 @@ impl LocalComm {
                 if self.shared.aborted.load(Ordering::Relaxed) {
                     panic!("{ABORT_MESSAGE}");
                 }
-                spins = spins.wrapping_add(1);
-                if spins % SPINS_PER_YIELD == 0 {
+                spins += 1;
+                if spins == SPINS_PER_YIELD {
+                    spins = 0;
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();

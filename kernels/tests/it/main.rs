@@ -4,6 +4,7 @@
 mod common;
 mod attention;
 mod cuda_attention;
+mod cuda_comm;
 mod cuda_compile;
 mod cuda_linear;
 mod cuda_ops;
