@@ -59,7 +59,7 @@ fn bench(c: &mut Criterion) {
     for (name, dir) in models() {
         let ck = Checkpoint::open(&dir).unwrap();
         let moe = ck.config.moe.clone().unwrap();
-        let layer = MoeLayer::load(&ck, 1, &ck.config, &moe, &caps, LinearPolicy::DEFAULT).unwrap();
+        let layer = MoeLayer::load(&ck, 1, &ck.config, &moe, None, &caps, LinearPolicy::DEFAULT).unwrap();
         let h = ck.config.hidden_size;
         let mut g = c.benchmark_group(format!("moe-8x2/{name}"));
         g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));

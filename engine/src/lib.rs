@@ -22,6 +22,7 @@ pub mod generate;
 pub mod kv;
 mod loaded;
 pub mod model;
+pub mod parallel;
 pub mod perplexity;
 pub mod quant;
 pub mod quantize;

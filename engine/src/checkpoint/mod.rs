@@ -221,7 +221,7 @@ impl TensorBytes {
     }
 
     /// Bytes `range` of these (still mapped when these are).
-    fn slice(&self, range: Range<usize>) -> TensorBytes {
+    pub fn slice(&self, range: Range<usize>) -> TensorBytes {
         match self {
             TensorBytes::Mapped(m, r) => TensorBytes::Mapped(m.clone(), r.start + range.start..r.start + range.end),
             TensorBytes::Owned(b) => TensorBytes::Owned(Arc::from(&b[range])),

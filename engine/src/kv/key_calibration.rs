@@ -124,8 +124,9 @@ impl AttentionSums {
 /// Measures the key transform of `layout`'s key format (centers always, scales when
 /// [`KvLayout::wants_key_balance`]) over one forward pass of `tokens` with an f32 cache.
 pub fn measure(model: &LlamaModel, layout: &KvLayout, tokens: &[u32]) -> Result<KeyTransform, ForwardError> {
-    let c = model.config();
-    let mut sums = AttentionSums::new(c.num_layers, c.num_kv_heads, c.head_dim, c.num_heads / c.num_kv_heads);
+    // A tensor-parallel rank measures its own heads.
+    let shape = model.attn_shape();
+    let mut sums = AttentionSums::new(model.config().num_layers, shape.n_kv_heads, shape.head_dim, shape.n_heads / shape.n_kv_heads);
     let mut kv = model.local_kv(tokens.len());
     model.forward_observed(&mut [SeqInput { tokens, kv: &mut kv, logits_from: None }], &mut sums)?;
     Ok(sums.transform(layout.wants_key_balance()))

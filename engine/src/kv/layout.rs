@@ -4,7 +4,7 @@
 use crate::checkpoint::ModelConfig;
 use std::fmt;
 use std::sync::Arc;
-use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvFormatError, KvGeometry, KvRole};
+use tessera_kernels::kv::{codec, CodecOptions, HeadOffset, KvCodec, KvFormat, KvFormatError, KvGeometry, KvRole};
 
 /// Tokens per block unless configured otherwise.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -109,7 +109,7 @@ pub struct KvLayout {
     geom: KvGeometry,
     block_size: usize,
     /// Per layer: (key codec, value codec).
-    codecs: Vec<(Box<dyn KvCodec>, Box<dyn KvCodec>)>,
+    codecs: Vec<(Arc<dyn KvCodec>, Arc<dyn KvCodec>)>,
     /// Per layer: byte offsets of the key and value regions inside a block.
     offsets: Vec<(usize, usize)>,
     /// Per layer: the static (key, value) scales of 8-bit sides that use the checkpoint's.
@@ -138,23 +138,52 @@ impl KvLayout {
         }
         assert!(scheme.is_none_or(|s| s.scales.len() == layers), "one (k_scale, v_scale) per layer");
         let mut codecs = Vec::with_capacity(layers);
-        let mut offsets = Vec::with_capacity(layers);
         let mut static_scales = Vec::with_capacity(layers);
-        let mut at = 0;
         for layer in 0..layers {
             let scale = |f: KvFormat, pick: fn((f32, f32)) -> f32| scheme.filter(|s| s.format == f).map(|s| pick(s.scales[layer]));
             let (ks, vs) = (scale(dtype.k, |s| s.0), scale(dtype.v, |s| s.1));
             let k = codec(&dtype.k, geom, KvRole::Key, CodecOptions { layer, seed, static_scale: ks })?;
             let v = codec(&dtype.v, geom, KvRole::Value, CodecOptions { layer, seed, static_scale: vs })?;
+            codecs.push((Arc::from(k), Arc::from(v)));
+            static_scales.push((ks, vs));
+        }
+        Ok(Arc::new(Self::with_codecs(dtype, geom, block_size, codecs, static_scales, None)))
+    }
+
+    /// A layout over `codecs` (per layer, key and value) for `geom`, its regions laid out in
+    /// layer order.
+    fn with_codecs(
+        dtype: KvDtype,
+        geom: KvGeometry,
+        block_size: usize,
+        codecs: Vec<(Arc<dyn KvCodec>, Arc<dyn KvCodec>)>,
+        static_scales: Vec<(Option<f32>, Option<f32>)>,
+        key_transform: Option<KeyTransform>,
+    ) -> Self {
+        let mut offsets = Vec::with_capacity(codecs.len());
+        let mut at = 0;
+        for (k, v) in &codecs {
             let ko = at;
             at = (at + geom.n_kv_heads * k.page_bytes(block_size)).next_multiple_of(REGION_ALIGN);
             let vo = at;
             at = (at + geom.n_kv_heads * v.page_bytes(block_size)).next_multiple_of(REGION_ALIGN);
-            codecs.push((k, v));
             offsets.push((ko, vo));
-            static_scales.push((ks, vs));
         }
-        Ok(Arc::new(KvLayout { dtype, geom, block_size, codecs, offsets, static_scales, key_transform: None, block_bytes: at.next_multiple_of(64) }))
+        KvLayout { dtype, geom, block_size, codecs, offsets, static_scales, key_transform, block_bytes: at.next_multiple_of(64) }
+    }
+
+    /// The layout of KV heads `heads` alone (a tensor-parallel rank's cache): the same formats,
+    /// each head coded as it is in this layout (its random state and key transform), in blocks
+    /// holding only those heads.
+    pub fn heads(&self, heads: std::ops::Range<usize>) -> Arc<KvLayout> {
+        assert!(!heads.is_empty() && heads.end <= self.geom.n_kv_heads, "heads {heads:?} of {}", self.geom.n_kv_heads);
+        let geom = KvGeometry { head_dim: self.geom.head_dim, n_kv_heads: heads.len() };
+        let part = |c: &Arc<dyn KvCodec>| Arc::new(HeadOffset::new(c.clone(), heads.start)) as Arc<dyn KvCodec>;
+        let codecs = self.codecs.iter().map(|(k, v)| (part(k), part(v))).collect();
+        let channels = heads.start * geom.head_dim..heads.end * geom.head_dim;
+        let slice = |v: &Vec<Vec<f32>>| v.iter().map(|l| l[channels.clone()].to_vec()).collect();
+        let transform = self.key_transform.as_ref().map(|t| KeyTransform { centers: slice(&t.centers), scales: t.scales.as_ref().map(slice) });
+        Arc::new(Self::with_codecs(self.dtype, geom, self.block_size, codecs, self.static_scales.clone(), transform))
     }
 
     /// The layout of a model of `config` for the formats `req` asks for (auto sides take the

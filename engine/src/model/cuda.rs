@@ -110,7 +110,7 @@ impl CudaLlama {
         let plan = RefCell::new(Vec::new());
         let record = |name: &str, scheme: String, activations: String, w: &DeviceWeight, note: Option<String>| {
             let (storage, kernel) = (w.storage(), w.kernel_id());
-            plan.borrow_mut().push(PlanEntry { tensor: name.to_string(), scheme, storage, activations, shape: [w.rows(), w.cols()], kernel, note });
+            plan.borrow_mut().push(PlanEntry { tensor: name.to_string(), scheme, storage, activations, shape: [w.rows(), w.cols()], kernel, note, shard: None });
         };
         let weight = |name: &str, rows: usize, cols: usize| -> Result<DeviceWeight, CudaModelError> {
             let err = |msg: String| CudaModelError::Load(LoadError::Tensor { name: name.to_string(), msg });

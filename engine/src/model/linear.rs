@@ -4,6 +4,7 @@
 //! [`QuantizedWeight`] a checkpoint scheme decoded (W4A16, W4A8, W8A8); either way the kernel
 //! is picked once here, and [`PlanEntry`] records what was picked.
 
+use super::shard::Cut;
 use crate::checkpoint::{Checkpoint, LoadError, TensorBytes};
 use crate::quant::QuantizedWeight;
 use tessera_kernels::cpu::CpuCaps;
@@ -30,6 +31,9 @@ pub struct PlanEntry {
     pub kernel: String,
     /// Where the layer runs differently from what its metadata records, why.
     pub note: Option<String>,
+    /// The part a tensor-parallel rank holds (`rows 0..768 of 1536`), when not all of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
 }
 
 /// The weights and their kernel.
@@ -50,23 +54,38 @@ pub struct Linear {
     rows: usize,
     cols: usize,
     w: Weights,
+    /// The tensor-parallel part held, with the full `[rows, cols]`.
+    cut: Option<(Cut, [usize; 2])>,
 }
 
 impl Linear {
     /// Builds the linear layer `name` (`[rows, cols]`) from a checkpoint: its quantized form if
     /// the checkpoint's scheme decoded one, else its tensor.
     pub fn load(ck: &Checkpoint, name: &str, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
-        match ck.quantized.get(name) {
-            Some(q) => Self::quantized(name, q, rows, cols, caps, policy),
-            None => Self::ggml(name, ck, rows, cols, caps, policy),
-        }
+        Self::load_cut(ck, name, rows, cols, Cut::Whole, caps, policy)
     }
 
-    fn quantized(name: &str, q: &QuantizedWeight, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    /// [`Self::load`] for the part `cut` of the `[rows, cols]` weight (a tensor-parallel
+    /// shard): blocks, groups and scales are copied, never re-quantized, and a cut that would
+    /// split one is refused with the tensor's name and the reason.
+    pub fn load_cut(ck: &Checkpoint, name: &str, rows: usize, cols: usize, cut: Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+        let mut l = match ck.quantized.get(name) {
+            Some(q) => Self::quantized(name, q, rows, cols, &cut, caps, policy)?,
+            None => Self::ggml(name, ck, rows, cols, &cut, caps, policy)?,
+        };
+        if cut != Cut::Whole {
+            l.cut = Some((cut, [rows, cols]));
+        }
+        Ok(l)
+    }
+
+    fn quantized(name: &str, q: &QuantizedWeight, rows: usize, cols: usize, cut: &Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let err = |msg: String| LoadError::Tensor { name: q.module.clone(), msg };
         if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
             return Err(err(format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols())));
         }
+        let (matrix, perm) = shard_quantized(q, cut).map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(cut, [rows, cols]))))?;
+        let [rows, cols] = cut.shape(rows, cols);
         let weight_only_int4 = q.act == ActQuant::F32 && matches!(*q.matrix, QuantMatrix::Int4(_));
         let (act, note) = if weight_only_int4 && policy.int4_int8_act {
             (ActQuant::Int8PerToken, Some("16-bit activations in the checkpoint; quantized to int8 per token (--compute int8-act)".to_string()))
@@ -75,28 +94,42 @@ impl Linear {
         } else {
             (q.act, q.note.clone())
         };
-        let mut op = QuantLinear::new(q.matrix.clone(), act, caps).map_err(err)?;
-        if let Some(p) = &q.perm {
-            op = op.with_input_permutation(p.clone()).map_err(err)?;
+        let mut op = QuantLinear::new(matrix, act, caps).map_err(err)?;
+        if let Some(p) = perm {
+            op = op.with_input_permutation(p).map_err(err)?;
         }
-        Ok(Linear { name: name.into(), rows, cols, w: Weights::Quant { op, scheme: q.scheme.clone(), note } })
+        Ok(Linear { name: name.into(), rows, cols, w: Weights::Quant { op, scheme: q.scheme.clone(), note }, cut: None })
     }
 
-    fn ggml(name: &str, ck: &Checkpoint, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    fn ggml(name: &str, ck: &Checkpoint, rows: usize, cols: usize, cut: &Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let t = ck.tensor(name)?;
+        let err = |msg: String| LoadError::Tensor { name: t.source_name.clone(), msg };
         if t.shape != [rows, cols] {
-            return Err(LoadError::Tensor { name: t.source_name.clone(), msg: format!("shape {:?}, expected [{rows}, {cols}]", t.shape) });
+            return Err(err(format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
         }
-        let view = WeightView::new(t.ty, rows, cols, t.data.bytes()).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
+        let data = match cut {
+            Cut::Whole => t.data.clone(),
+            Cut::Rows(r) => {
+                let rb = t.ty.row_bytes(cols).ok_or_else(|| err(format!("{cols} columns are not whole {} blocks", t.ty.name())))?;
+                t.data.slice(r.start * rb..r.end * rb)
+            }
+            Cut::Cols(c) => TensorBytes::Owned(
+                t.ty.slice_matrix(cols, t.data.bytes(), 0..rows, c.clone())
+                    .map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(cut, [rows, cols]))))?
+                    .into(),
+            ),
+        };
+        let [rows, cols] = cut.shape(rows, cols);
+        let view = WeightView::new(t.ty, rows, cols, data.bytes()).map_err(err)?;
         let kernel = LinearKernel::select(t.ty, caps, policy);
         let w = if kernel.wants_interleaved() {
             let w = Interleaved::pack(&view).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
-            t.data.release_pages();
+            data.release_pages();
             Weights::Interleaved { w, kernel }
         } else {
-            Weights::Ggml { ty: t.ty, data: t.data.clone(), kernel }
+            Weights::Ggml { ty: t.ty, data, kernel }
         };
-        Ok(Linear { name: name.into(), rows, cols, w })
+        Ok(Linear { name: name.into(), rows, cols, w, cut: None })
     }
 
     /// Replaces the weights by `w` (`[rows, cols]` row-major f32, held in memory), with the
@@ -170,6 +203,37 @@ impl Linear {
             Weights::Interleaved { w, kernel } => ("gguf".to_string(), w.ty().name().to_string(), kernel.activations(), kernel.id(), None),
             Weights::Quant { op, scheme, note } => (scheme.clone(), op.matrix().storage(), op.act().name().to_string(), op.id(), note.clone()),
         };
-        PlanEntry { tensor: self.name.clone(), scheme, storage, activations, shape: [self.rows, self.cols], kernel, note }
+        let shard = self.cut.as_ref().map(|(cut, full)| describe_cut(cut, *full));
+        PlanEntry { tensor: self.name.clone(), scheme, storage, activations, shape: [self.rows, self.cols], kernel, note, shard }
+    }
+}
+
+/// `rows 0..768 of 1536`, `columns 384..576 of 576`, `all`.
+fn describe_cut(cut: &Cut, [rows, cols]: [usize; 2]) -> String {
+    match cut {
+        Cut::Whole => "all".into(),
+        Cut::Rows(r) => format!("rows {r:?} of {rows}"),
+        Cut::Cols(c) => format!("columns {c:?} of {cols}"),
+    }
+}
+
+/// The part `cut` of a checkpoint-quantized weight and its input permutation. An act-order
+/// permutation survives a row cut whole; a column cut must select whole stored groups, which
+/// holds only when the permutation keeps each rank's inputs in one contiguous stored range.
+fn shard_quantized(q: &QuantizedWeight, cut: &Cut) -> Result<(std::sync::Arc<QuantMatrix>, Option<Vec<u32>>), String> {
+    let (rows, cols) = (q.matrix.rows(), q.matrix.cols());
+    match (cut, &q.perm) {
+        (Cut::Whole, p) => Ok((q.matrix.clone(), p.clone())),
+        (Cut::Rows(r), p) => Ok((q.matrix.slice(r.clone(), 0..cols)?.into(), p.clone())),
+        (Cut::Cols(c), None) => Ok((q.matrix.slice(0..rows, c.clone())?.into(), None)),
+        (Cut::Cols(c), Some(p)) => {
+            let stored: Vec<usize> = (0..cols).filter(|&j| c.contains(&(p[j] as usize))).collect();
+            let (j0, j1) = (stored[0], stored[stored.len() - 1] + 1);
+            if j1 - j0 != stored.len() {
+                return Err("the act-order (g_idx) permutation scatters this rank's inputs over the stored groups; it cannot be split without re-quantizing".into());
+            }
+            let perm = p[j0..j1].iter().map(|&i| i - c.start as u32).collect();
+            Ok((q.matrix.slice(0..rows, j0..j1)?.into(), Some(perm)))
+        }
     }
 }

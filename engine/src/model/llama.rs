@@ -9,10 +9,12 @@
 use super::linear::{Linear, PlanEntry};
 use super::mlp::Mlp;
 use super::moe::MoeLayer;
+use super::shard::{row_align, Cut, Shard};
 use crate::checkpoint::{Checkpoint, LoadError, ModelConfig, TensorEntry};
 use crate::kv::{KvCacheScheme, KvDtype, KvError, KvLayout, KvLayoutError, KvRequest, LocalKv, SequenceKv, DEFAULT_BLOCK_SIZE};
 use std::sync::Arc;
 use tessera_kernels::attention::{attention_batch, AttnJob, AttnShape};
+use tessera_kernels::comm::Communicator;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::{dequantize_row, GgmlType};
 use tessera_kernels::kv::{KvFormatError, KvGeometry};
@@ -99,7 +101,15 @@ struct Block {
     ffn: Ffn,
 }
 
-/// A loaded Llama model.
+/// A rank's place in a tensor-parallel group and its link to the other ranks.
+struct Parallel {
+    shard: Shard,
+    comm: Arc<dyn Communicator>,
+    /// The output head's rows on every rank (the logits each contributes).
+    vocab: Vec<std::ops::Range<usize>>,
+}
+
+/// A loaded Llama model, whole or one tensor-parallel rank's shard of it.
 pub struct LlamaModel {
     config: ModelConfig,
     embed: TensorEntry,
@@ -109,6 +119,7 @@ pub struct LlamaModel {
     rope: Rope,
     shape: AttnShape,
     kv_cache: Option<KvCacheScheme>,
+    parallel: Option<Parallel>,
 }
 
 fn norm_weights(t: &TensorEntry, n: usize) -> Result<Vec<f32>, LoadError> {
@@ -126,9 +137,25 @@ fn norm_weights(t: &TensorEntry, n: usize) -> Result<Vec<f32>, LoadError> {
 impl LlamaModel {
     /// Builds the model from a checkpoint, choosing a kernel for every linear layer.
     pub fn load(ckpt: &Checkpoint, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+        Self::load_rank(ckpt, caps, policy, None)
+    }
+
+    /// [`Self::load`] for one rank of a tensor-parallel group when `rank` is given: the rank's
+    /// [`Shard`] of every layer (see [`super::shard`]), summing partial outputs and gathering
+    /// logits through `comm`. Every rank of the group must then make the same calls in the same
+    /// order (forward passes, KV calibration), each on its own thread.
+    pub fn load_rank(ckpt: &Checkpoint, caps: &CpuCaps, policy: LinearPolicy, rank: Option<(Shard, Arc<dyn Communicator>)>) -> Result<Self, LoadError> {
         let c = ckpt.config.clone();
-        let (h, qw, kw, ffn) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
-        let lin = |name: &str, rows, cols| Linear::load(ckpt, name, rows, cols, caps, policy);
+        let (h, hd, ffn) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qw, kw) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let shard = rank.as_ref().map(|r| &r.0);
+        // This rank's query and KV channels (all of them unsharded).
+        let (qc, kc) = match shard {
+            Some(s) => (s.q_heads.start * hd..s.q_heads.end * hd, s.kv_heads.start * hd..s.kv_heads.end * hd),
+            None => (0..qw, 0..kw),
+        };
+        let column = |ch: &std::ops::Range<usize>| if shard.is_some() { Cut::Rows(ch.clone()) } else { Cut::Whole };
+        let lin = |name: &str, rows, cols, cut| Linear::load_cut(ckpt, name, rows, cols, cut, caps, policy);
         let embed = ckpt.tensor("token_embd.weight")?.clone();
         if embed.shape != [c.vocab_size, h] || embed.ty.row_bytes(h).is_none() {
             return Err(LoadError::Tensor {
@@ -140,9 +167,9 @@ impl LlamaModel {
         for i in 0..c.num_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             let qkv_bias = if c.attn_bias {
-                let mut b = norm_weights(ckpt.tensor(&format!("blk.{i}.attn_q.bias"))?, qw)?;
-                b.extend(norm_weights(ckpt.tensor(&format!("blk.{i}.attn_k.bias"))?, kw)?);
-                b.extend(norm_weights(ckpt.tensor(&format!("blk.{i}.attn_v.bias"))?, kw)?);
+                let mut b = norm_weights(ckpt.tensor(&format!("blk.{i}.attn_q.bias"))?, qw)?[qc.clone()].to_vec();
+                b.extend(&norm_weights(ckpt.tensor(&format!("blk.{i}.attn_k.bias"))?, kw)?[kc.clone()]);
+                b.extend(&norm_weights(ckpt.tensor(&format!("blk.{i}.attn_v.bias"))?, kw)?[kc.clone()]);
                 Some(b)
             } else {
                 None
@@ -153,15 +180,16 @@ impl LlamaModel {
                 None
             };
             let ffn = match &c.moe {
-                Some(moe) if moe.layers[i] => Ffn::Moe(Box::new(MoeLayer::load(ckpt, i, &c, moe, caps, policy)?)),
-                _ => Ffn::Dense(Box::new(Mlp::load(ckpt, [&p("ffn_gate"), &p("ffn_up"), &p("ffn_down")], h, ffn, caps, policy)?)),
+                Some(moe) if moe.layers[i] => Ffn::Moe(Box::new(MoeLayer::load(ckpt, i, &c, moe, shard, caps, policy)?)),
+                _ => Ffn::Dense(Box::new(Mlp::load_shard(ckpt, [&p("ffn_gate"), &p("ffn_up"), &p("ffn_down")], h, ffn, shard, caps, policy)?)),
             };
+            let output = if shard.is_some() { Cut::Cols(qc.clone()) } else { Cut::Whole };
             blocks.push(Block {
                 attn_norm: norm_weights(ckpt.tensor(&p("attn_norm"))?, h)?,
-                wq: lin(&p("attn_q"), qw, h)?,
-                wk: lin(&p("attn_k"), kw, h)?,
-                wv: lin(&p("attn_v"), kw, h)?,
-                wo: lin(&p("attn_output"), h, qw)?,
+                wq: lin(&p("attn_q"), qw, h, column(&qc))?,
+                wk: lin(&p("attn_k"), kw, h, column(&kc))?,
+                wv: lin(&p("attn_v"), kw, h, column(&kc))?,
+                wo: lin(&p("attn_output"), h, qw, output)?,
                 qkv_bias,
                 qk_norm,
                 ffn_norm: norm_weights(ckpt.tensor(&p("ffn_norm"))?, h)?,
@@ -169,12 +197,23 @@ impl LlamaModel {
             });
         }
         let head_name = if c.tie_word_embeddings { "token_embd.weight" } else { "output.weight" };
+        let parallel = match rank {
+            Some((shard, comm)) => {
+                let vocab = (0..shard.world)
+                    .map(|r| Shard { rank: r, ..shard.clone() }.rows(head_name, c.vocab_size, row_align(ckpt, head_name)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Some(Parallel { shard, comm, vocab })
+            }
+            None => None,
+        };
+        let head_cut = parallel.as_ref().map_or(Cut::Whole, |p| Cut::Rows(p.vocab[p.shard.rank].clone()));
         let model = LlamaModel {
             final_norm: norm_weights(ckpt.tensor("output_norm.weight")?, h)?,
-            lm_head: lin(head_name, c.vocab_size, h)?,
+            lm_head: lin(head_name, c.vocab_size, h, head_cut)?,
             rope: Rope::new(c.head_dim, c.rope_theta),
-            shape: AttnShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim },
+            shape: AttnShape { n_heads: qc.len() / hd, n_kv_heads: kc.len() / hd, head_dim: hd },
             kv_cache: ckpt.kv_cache.clone(),
+            parallel,
             embed,
             blocks,
             config: c,
@@ -210,6 +249,11 @@ impl LlamaModel {
         self.shape.kv_width()
     }
 
+    /// The heads attention runs over (this rank's, under tensor parallelism).
+    pub fn attn_shape(&self) -> AttnShape {
+        self.shape
+    }
+
     /// Head geometry of the KV cache.
     pub fn kv_geometry(&self) -> KvGeometry {
         KvGeometry { head_dim: self.shape.head_dim, n_kv_heads: self.shape.n_kv_heads }
@@ -220,7 +264,28 @@ impl LlamaModel {
     /// HQMQ seeded by `seed`), keys not centered: serving and the CLI use
     /// [`crate::LoadedModel::kv_layout`], which centers them where that helps.
     pub fn kv_layout(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvFormatError> {
-        KvLayout::for_model(&self.config, self.kv_cache.as_ref(), req.into(), block_size, seed)
+        let whole = KvLayout::for_model(&self.config, self.kv_cache.as_ref(), req.into(), block_size, seed)?;
+        Ok(match &self.parallel {
+            Some(p) => whole.heads(p.shard.kv_heads.clone()),
+            None => whole,
+        })
+    }
+
+    /// This rank's shard of the model (`None`: the whole model).
+    pub fn shard(&self) -> Option<&Shard> {
+        self.parallel.as_ref().map(|p| &p.shard)
+    }
+
+    /// The tensor-parallel link's counters (collective calls, bytes, time) on this rank.
+    pub fn comm_stats(&self) -> Option<tessera_kernels::comm::CommStats> {
+        self.parallel.as_ref().map(|p| p.comm.stats())
+    }
+
+    /// Sums a row-parallel layer's partial output over the ranks (nothing unsharded).
+    fn all_reduce(&self, buf: &mut [f32]) {
+        if let Some(p) = &self.parallel {
+            p.comm.all_reduce_sum(buf);
+        }
     }
 
     /// [`Self::kv_layout`], with keys centered on their mean over a calibration sequence (one
@@ -376,9 +441,8 @@ impl LlamaModel {
             rms_norm(&x[r * h..(r + n) * h], &self.final_norm, c.rms_norm_eps, &mut hn[at * h..(at + n) * h]);
             at += n;
         }
-        let mut logits = vec![0f32; rows * vocab];
         let segments: Vec<usize> = wanted.iter().map(|w| w.1).filter(|&n| n > 0).collect();
-        self.lm_head.forward(&hn, &segments, &mut logits, vocab);
+        let logits = self.head(&hn, rows, &segments);
         let mut out = Vec::with_capacity(batch.len());
         let mut at = 0;
         for &(_, n) in &wanted {
@@ -386,6 +450,33 @@ impl LlamaModel {
             at += n;
         }
         Ok(out)
+    }
+
+    /// The output head over `rows` normed hidden rows: `rows × vocab` logits, each rank's
+    /// vocabulary range gathered from the others under tensor parallelism.
+    fn head(&self, hn: &[f32], rows: usize, segments: &[usize]) -> Vec<f32> {
+        let vocab = self.config.vocab_size;
+        let Some(p) = &self.parallel else {
+            let mut logits = vec![0f32; rows * vocab];
+            self.lm_head.forward(hn, segments, &mut logits, vocab);
+            return logits;
+        };
+        let mine = self.lm_head.rows();
+        let mut part = vec![0f32; rows * mine];
+        self.lm_head.forward(hn, segments, &mut part, mine);
+        let mut all = Vec::with_capacity(rows * vocab);
+        p.comm.all_gather(&part, &mut all);
+        // `all` holds each rank's rows x (its vocabulary range), rank after rank.
+        let mut logits = vec![0f32; rows * vocab];
+        let mut at = 0;
+        for range in &p.vocab {
+            let w = range.len();
+            for (r, src) in all[at..at + rows * w].chunks_exact(w).enumerate() {
+                logits[r * vocab + range.start..r * vocab + range.end].copy_from_slice(src);
+            }
+            at += rows * w;
+        }
+        logits
     }
 
     /// Blocks `layers` over the hidden rows `x` of the batch (caches checked, reserved, written
@@ -493,6 +584,7 @@ impl LlamaModel {
                 return Ok(spans);
             }
             b.wo.forward(&attn, &segments, &mut tmp, h);
+            self.all_reduce(&mut tmp);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
 
             rms_norm(x, &b.ffn_norm, c.rms_norm_eps, &mut normed);
@@ -503,7 +595,7 @@ impl LlamaModel {
                         if stop(li, LinearSite::GateUp) {
                             return Ok(spans);
                         }
-                        mlp.forward_with(&normed, &segments, &mut tmp, |act| o.observe(li, LinearSite::Down, act, c.intermediate_size));
+                        mlp.forward_with(&normed, &segments, &mut tmp, |act| o.observe(li, LinearSite::Down, act, act.len() / m));
                     }
                     None => mlp.forward(&normed, &segments, &mut tmp),
                 },
@@ -512,6 +604,7 @@ impl LlamaModel {
             if stop(li, LinearSite::Down) {
                 return Ok(spans);
             }
+            self.all_reduce(&mut tmp);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
         }
         for (s, &(_, n, _)) in batch.iter_mut().zip(&spans) {

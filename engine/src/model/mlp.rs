@@ -2,6 +2,7 @@
 //! expert, or a shared expert.
 
 use super::linear::{Linear, PlanEntry};
+use super::shard::{col_align, Cut, Shard};
 use crate::checkpoint::{Checkpoint, LoadError};
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::LinearPolicy;
@@ -18,10 +19,24 @@ pub struct Mlp {
 impl Mlp {
     /// Loads the three canonical weights `[gate, up, down]` for hidden width `hidden`, inner `ffn`.
     pub fn load(ck: &Checkpoint, names: [&str; 3], hidden: usize, ffn: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+        Self::load_shard(ck, names, hidden, ffn, None, caps, policy)
+    }
+
+    /// [`Self::load`], holding only `shard`'s part of the inner width when given: gate and up
+    /// column-parallel, down row-parallel, the cut on down's column granularity (its output is
+    /// a partial sum the caller all-reduces).
+    pub fn load_shard(ck: &Checkpoint, names: [&str; 3], hidden: usize, ffn: usize, shard: Option<&Shard>, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+        let (rows, cols) = match shard {
+            Some(s) => {
+                let inner = s.inner(names[2], ffn, col_align(ck, names[2])?)?;
+                (Cut::Rows(inner.clone()), Cut::Cols(inner))
+            }
+            None => (Cut::Whole, Cut::Whole),
+        };
         Ok(Mlp {
-            gate: Linear::load(ck, names[0], ffn, hidden, caps, policy)?,
-            up: Linear::load(ck, names[1], ffn, hidden, caps, policy)?,
-            down: Linear::load(ck, names[2], hidden, ffn, caps, policy)?,
+            gate: Linear::load_cut(ck, names[0], ffn, hidden, rows.clone(), caps, policy)?,
+            up: Linear::load_cut(ck, names[1], ffn, hidden, rows, caps, policy)?,
+            down: Linear::load_cut(ck, names[2], hidden, ffn, cols, caps, policy)?,
         })
     }
 

@@ -6,6 +6,7 @@ pub mod llama;
 pub mod mlp;
 pub mod moe;
 pub mod routing;
+pub mod shard;
 
 pub use linear::{Linear, PlanEntry};
 pub use llama::{ActivationObserver, ForwardError, LinearSite, LlamaModel, SeqInput};

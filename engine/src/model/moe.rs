@@ -13,6 +13,7 @@
 use super::linear::{Linear, PlanEntry};
 use super::mlp::Mlp;
 use super::routing::Routing;
+use super::shard::Shard;
 use crate::checkpoint::{names, Checkpoint, LoadError, ModelConfig, MoeConfig};
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::dequantize_row;
@@ -44,8 +45,10 @@ struct Groups {
 }
 
 impl MoeLayer {
-    /// Loads layer `layer`'s MoE tensors (canonical names) for `cfg`.
-    pub fn load(ck: &Checkpoint, layer: usize, cfg: &ModelConfig, moe: &MoeConfig, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    /// Loads layer `layer`'s MoE tensors (canonical names) for `cfg`; with `shard`, each routed
+    /// and shared expert holds that rank's part of its inner width (tensor parallelism inside
+    /// every expert: the router and gates are replicated, the output is a partial sum).
+    pub fn load(ck: &Checkpoint, layer: usize, cfg: &ModelConfig, moe: &MoeConfig, shard: Option<&Shard>, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let h = cfg.hidden_size;
         let n = moe.routing.n_experts;
         let blk = |s: &str| format!("blk.{layer}.{s}");
@@ -64,14 +67,14 @@ impl MoeLayer {
         let experts = (0..n)
             .map(|e| {
                 let names = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"].map(|k| names::expert_name(layer, k, e));
-                Mlp::load(ck, [&names[0], &names[1], &names[2]], h, moe.expert_ffn, caps, policy)
+                Mlp::load_shard(ck, [&names[0], &names[1], &names[2]], h, moe.expert_ffn, shard, caps, policy)
             })
             .collect::<Result<_, _>>()?;
         let shared = match moe.shared_ffn {
             0 => None,
             ffn => {
                 let names = ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"].map(|k| blk(&format!("{k}.weight")));
-                Some(Mlp::load(ck, [&names[0], &names[1], &names[2]], h, ffn, caps, policy)?)
+                Some(Mlp::load_shard(ck, [&names[0], &names[1], &names[2]], h, ffn, shard, caps, policy)?)
             }
         };
         let shared_gate = match (&shared, moe.shared_gate) {

@@ -65,6 +65,57 @@ impl Backend for CpuBackend {
     }
 }
 
+/// A tensor-parallel model on the CPU: each rank's shard over a block pool of its own KV heads,
+/// all pools indexed by the same block ids (one block table per sequence for every rank).
+pub struct TpBackend {
+    model: Arc<LoadedModel>,
+    pools: Vec<BlockPool>,
+}
+
+impl TpBackend {
+    /// Pools of `num_blocks` blocks, one per rank in that rank's `layouts` entry.
+    pub fn new(model: Arc<LoadedModel>, layouts: &[Arc<KvLayout>], num_blocks: usize) -> Self {
+        assert_eq!(layouts.len(), model.tensor_parallel_size(), "one KV layout per rank");
+        TpBackend { pools: layouts.iter().map(|l| BlockPool::new(l.clone(), num_blocks)).collect(), model }
+    }
+}
+
+impl Backend for TpBackend {
+    fn forward(&mut self, batch: &mut [StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        if batch.iter().any(|s| s.exact.is_some()) {
+            return Err("exact-key windows (qjl1) are not supported with tensor parallelism".into());
+        }
+        let batch = &*batch;
+        let pools = &self.pools;
+        self.model
+            .run(|m| {
+                let pool = &pools[m.shard().map_or(0, |s| s.rank)];
+                let mut views: Vec<PagedSeqKv<'_>> = batch.iter().map(|s| PagedSeqKv::new(pool, s.blocks, s.cached, s.shared)).collect();
+                let mut inputs: Vec<SeqInput<'_>> =
+                    batch.iter().zip(views.iter_mut()).map(|(s, kv)| SeqInput { tokens: s.tokens, kv, logits_from: s.logits_from }).collect();
+                m.forward(&mut inputs)
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn plan(&self) -> Vec<PlanEntry> {
+        let world = self.model.tensor_parallel_size();
+        (0..world)
+            .flat_map(|r| {
+                self.model.rank(r).plan().into_iter().map(move |mut e| {
+                    e.shard = Some(format!("rank {r}/{world}: {}", e.shard.as_deref().unwrap_or("replicated")));
+                    e
+                })
+            })
+            .collect()
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), String> {
+        self.pools.iter_mut().for_each(|p| p.copy_block(src, dst));
+        Ok(())
+    }
+}
+
 /// The model on a GPU, its KV pool in device memory.
 pub struct CudaBackend {
     model: CudaLlama,

@@ -5,7 +5,7 @@ use super::metrics::Metrics;
 use super::scheduler::{Limits, Scheduler};
 use super::sequence::Sequence;
 use super::{EngineConfig, EngineInfo, Event, FinishReason, GenRequest, Usage};
-use super::backend::{Backend, CpuBackend, CudaBackend};
+use super::backend::{Backend, CpuBackend, CudaBackend, TpBackend};
 use crate::device::Device;
 use crate::kv::{BlockManager, ExactKeyStore};
 use crate::model::cuda::CudaLlama;
@@ -115,13 +115,21 @@ impl Engine {
             ));
         }
         let mc = model.model.config();
-        let layout = model.kv_layout(c.kv_dtype, c.block_size, 0).map_err(|e| e.to_string())?;
-        let num_blocks = c.kv_cache_bytes / layout.block_bytes();
+        // One layout per tensor-parallel rank (its KV heads); a block id names a block in every
+        // rank's pool, so the budget is shared by the ranks' blocks together.
+        let layouts = model.kv_layouts(c.kv_dtype, c.block_size, 0).map_err(|e| e.to_string())?;
+        let layout = layouts[0].clone();
+        let block_bytes: usize = layouts.iter().map(|l| l.block_bytes()).sum();
+        let num_blocks = c.kv_cache_bytes / block_bytes;
         if num_blocks == 0 {
-            return Err(format!("kv_cache_bytes {} holds no block of {} bytes", c.kv_cache_bytes, layout.block_bytes()));
+            return Err(format!("kv_cache_bytes {} holds no block of {block_bytes} bytes", c.kv_cache_bytes));
+        }
+        if layouts.len() > 1 && (ExactKeyStore::for_layout(&layout).is_some() || !matches!(c.device, Device::Cpu)) {
+            return Err(format!("tensor parallelism runs on the CPU, without exact-key windows (KV cache {})", layout.describe()));
         }
         let max_model_len = c.max_model_len.unwrap_or(usize::MAX).min(mc.max_position_embeddings).min(num_blocks * c.block_size);
         let backend: Box<dyn Backend> = match c.device {
+            Device::Cpu if layouts.len() > 1 => Box::new(TpBackend::new(model.clone(), &layouts, num_blocks)),
             Device::Cpu => Box::new(CpuBackend::new(model.clone(), layout.clone(), num_blocks)),
             Device::Cuda(ordinal) => {
                 let dev = CudaDevice::open(ordinal).map_err(|e| e.to_string())?;
@@ -134,7 +142,7 @@ impl Engine {
             max_model_len,
             vocab_size: mc.vocab_size,
             kv_cache_type: layout.dtype().to_string(),
-            kv_bytes_per_token: layout.bytes_per_token(),
+            kv_bytes_per_token: block_bytes as f64 / c.block_size as f64,
             block_size: c.block_size,
             num_blocks,
             quantization: quantization_summary(&model),
@@ -167,7 +175,7 @@ impl Engine {
             .name("tessera-engine".into())
             .spawn(move || engine_loop.run())
             .map_err(|e| format!("engine thread: {e}"))?;
-        tracing::info!(kv_cache = %layout.describe(), num_blocks, block_bytes = layout.block_bytes(), max_model_len, "KV-cache pool");
+        tracing::info!(kv_cache = %layout.describe(), num_blocks, block_bytes, ranks = layouts.len(), max_model_len, "KV-cache pool");
         let grammars = Grammars::new(&model.tokenizer, mc.vocab_size);
         if let Err(e) = &grammars {
             tracing::warn!("structured outputs are disabled: {e}");

@@ -13,4 +13,5 @@ mod moe;
 mod quant_fixtures;
 mod quantize;
 mod serve;
+mod tensor_parallel;
 mod tokenizer;

@@ -260,6 +260,34 @@ fn prefix_hits_and_chunking_do_not_change_results_with_k_quants() {
     prefix_and_chunking_invariance(Arc::new(model), &["f32"]);
 }
 
+/// The same promise under tensor parallelism (issue 24): the default model over two ranks,
+/// each with its own pool of its KV heads, keeps greedy tokens and logprob bits through every
+/// chunking and prefix hit (the all-reduce sums in rank order whatever the batch), for the
+/// default cache and a compressed one; and it serves what the whole model serves: greedy
+/// tokens of the four prompts equal to one rank's, or parting only where the two choices'
+/// logprobs are within 0.05 (a near-tie that rounding-level differences may break either way:
+/// see `tensor_parallel`'s module docs).
+#[test]
+fn tensor_parallel_serving_keeps_the_promises() {
+    use tessera_engine::parallel::TpOptions;
+    let tp = Arc::new(LoadedModel::load_parallel(&default_model_path(), LinearPolicy::DEFAULT, &TpOptions { size: 2, cpu_bind: None }).unwrap());
+    let one = engine(no_cache());
+    let two = Engine::start(tp.clone(), no_cache()).unwrap();
+    assert!(two.info().plan.iter().any(|e| e.shard.as_deref() == Some("rank 1/2: columns 384..576 of 576")));
+    for (i, p) in PROMPTS.iter().enumerate() {
+        let (a, b) = (greedy_bits(&one, "one", &tokens(p), 16), greedy_bits(&two, "two", &tokens(p), 16));
+        match a.0.iter().zip(&b.0).position(|(x, y)| x != y) {
+            Some(at) => {
+                let gap = (f32::from_bits(a.1[at]) - f32::from_bits(b.1[at])).abs();
+                eprintln!("prompt {i}: TP=2 parts from TP=1 at token {at} (logprobs {:.4} and {:.4})", f32::from_bits(a.1[at]), f32::from_bits(b.1[at]));
+                assert!(gap < 0.05, "prompt {i}: TP=2 parts from TP=1 at token {at} with a logprob gap of {gap}");
+            }
+            None => eprintln!("prompt {i}: 16 greedy tokens equal"),
+        }
+    }
+    prefix_and_chunking_invariance(tp, &["f32", "hqmq-s96-r4"]);
+}
+
 /// Greedy tokens and logprob bits of two prompts equal in one chunk, in chunks of other sizes
 /// and after prefix hits, for each KV format in `formats` (the first, `f32`, over the whole
 /// grid of chunkings, hits and block sizes).

@@ -198,6 +198,22 @@ impl GgmlType {
         (n / self.block_size()).checked_mul(self.type_size())
     }
 
+    /// Rows `rows` and columns `cols` of a row-major `[_, width]` matrix of this type held in
+    /// `data`, as a new buffer of the same type (a tensor-parallel shard: blocks copied, never
+    /// re-quantized). The column cut must fall on block boundaries.
+    pub fn slice_matrix(self, width: usize, data: &[u8], rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) -> Result<Vec<u8>, String> {
+        let bs = self.block_size();
+        let rb = self.row_bytes(width).ok_or_else(|| format!("{width} columns are not whole {} blocks of {bs}", self.name()))?;
+        if cols.start >= cols.end || cols.end > width || rows.end * rb > data.len() {
+            return Err(format!("shard rows {rows:?} x cols {cols:?} outside a {}x{width} {} matrix", data.len() / rb.max(1), self.name()));
+        }
+        if !cols.start.is_multiple_of(bs) || !cols.end.is_multiple_of(bs) {
+            return Err(format!("input columns {cols:?} cut a {} block of {bs} values", self.name()));
+        }
+        let (b0, b1) = (cols.start / bs * self.type_size(), cols.end / bs * self.type_size());
+        Ok(rows.flat_map(|r| &data[r * rb + b0..r * rb + b1]).copied().collect())
+    }
+
     /// Whether this is a plain float type (no blocks).
     pub fn is_float(self) -> bool {
         matches!(self, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)

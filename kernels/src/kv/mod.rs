@@ -14,6 +14,7 @@
 
 pub mod bits;
 pub mod format;
+mod heads;
 pub mod hqmq;
 pub mod plain;
 pub mod qjl;
@@ -21,6 +22,7 @@ pub mod scaled8;
 pub mod tq3;
 
 pub use format::{HqmqParams, KvFormat, KvFormatError, QjlParams};
+pub use heads::HeadOffset;
 
 use crate::cpu::dot::{dots_f32, weighted_sum_f32};
 use crate::cpu::{CpuCaps, Isa};

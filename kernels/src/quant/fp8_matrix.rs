@@ -44,6 +44,26 @@ impl Fp8Matrix {
         Ok(Fp8Matrix { rows, cols, block, q, scales })
     }
 
+    /// Rows `rows` and input columns `cols` of this matrix (see [`super::QuantMatrix::slice`]):
+    /// both must start on a scale-block boundary unless one block spans that whole dimension.
+    pub fn slice(&self, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) -> Result<Self, String> {
+        let [bh, bw] = self.block;
+        let (whole_h, whole_w) = (bh >= self.rows, bw >= self.cols);
+        if !whole_h && !rows.start.is_multiple_of(bh) {
+            return Err(format!("row {} is inside a {bh}x{bw} scale block", rows.start));
+        }
+        if !whole_w && !cols.start.is_multiple_of(bw) {
+            return Err(format!("input column {} is inside a {bh}x{bw} scale block", cols.start));
+        }
+        let block = [if whole_h { rows.len() } else { bh }, if whole_w { cols.len() } else { bw }];
+        let nb = self.cols.div_ceil(bw);
+        let (b0, b1) = if whole_w { (0, 1) } else { (cols.start / bw, cols.end.div_ceil(bw)) };
+        let (rb0, rb1) = if whole_h { (0, 1) } else { (rows.start / bh, rows.end.div_ceil(bh)) };
+        let scales = (rb0..rb1).flat_map(|rb| &self.scales[rb * nb + b0..rb * nb + b1]).copied().collect();
+        let q = rows.clone().flat_map(|r| &self.row(r)[cols.clone()]).copied().collect();
+        Fp8Matrix::new(rows.len(), cols.len(), block, q, scales)
+    }
+
     /// Output features.
     pub fn rows(&self) -> usize {
         self.rows

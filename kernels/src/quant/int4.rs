@@ -69,6 +69,27 @@ impl Int4Matrix {
         Ok(Int4Matrix { rows, cols, group, packed, scales, zeros })
     }
 
+    /// Rows `rows` and input columns `cols` of this matrix (see [`super::QuantMatrix::slice`]):
+    /// the columns must start on a group boundary unless the scales are per channel.
+    pub fn slice(&self, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) -> Result<Self, String> {
+        if !self.per_channel() && !cols.start.is_multiple_of(self.group) {
+            return Err(format!("input column {} is inside a group of {} (groups start at multiples of {})", cols.start, self.group, self.group));
+        }
+        let (g0, g1) = if self.per_channel() { (0, 1) } else { (cols.start / self.group, cols.end.div_ceil(self.group)) };
+        let mut q = Vec::with_capacity(rows.len() * cols.len());
+        let (mut scales, mut zeros) = (Vec::new(), self.zeros.as_ref().map(|_| Vec::new()));
+        let mut row = vec![0i8; self.cols];
+        for r in rows.clone() {
+            self.row_values(r, &mut row);
+            q.extend_from_slice(&row[cols.clone()]);
+            scales.extend_from_slice(&self.row_scales(r)[g0..g1]);
+            if let (Some(z), Some(src)) = (zeros.as_mut(), self.row_zeros(r)) {
+                z.extend_from_slice(&src[g0..g1]);
+            }
+        }
+        Int4Matrix::new(rows.len(), cols.len(), self.group, &q, scales, zeros)
+    }
+
     /// Output features.
     pub fn rows(&self) -> usize {
         self.rows

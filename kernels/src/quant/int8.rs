@@ -32,6 +32,12 @@ impl Int8Matrix {
         Ok(Int8Matrix { rows, cols, q, scales })
     }
 
+    /// Rows `rows` and input columns `cols` of this matrix (see [`super::QuantMatrix::slice`]).
+    pub fn slice(&self, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) -> Result<Self, String> {
+        let q = rows.clone().flat_map(|r| &self.row(r)[cols.clone()]).copied().collect();
+        Int8Matrix::new(rows.len(), cols.len(), q, self.scales[rows].to_vec())
+    }
+
     /// Output features.
     pub fn rows(&self) -> usize {
         self.rows

@@ -31,6 +31,7 @@ pub use int8::Int8Matrix;
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::{pool, SyncPtr};
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// How activations enter a quantized linear layer at run time.
@@ -104,6 +105,23 @@ impl QuantMatrix {
             QuantMatrix::Int4(w) => w.dequantize_row(r, out),
             QuantMatrix::Int8(w) => w.dequantize_row(r, out),
             QuantMatrix::Fp8(w) => w.dequantize_row(r, out),
+        }
+    }
+
+    /// The sub-matrix `rows × cols` (a tensor-parallel shard), its values and scales copied,
+    /// never re-quantized. Refused (with the reason) when the cut would split a scale group or
+    /// block, or the shard breaks the kernels' 32-column runs.
+    pub fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<QuantMatrix, String> {
+        if rows.start >= rows.end || rows.end > self.rows() || cols.start >= cols.end || cols.end > self.cols() {
+            return Err(format!("shard rows {rows:?} x cols {cols:?} outside a {}x{} matrix", self.rows(), self.cols()));
+        }
+        if !cols.start.is_multiple_of(32) || !(cols.end.is_multiple_of(32) || cols.end == self.cols()) {
+            return Err(format!("input columns {cols:?} do not fall on the kernels' 32-column runs"));
+        }
+        match self {
+            QuantMatrix::Int4(w) => w.slice(rows, cols).map(QuantMatrix::Int4),
+            QuantMatrix::Int8(w) => w.slice(rows, cols).map(QuantMatrix::Int8),
+            QuantMatrix::Fp8(w) => w.slice(rows, cols).map(QuantMatrix::Fp8),
         }
     }
 

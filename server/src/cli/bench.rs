@@ -6,7 +6,7 @@
 //! Each is repeated; mean ± sample standard deviation of tokens/s is reported, and the
 //! process's peak resident memory.
 
-use super::model_path::ModelArg;
+use super::model_path::{ModelArg, TpArgs};
 use super::perplexity::ComputePath;
 use anyhow::Result;
 use clap::Args;
@@ -22,6 +22,8 @@ use tessera_kernels::linear::LinearPolicy;
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    tp: TpArgs,
     /// Prompt lengths to time (0 to skip).
     #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
     pp: Vec<usize>,
@@ -114,26 +116,39 @@ fn model_bytes(path: &std::path::Path) -> u64 {
 /// Runs the command.
 pub fn run(args: BenchArgs) -> Result<()> {
     let path = args.model.path()?;
-    let lm = args.model.load(args.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy))?;
-    let m = &lm.model;
+    let lm = args.model.load_parallel(args.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy), &args.tp)?;
+    let tp = lm.tensor_parallel_size();
     let file_mib = model_bytes(&path) as f64 / (1 << 20) as f64;
-    println!("model: {} ({file_mib:.1} MiB) | threads: {} | cpu: {}", path.display(), rayon::current_num_threads(), lm.caps);
-    println!("| {:<13} | {:>16} |", "test", "t/s");
-    println!("| {:-<13} | {:->16} |", "", "");
+    println!("model: {} ({file_mib:.1} MiB) | threads: {} | tensor-parallel ranks: {tp} | cpu: {}", path.display(), rayon::current_num_threads(), lm.caps);
+    println!("| {:<13} | {:>16} | {:>12} |", "test", "t/s", "collectives");
+    println!("| {:-<13} | {:->16} | {:->12} |", "", "", "");
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let tests = args.pp.iter().filter(|&&n| n > 0).map(|&n| ("pp", n)).chain(args.tg.iter().filter(|&&n| n > 0).map(|&n| ("tg", n)));
     for (kind, n) in tests {
-        // One warm-up run (page faults, thread pool start), as llama-bench does.
         let (d, b) = (args.depth, args.batch.max(1));
-        let run = |rng: &mut rand::rngs::StdRng| if kind == "pp" { time_pp(m, n, d, rng) } else { time_tg(m, n, d, b, rng) };
-        run(&mut rng)?;
-        let v = (0..args.repetitions.max(1)).map(|_| run(&mut rng)).collect::<Result<Vec<_>>>()?;
-        let (mean, sd) = mean_std(&v);
+        let tokens = if kind == "pp" { n } else { n * b } as f64;
+        // Every rank runs the same passes on the same random tokens; rank 0's clock and its
+        // time inside collectives (all-reduce, logit gather) are reported.
+        let run = |seed: u64| {
+            lm.run(|m| {
+                let rng = &mut rand::rngs::StdRng::seed_from_u64(seed);
+                let before = m.comm_stats().unwrap_or_default();
+                let rate = if kind == "pp" { time_pp(m, n, d, rng) } else { time_tg(m, n, d, b, rng) }?;
+                let comm = m.comm_stats().unwrap_or_default().nanos - before.nanos;
+                Ok((rate, comm as f64 * 1e-9 * rate / tokens))
+            })
+        };
+        // One warm-up run (page faults, thread pool start), as llama-bench does.
+        run(rng.gen())?;
+        let v = (0..args.repetitions.max(1)).map(|_| run(rng.gen())).collect::<Result<Vec<_>>>()?;
+        let (mean, sd) = mean_std(&v.iter().map(|r| r.0).collect::<Vec<_>>());
+        let share = v.iter().map(|r| r.1).sum::<f64>() / v.len() as f64;
         let mut name = if d > 0 { format!("{kind}{n} @ d{d}") } else { format!("{kind}{n}") };
         if kind == "tg" && b > 1 {
             name = format!("{name} x{b}");
         }
-        println!("| {name:<13} | {mean:>9.2} ± {sd:>4.2} |");
+        let comm = if tp > 1 { format!("{:.1}%", 100.0 * share) } else { "-".into() };
+        println!("| {name:<13} | {mean:>9.2} ± {sd:>4.2} | {comm:>12} |");
     }
     if let Some(peak) = peak_rss_mib() {
         println!("peak RSS: {peak:.1} MiB ({:.2}x the model's files)", peak / file_mib.max(1e-9));

@@ -1,6 +1,6 @@
 //! `tessera generate`: one prompt, streamed text, then prefill and decode speed.
 
-use super::model_path::ModelArg;
+use super::model_path::{ModelArg, TpArgs};
 use super::kv_args::KvCacheArgs;
 use super::perplexity::ComputePath;
 use super::SamplingArgs;
@@ -43,6 +43,8 @@ pub struct GenerateArgs {
     /// Where to run: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: Device,
+    #[command(flatten)]
+    tp: TpArgs,
     /// CPU arithmetic of the linear layers (default: `default`); `float` is the function the
     /// CUDA backend computes (f32 activations over dequantized weights), for comparing the two.
     #[arg(long, value_enum)]
@@ -59,11 +61,22 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     let g = match args.device {
         Device::Cpu => {
-            let lm = args.model.load(args.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy))?;
+            let lm = args.model.load_parallel(args.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy), &args.tp)?;
             let prompt = encode(&lm.tokenizer, &args.prompt)?;
-            let layout = lm.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
-            let opts = options(&args, lm.eos_ids(), layout);
-            generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(params, &prompt), &opts, on_text)?
+            let dtype = args.kv.dtype()?;
+            let on_text = std::sync::Mutex::new(on_text);
+            // Every tensor-parallel rank runs the same loop (same logits, same samples); rank 0 prints.
+            lm.run(|m| {
+                let layout = lm.kv_layout_on(m, dtype, DEFAULT_BLOCK_SIZE, 0)?;
+                let opts = options(&args, lm.eos_ids(), layout);
+                let first = m.shard().is_none_or(|s| s.rank == 0);
+                let print = |t: &str| {
+                    if first {
+                        (on_text.lock().unwrap_or_else(|e| e.into_inner()))(t)
+                    }
+                };
+                anyhow::Ok(generate(m, &lm.tokenizer, &prompt, Sampler::new(params.clone(), &prompt), &opts, print)?)
+            })?
         }
         Device::Cuda(_) if args.compute.is_some() => {
             return Err(anyhow!("--compute chooses the CPU's arithmetic; the CUDA backend has one (f32 activations over dequantized weights)"))

@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tessera_engine::parallel::TpOptions;
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
@@ -26,6 +27,28 @@ impl ModelArg {
     pub fn load(&self, policy: LinearPolicy) -> Result<LoadedModel> {
         Ok(LoadedModel::load(&self.path()?, policy)?)
     }
+
+    /// [`Self::load`], sharded over the ranks `tp` asks for.
+    pub fn load_parallel(&self, policy: LinearPolicy, tp: &TpArgs) -> Result<LoadedModel> {
+        if tp.tensor_parallel_size == 0 {
+            bail!("--tensor-parallel-size must be positive");
+        }
+        let opts = TpOptions { size: tp.tensor_parallel_size, cpu_bind: tp.cpu_bind.clone() };
+        Ok(LoadedModel::load_parallel(&self.path()?, policy, &opts)?)
+    }
+}
+
+/// Tensor parallelism on the CPU, for the commands that run a model.
+#[derive(Args, Debug, Clone)]
+pub struct TpArgs {
+    /// Tensor-parallel ranks: the model's heads, feed-forwards and output head sharded over
+    /// this many ranks, each on its own cores.
+    #[arg(long, alias = "tp", default_value_t = 1)]
+    pub tensor_parallel_size: usize,
+    /// CPUs of each tensor-parallel rank, ranks separated by `|` (`0-31|32-63`) [default: one
+    /// NUMA node per rank when there are enough, else an even split of the usable CPUs].
+    #[arg(long)]
+    pub cpu_bind: Option<String>,
 }
 
 /// File name of the default model.

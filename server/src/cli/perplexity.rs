@@ -1,7 +1,7 @@
 //! `tessera perplexity`: llama.cpp's perplexity method over a text file.
 
 use super::kv_args::KvCacheArgs;
-use super::model_path::ModelArg;
+use super::model_path::{ModelArg, TpArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::io::Write;
@@ -58,6 +58,8 @@ pub struct PerplexityArgs {
     compute: ComputePath,
     #[command(flatten)]
     kv: KvCacheArgs,
+    #[command(flatten)]
+    tp: TpArgs,
     /// Seed of the QJL projections and HQMQ codebooks.
     #[arg(long, default_value_t = 0)]
     kv_cache_seed: u64,
@@ -69,7 +71,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         bail!("--ctx must be at least 4");
     }
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let lm = args.model.load(args.compute.policy())?;
+    let lm = args.model.load_parallel(args.compute.policy(), &args.tp)?;
     if args.ctx > lm.model.config().max_position_embeddings {
         bail!("--ctx {} exceeds the model's context {}", args.ctx, lm.model.config().max_position_embeddings);
     }
@@ -85,22 +87,36 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         chunks: Some(n),
         seqs_per_batch: (args.batch / args.ctx).max(1),
         bos: if special.add_bos { special.bos } else { None },
-        kv: Some(lm.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, args.kv_cache_seed)?),
+        kv: None,
     };
+    let dtype = args.kv.dtype()?;
     let kernel = lm.model.plan().first().map(|p| p.kernel.clone()).unwrap_or_default();
-    eprintln!(
-        "perplexity: {} tokens, {n} chunks of {} (n_seq {}), compute path {:?} ({kernel}), kv cache {}",
-        tokens.len(),
-        args.ctx,
-        opts.seqs_per_batch,
-        args.compute,
-        opts.kv.as_ref().map(|l| l.describe()).unwrap_or_default()
-    );
-    let t0 = Instant::now();
-    let report = perplexity(&lm.model, &tokens, &opts, |r| {
-        print!("[{}]{:.4},", r.chunks, r.ppl());
-        let _ = std::io::stdout().flush();
+    let t0 = std::sync::Mutex::new(Instant::now());
+    // Every tensor-parallel rank runs the same passes; rank 0 reports.
+    let report = lm.run(|m| {
+        let first = m.shard().is_none_or(|s| s.rank == 0);
+        let layout = lm.kv_layout_on(m, dtype, DEFAULT_BLOCK_SIZE, args.kv_cache_seed)?;
+        if first {
+            eprintln!(
+                "perplexity: {} tokens, {n} chunks of {} (n_seq {}), compute path {:?} ({kernel}), kv cache {}, tensor-parallel ranks {}",
+                tokens.len(),
+                args.ctx,
+                opts.seqs_per_batch,
+                args.compute,
+                layout.describe(),
+                lm.tensor_parallel_size()
+            );
+            *t0.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        }
+        let opts = PerplexityOptions { kv: Some(layout), ..opts.clone() };
+        anyhow::Ok(perplexity(m, &tokens, &opts, |r| {
+            if first {
+                print!("[{}]{:.4},", r.chunks, r.ppl());
+                let _ = std::io::stdout().flush();
+            }
+        })?)
     })?;
+    let t0 = t0.into_inner().unwrap_or_else(|e| e.into_inner());
     println!();
     let secs = t0.elapsed().as_secs_f64();
     println!("Final estimate: PPL = {:.4} +/- {:.5}", report.ppl(), report.stderr());

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tessera_engine::device::Device;
 use tessera_engine::kv::KvRequest;
 use tessera_engine::serve::{Engine, EngineConfig};
+use tessera_engine::parallel::TpOptions;
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
@@ -119,6 +120,14 @@ pub struct ServeArgs {
     /// Where the model runs: cpu, cuda or cuda:N [default: cpu].
     #[arg(long)]
     device: Option<String>,
+    /// Tensor-parallel ranks: the model's heads, feed-forwards and output head sharded over
+    /// this many ranks, each on its own cores (CPU only) [default: 1].
+    #[arg(long, alias = "tp")]
+    tensor_parallel_size: Option<usize>,
+    /// CPUs of each tensor-parallel rank, ranks separated by `|` (`0-31|32-63`) [default: one
+    /// NUMA node per rank when there are enough, else an even split of the usable CPUs].
+    #[arg(long)]
+    cpu_bind: Option<String>,
     /// Log format (the global `--log-format` flag).
     #[arg(skip)]
     #[serde(default, deserialize_with = "value_enum")]
@@ -226,6 +235,8 @@ pub struct ServeConfig {
     compute: Option<ComputePath>,
     #[serde(serialize_with = "display")]
     device: Device,
+    tensor_parallel_size: usize,
+    cpu_bind: Option<String>,
     #[serde(serialize_with = "value_enum_name")]
     log_format: Option<LogFormat>,
 }
@@ -278,6 +289,8 @@ impl ServeArgs {
             request_timeout_secs: self.request_timeout_secs.or(file.request_timeout_secs),
             compute: self.compute.or(file.compute),
             device: self.device.or(file.device),
+            tensor_parallel_size: self.tensor_parallel_size.or(file.tensor_parallel_size),
+            cpu_bind: self.cpu_bind.or(file.cpu_bind),
             log_format: self.log_format.or(file.log_format),
         }
     }
@@ -344,8 +357,13 @@ impl ServeArgs {
             request_timeout_secs: a.request_timeout_secs,
             compute: a.compute,
             device: a.device.as_deref().map_or(Ok(Device::Cpu), str::parse).map_err(|e: String| anyhow!("--device: {e}"))?,
+            tensor_parallel_size: a.tensor_parallel_size.unwrap_or(1),
+            cpu_bind: a.cpu_bind,
             log_format: a.log_format,
         };
+        if cfg.tensor_parallel_size > 1 && cfg.device != Device::Cpu {
+            bail!("--tensor-parallel-size above 1 runs on the CPU only (the CUDA backend runs one GPU per replica)");
+        }
         for (name, v) in [
             ("--max-num-seqs", cfg.max_num_seqs),
             ("--max-num-batched-tokens", cfg.max_num_batched_tokens),
@@ -353,6 +371,7 @@ impl ServeArgs {
             ("--kv-cache-memory", cfg.kv_cache_bytes),
             ("--max-body-bytes", cfg.max_body_bytes),
             ("--max-connections", cfg.max_connections.unwrap_or(1)),
+            ("--tensor-parallel-size", cfg.tensor_parallel_size),
         ] {
             if v == 0 {
                 bail!("{name} must be positive");
@@ -427,7 +446,8 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
     let max_connections = cfg.max_connections.unwrap_or_else(|| default_max_connections(nofile));
     tracing::info!(max_connections, open_file_limit = nofile, "connection limit");
     let policy = cfg.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy);
-    let model = LoadedModel::load(&cfg.model, policy).with_context(|| format!("loading {}", cfg.model.display()))?;
+    let tp = TpOptions { size: cfg.tensor_parallel_size, cpu_bind: cfg.cpu_bind.clone() };
+    let model = LoadedModel::load_parallel(&cfg.model, policy, &tp).with_context(|| format!("loading {}", cfg.model.display()))?;
     let engine = Engine::start(Arc::new(model), cfg.engine_config()).map_err(|e| anyhow!("starting the engine: {e}"))?;
     let options = ServerOptions {
         served_model_name: cfg.served_model_name.clone(),

@@ -1,0 +1,159 @@
+//! Which part of a model one tensor-parallel rank holds (Megatron-style sharding).
+//!
+//! Q, K, V, gate and up are column-parallel (each rank holds a range of their output rows);
+//! O and down are row-parallel (each rank holds the matching range of their input columns, and
+//! the ranks' partial outputs are summed by an all-reduce); the output head is vocab-parallel
+//! (a range of its rows, the logits gathered). Attention heads go to ranks whole, KV group by
+//! KV group, so each rank attends with its own query heads over its own KV heads and keeps
+//! only those heads' cache. Norms, embeddings and MoE routers are replicated.
+//!
+//! Ranges are as even as the cut points allow; a cut that would split a quantization group or
+//! block is refused at load with the tensor's name (see [`super::Linear::load_cut`]).
+
+use crate::checkpoint::{Checkpoint, LoadError, ModelConfig};
+use std::ops::Range;
+use tessera_kernels::quant::QuantMatrix;
+
+/// Which part of a weight matrix a rank holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// All of it.
+    Whole,
+    /// Output rows `range` (column-parallel layers, the vocab-parallel head).
+    Rows(Range<usize>),
+    /// Input columns `range` (row-parallel layers).
+    Cols(Range<usize>),
+}
+
+impl Cut {
+    /// `[rows, cols]` of the part of a `[rows, cols]` matrix.
+    pub fn shape(&self, rows: usize, cols: usize) -> [usize; 2] {
+        match self {
+            Cut::Whole => [rows, cols],
+            Cut::Rows(r) => [r.len(), cols],
+            Cut::Cols(c) => [rows, c.len()],
+        }
+    }
+}
+
+/// One rank's place in a tensor-parallel group and its attention heads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the group.
+    pub world: usize,
+    /// KV heads this rank attends over and caches.
+    pub kv_heads: Range<usize>,
+    /// Query heads this rank computes (the query heads of its KV heads).
+    pub q_heads: Range<usize>,
+}
+
+/// `n` split into `world` contiguous ranges whose cut points are multiples of `align`, as even
+/// as that allows (earlier ranks take the remainder). `None` when some rank would get nothing.
+pub fn split(n: usize, world: usize, align: usize) -> Option<Vec<Range<usize>>> {
+    let units = n.div_ceil(align);
+    if units < world {
+        return None;
+    }
+    let (base, extra) = (units / world, units % world);
+    let mut at = 0;
+    Some(
+        (0..world)
+            .map(|r| {
+                let end = ((at + base + usize::from(r < extra)) * align).min(n);
+                let range = at * align..end;
+                at += base + usize::from(r < extra);
+                range
+            })
+            .collect(),
+    )
+}
+
+impl Shard {
+    /// Rank `rank` of `world` for a model of `config`: KV heads split as evenly as possible
+    /// (each rank then computes its KV heads' query heads); with fewer KV heads than ranks, each
+    /// KV head is replicated on `world / num_kv_heads` ranks that split its query heads, as vLLM
+    /// does. Other head counts are refused.
+    pub fn new(config: &ModelConfig, rank: usize, world: usize) -> Result<Self, LoadError> {
+        let (nq, nkv) = (config.num_heads, config.num_kv_heads);
+        let group = nq / nkv;
+        let refuse = |msg: String| LoadError::Config { key: "tensor_parallel_size".into(), msg };
+        if world == 0 || rank >= world {
+            return Err(refuse(format!("rank {rank} of {world}")));
+        }
+        if nkv >= world {
+            let kv = split(nkv, world, 1).expect("nkv >= world").swap_remove(rank);
+            return Ok(Shard { rank, world, q_heads: kv.start * group..kv.end * group, kv_heads: kv });
+        }
+        let copies = world / nkv;
+        if !world.is_multiple_of(nkv) || !group.is_multiple_of(copies) {
+            return Err(refuse(format!(
+                "{world} ranks cannot share {nkv} KV heads of {group} query heads each (use a size that divides the KV heads, or a multiple of them that divides each group)"
+            )));
+        }
+        let kv = rank / copies;
+        let per = group / copies;
+        let q0 = kv * group + (rank % copies) * per;
+        Ok(Shard { rank, world, kv_heads: kv..kv + 1, q_heads: q0..q0 + per })
+    }
+
+    /// The cut of `rows` output rows (e.g. the vocabulary) for this rank, in multiples of the
+    /// rows' quantization granularity `align`.
+    pub fn rows(&self, name: &str, rows: usize, align: usize) -> Result<Range<usize>, LoadError> {
+        self.even(name, rows, align, "rows")
+    }
+
+    /// The cut of an inner width `n` (an MLP's) for this rank: output rows of gate/up, input
+    /// columns of down, cut on `align` (the down projection's column granularity).
+    pub fn inner(&self, name: &str, n: usize, align: usize) -> Result<Range<usize>, LoadError> {
+        self.even(name, n, align, "input columns")
+    }
+
+    fn even(&self, name: &str, n: usize, align: usize, what: &str) -> Result<Range<usize>, LoadError> {
+        split(n, self.world, align).map(|mut v| v.swap_remove(self.rank)).ok_or_else(|| LoadError::Tensor {
+            name: name.into(),
+            msg: format!("{n} {what} in units of {align} cannot be split over {} ranks", self.world),
+        })
+    }
+}
+
+/// The granularity of `name`'s input columns: a cut between ranks must fall on a multiple of
+/// it (a GGUF block, an int4 group, an FP8 scale block; 32 for the integer kernels' runs).
+pub fn col_align(ck: &Checkpoint, name: &str) -> Result<usize, LoadError> {
+    if let Some(q) = ck.quantized.get(name) {
+        return Ok(match &*q.matrix {
+            QuantMatrix::Int4(w) if !w.per_channel() => w.group().max(32),
+            QuantMatrix::Fp8(w) if w.block()[1] < w.cols() => w.block()[1].max(32),
+            _ => 32,
+        });
+    }
+    Ok(ck.tensor(name)?.ty.block_size())
+}
+
+/// The granularity of `name`'s output rows (an FP8 scale block's height; 1 otherwise).
+pub fn row_align(ck: &Checkpoint, name: &str) -> usize {
+    match ck.quantized.get(name).map(|q| &*q.matrix) {
+        Some(QuantMatrix::Fp8(w)) if w.block()[0] < w.rows() => w.block()[0],
+        _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_are_even_aligned_and_cover_everything() {
+        assert_eq!(split(1536, 2, 256), Some(vec![0..768, 768..1536]));
+        assert_eq!(split(576, 2, 192), Some(vec![0..384, 384..576]));
+        assert_eq!(split(49152, 3, 1), Some(vec![0..16384, 16384..32768, 32768..49152]));
+        assert_eq!(split(100, 3, 32), Some(vec![0..64, 64..96, 96..100]));
+        assert_eq!(split(64, 3, 32), None);
+        for (n, w, a) in [(1000, 4, 7), (33, 2, 1), (4096, 8, 128)] {
+            let v = split(n, w, a).unwrap();
+            assert_eq!((v[0].start, v[w - 1].end), (0, n));
+            assert!(v.windows(2).all(|p| p[0].end == p[1].start && p[1].start % a == 0 && !p[0].is_empty()));
+        }
+    }
+}
