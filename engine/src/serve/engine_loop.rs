@@ -156,6 +156,10 @@ impl EngineLoop {
         m.batch_size.observe(work.len() as f64);
         m.step_tokens.observe(work.iter().map(|w| w.tokens).sum::<usize>() as f64);
         m.step_forward.observe(forward_secs);
+        let ranks = self.model.tensor_parallel_size();
+        if ranks > 1 {
+            m.observe_collectives(&(0..ranks).map(|r| self.model.rank(r).comm_stats().unwrap_or_default()).collect::<Vec<_>>());
+        }
         match result {
             Ok(logits) => {
                 for (w, l) in work.iter().zip(logits) {

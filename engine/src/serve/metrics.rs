@@ -2,7 +2,9 @@
 
 use crate::model::PlanEntry;
 use prometheus::proto::{LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use std::sync::Mutex;
+use tessera_kernels::comm::CommStats;
 
 /// Every metric the engine updates, registered in one registry.
 pub struct Metrics {
@@ -49,6 +51,12 @@ pub struct Metrics {
     pub step_forward: Histogram,
     /// Seconds of each step outside the forward pass (scheduling, sampling, detokenizing, sending).
     pub step_overhead: Histogram,
+    /// Per tensor-parallel rank: seconds of each step spent in collectives.
+    pub tp_collective: HistogramVec,
+    /// Per tensor-parallel rank: bytes it contributed to collectives.
+    pub tp_collective_bytes: IntCounterVec,
+    /// Each rank's collective counters at the last step.
+    last_comm: Mutex<Vec<CommStats>>,
 }
 
 /// Latency buckets (seconds) for TTFT / E2E / queue time.
@@ -103,6 +111,17 @@ impl Metrics {
         for e in plan {
             plan_layers.with_label_values(&[&e.scheme, &e.storage, &e.activations, &e.kernel]).inc();
         }
+        let tp_collective = HistogramVec::new(
+            HistogramOpts::new("tessera_tp_collective_seconds", "Seconds of an engine step a tensor-parallel rank spent in collectives (all-reduce, logit gather).")
+                .buckets(TOKEN.to_vec()),
+            &["rank"],
+        )?;
+        registry.register(Box::new(tp_collective.clone()))?;
+        let tp_collective_bytes = IntCounterVec::new(
+            Opts::new("tessera_tp_collective_bytes_total", "Bytes a tensor-parallel rank contributed to collectives."),
+            &["rank"],
+        )?;
+        registry.register(Box::new(tp_collective_bytes.clone()))?;
         Ok(Metrics {
             ttft: hist("tessera_time_to_first_token_seconds", "Time from arrival to the first output token.", LATENCY)?,
             inter_token: hist("tessera_inter_token_latency_seconds", "Time between consecutive output tokens.", TOKEN)?,
@@ -132,8 +151,24 @@ impl Metrics {
                 "Seconds of an engine step outside the forward pass (scheduling, sampling, detokenizing, streaming).",
                 TOKEN,
             )?,
+            tp_collective,
+            tp_collective_bytes,
+            last_comm: Mutex::new(Vec::new()),
             registry,
         })
+    }
+
+    /// Records one step's collectives from each rank's running counters (`stats[r]`, rank
+    /// order; empty without tensor parallelism).
+    pub fn observe_collectives(&self, stats: &[CommStats]) {
+        let mut last = self.last_comm.lock().unwrap_or_else(|e| e.into_inner());
+        last.resize(stats.len(), CommStats::default());
+        for (r, (now, before)) in stats.iter().zip(last.iter_mut()).enumerate() {
+            let rank = r.to_string();
+            self.tp_collective.with_label_values(&[&rank]).observe(now.nanos.saturating_sub(before.nanos) as f64 * 1e-9);
+            self.tp_collective_bytes.with_label_values(&[&rank]).inc_by(now.bytes.saturating_sub(before.bytes));
+            *before = *now;
+        }
     }
 
     /// Sets the KV-cache gauges.

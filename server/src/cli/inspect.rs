@@ -1,7 +1,7 @@
 //! `tessera inspect`: architecture, every tensor with its storage type, and the kernel plan.
 
 use super::kv_args::KvCacheArgs;
-use super::model_path::ModelArg;
+use super::model_path::{ModelArg, TpArgs};
 use anyhow::Result;
 use tessera_engine::kv::DEFAULT_BLOCK_SIZE;
 use clap::Args;
@@ -18,11 +18,13 @@ pub struct InspectArgs {
     brief: bool,
     #[command(flatten)]
     kv: KvCacheArgs,
+    #[command(flatten)]
+    tp: TpArgs,
 }
 
 /// Runs the command.
 pub fn run(args: InspectArgs) -> Result<()> {
-    let lm = args.model.load(LinearPolicy::DEFAULT)?;
+    let lm = args.model.load_parallel(LinearPolicy::DEFAULT, &args.tp)?;
     let ck = &lm.checkpoint;
     let c = &ck.config;
     println!("model: {} ({:?}, {})", ck.name, ck.format, ck.path.display());
@@ -53,24 +55,32 @@ pub fn run(args: InspectArgs) -> Result<()> {
     }
     println!("embedding lookup: token_embd.weight ({}), dequantized row by row", lm.model.embedding_type());
     println!("quantization: {}", ck.quantization.as_deref().unwrap_or("none (weights as stored)"));
-    let kv = lm.kv_layout(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
-    println!("kv cache: {}, {:.0} tokens per GiB", kv.describe(), (1u64 << 30) as f64 / kv.bytes_per_token());
+    let layouts = lm.kv_layouts(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
+    let per_token: f64 = layouts.iter().map(|l| l.bytes_per_token()).sum();
+    println!("kv cache: {}, {:.0} tokens per GiB", layouts[0].describe(), (1u64 << 30) as f64 / per_token);
+    if layouts.len() > 1 {
+        let heads: Vec<usize> = layouts.iter().map(|l| l.geometry().n_kv_heads).collect();
+        println!("tensor-parallel ranks: {} (KV heads per rank {heads:?}; the GiB above is all ranks together)", layouts.len());
+    }
     if let Some(s) = &ck.kv_cache {
         println!("checkpoint kv_cache_scheme: {} with static per-layer k_scale/v_scale (used by auto and by sides given as {})", s.format, s.format);
     }
-    let plan = lm.model.plan();
-    let w = |f: fn(&PlanEntry) -> usize| plan.iter().map(f).max().unwrap_or(0);
+    let ranks = lm.tensor_parallel_size();
+    let plan: Vec<(usize, PlanEntry)> = (0..ranks).flat_map(|r| lm.rank(r).plan().into_iter().map(move |e| (r, e))).collect();
+    let w = |f: fn(&PlanEntry) -> usize| plan.iter().map(|(_, e)| f(e)).max().unwrap_or(0);
     let (ws, wst, wa) = (w(|e| e.scheme.len()).max(6), w(|e| e.storage.len()).max(7), w(|e| e.activations.len()).max(11));
     println!("\n{:<28} {:<ws$} {:<wst$} {:<wa$} {:<10} kernel", "layer", "scheme", "storage", "activations", "shape");
-    for e in &plan {
+    for (r, e) in &plan {
+        let rank = if ranks > 1 { format!("[{r}] ") } else { String::new() };
         println!(
-            "{:<28} {:<ws$} {:<wst$} {:<wa$} {:<10} {}",
-            e.tensor,
+            "{:<28} {:<ws$} {:<wst$} {:<wa$} {:<10} {}{}",
+            format!("{rank}{}", e.tensor),
             e.scheme,
             e.storage,
             e.activations,
             format!("{}x{}", e.shape[0], e.shape[1]),
-            e.kernel
+            e.kernel,
+            e.shard.as_ref().map(|s| format!("  ({s})")).unwrap_or_default()
         );
         if let Some(n) = &e.note {
             println!("{:<28} note: {n}", "");

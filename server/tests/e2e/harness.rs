@@ -114,6 +114,15 @@ impl Server {
 
     fn spawn(mut cmd: Command, args: &[&str], env: &[(&str, &str)]) -> Server {
         cmd.arg("serve").args(args);
+        // Extra flags for every server (e.g. `--tensor-parallel-size 2` to run the suite over
+        // two ranks), where a test does not set them itself.
+        let extra = std::env::var("TESSERA_TEST_SERVE_ARGS").unwrap_or_default();
+        let extra: Vec<&str> = extra.split_whitespace().collect();
+        for pair in extra.chunks(2) {
+            if !args.contains(&pair[0]) {
+                cmd.args(pair);
+            }
+        }
         for (flag, value) in DEFAULTS {
             if !args.contains(flag) {
                 cmd.args([flag, value]);

@@ -20,4 +20,5 @@ mod routers;
 mod scheduling;
 mod structured;
 mod tokenize;
+mod tensor_parallel;
 mod tools;

@@ -7,11 +7,15 @@ use std::process::{Command, Stdio};
 
 /// Runs `server/tests/python/<script>` with the shared server's URL and model; it must pass.
 fn run_script(script: &str) {
+    run_script_on(shared(), script);
+}
+
+/// Runs `server/tests/python/<script>` against `s`; it must pass.
+pub fn run_script_on(s: &crate::harness::Server, script: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let env = Command::new(root.join("scripts/python-env.sh")).stderr(Stdio::inherit()).output().expect("running scripts/python-env.sh");
     assert!(env.status.success(), "the Python test environment could not be made");
     let python = String::from_utf8(env.stdout).unwrap().trim().to_owned();
-    let s = shared();
     let out = Command::new(python)
         .arg(root.join("server/tests/python").join(script))
         .args([s.url("/v1"), "SmolLM2-135M-Instruct.Q4_1".into()])
