@@ -83,6 +83,7 @@ impl Workers {
             let thread = std::thread::Builder::new()
                 .name(format!("tessera-rank-{rank}"))
                 .spawn(move || {
+                    crate::model::shard::set_current_rank(rank);
                     let threads = set.len().max(1);
                     let pinned = ThreadPool::new(threads, Some(set.clone())).and_then(|p| pool::install(&Arc::new(p)));
                     if let Err(e) = pinned {

@@ -490,6 +490,10 @@ impl LlamaModel {
         mut observer: Option<&mut dyn ActivationObserver>,
         until: Option<LinearSite>,
     ) -> Result<Vec<(usize, usize, usize)>, ForwardError> {
+        if let Some(p) = &self.parallel {
+            // Alone, a rank would wait forever for the others at its first all-reduce.
+            assert_eq!(super::shard::current_rank(), Some(p.shard.rank), "a tensor-parallel shard runs only on its rank's thread (LoadedModel::run)");
+        }
         let last = layers.end.saturating_sub(1);
         let stop = |li: usize, site: LinearSite| li == last && until == Some(site);
         let c = &self.config;

@@ -14,6 +14,21 @@ use crate::checkpoint::{Checkpoint, LoadError, ModelConfig};
 use std::ops::Range;
 use tessera_kernels::quant::QuantMatrix;
 
+thread_local! {
+    /// The tensor-parallel rank this thread runs (set by the rank threads).
+    static CURRENT_RANK: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Marks the calling thread as rank `rank`'s (for the rest of its life).
+pub fn set_current_rank(rank: usize) {
+    CURRENT_RANK.with(|r| r.set(Some(rank)));
+}
+
+/// The rank the calling thread runs, if it is a rank thread.
+pub fn current_rank() -> Option<usize> {
+    CURRENT_RANK.with(|r| r.get())
+}
+
 /// Which part of a weight matrix a rank holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Cut {

@@ -64,6 +64,8 @@ pub struct EngineInfo {
     pub quantization_config: Option<String>,
     /// Kernel plan, one entry per linear layer.
     pub plan: Vec<PlanEntry>,
+    /// Tensor-parallel ranks (the plan lists each rank's layers, rank after rank).
+    pub tensor_parallel_size: usize,
     /// The effective configuration.
     pub config: EngineConfig,
 }

@@ -148,6 +148,7 @@ impl Engine {
             quantization: quantization_summary(&model),
             quantization_config: model.checkpoint.quantization.clone(),
             plan: backend.plan(),
+            tensor_parallel_size: model.tensor_parallel_size(),
             config: config.clone(),
         };
         let model_name = model.checkpoint.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();

@@ -122,6 +122,10 @@ impl Metrics {
             &["rank"],
         )?;
         registry.register(Box::new(tp_collective_bytes.clone()))?;
+        // Rank 0's series exist from the start (zero without tensor parallelism), so dashboards
+        // and alerts find them on every server.
+        tp_collective.with_label_values(&["0"]);
+        tp_collective_bytes.with_label_values(&["0"]);
         Ok(Metrics {
             ttft: hist("tessera_time_to_first_token_seconds", "Time from arrival to the first output token.", LATENCY)?,
             inter_token: hist("tessera_inter_token_latency_seconds", "Time between consecutive output tokens.", TOKEN)?,

@@ -26,6 +26,7 @@ struct ModelCard {
     quantization_config: Option<String>,
     kv_cache_type: String,
     kv_cache_bytes_per_token: f64,
+    tensor_parallel_size: usize,
     plan: Vec<PlanEntry>,
 }
 
@@ -41,6 +42,7 @@ fn card(state: &AppState) -> ModelCard {
         quantization_config: info.quantization_config.clone(),
         kv_cache_type: info.kv_cache_type.clone(),
         kv_cache_bytes_per_token: info.kv_bytes_per_token,
+        tensor_parallel_size: info.tensor_parallel_size,
         plan: info.plan.clone(),
     }
 }

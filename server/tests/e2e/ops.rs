@@ -30,9 +30,13 @@ async fn models_lists_the_served_model_with_its_plan() {
     assert_eq!(m["max_model_len"], 8192);
     assert_eq!((m["quantization"].as_str(), m["kv_cache_type"].as_str()), (Some("q4_1,q8_0"), Some("f32")));
     let plan = m["plan"].as_array().unwrap();
-    assert_eq!(plan.len(), 30 * 7 + 1, "7 linear layers in each of 30 blocks, then the output head");
+    // Each tensor-parallel rank's layers, rank after rank (one rank unless the suite runs with
+    // TESSERA_TEST_SERVE_ARGS="--tensor-parallel-size N").
+    let tp = m["tensor_parallel_size"].as_u64().unwrap() as usize;
+    assert_eq!(plan.len(), (30 * 7 + 1) * tp, "7 linear layers in each of 30 blocks, then the output head");
     assert_eq!(plan[0]["tensor"], "blk.0.attn_q.weight");
-    assert_eq!((plan[0]["storage"].as_str(), plan[0]["shape"].clone()), (Some("Q4_1"), json!([576, 576])));
+    let q_rows = if tp == 1 { 576 } else { plan[0]["shape"][0].as_u64().unwrap() };
+    assert_eq!((plan[0]["storage"].as_str(), plan[0]["shape"].clone()), (Some("Q4_1"), json!([q_rows, 576])));
     assert_eq!(plan[210]["storage"], "Q8_0");
     assert!(plan.iter().all(|row| row["kernel"].as_str().is_some_and(|k| k.starts_with("cpu."))));
     let (status, one) = s.get("/v1/models/SmolLM2-135M-Instruct.Q4_1").await;
