@@ -64,6 +64,8 @@ impl MoeLayer {
         } else {
             None
         };
+        let shard = shard.map(Shard::evenly);
+        let shard = shard.as_ref();
         let experts = (0..n)
             .map(|e| {
                 let names = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"].map(|k| names::expert_name(layer, k, e));

@@ -52,7 +52,7 @@ impl Cut {
 }
 
 /// One rank's place in a tensor-parallel group and its attention heads.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Shard {
     /// This rank.
     pub rank: usize,
@@ -62,6 +62,9 @@ pub struct Shard {
     pub kv_heads: Range<usize>,
     /// Query heads this rank computes (the query heads of its KV heads).
     pub q_heads: Range<usize>,
+    /// Each rank's share of a dense MLP's inner width (summing to 1): even, unless the heads
+    /// split unevenly, when the MLP evens out each rank's weights (see [`Shard::new`]).
+    pub mlp_shares: Vec<f64>,
 }
 
 /// `n` split into `world` contiguous ranges whose cut points are multiples of `align`, as even
@@ -85,6 +88,21 @@ pub fn split(n: usize, world: usize, align: usize) -> Option<Vec<Range<usize>>> 
     )
 }
 
+/// `n` split into contiguous ranges of about `shares` (fractions summing to 1) of it, cut points
+/// rounded to multiples of `align`. `None` when some range would be empty.
+pub fn split_shares(n: usize, shares: &[f64], align: usize) -> Option<Vec<Range<usize>>> {
+    let units = n.div_ceil(align);
+    let mut cuts = vec![0];
+    let mut acc = 0.0;
+    for s in &shares[..shares.len() - 1] {
+        acc += s;
+        cuts.push(((acc * units as f64).round() as usize).clamp(0, units));
+    }
+    cuts.push(units);
+    let ranges: Vec<Range<usize>> = cuts.windows(2).map(|c| (c[0] * align).min(n)..(c[1] * align).min(n)).collect();
+    ranges.iter().all(|r| !r.is_empty()).then_some(ranges)
+}
+
 impl Shard {
     /// Rank `rank` of `world` for a model of `config`: KV heads split as evenly as possible
     /// (each rank then computes its KV heads' query heads); with fewer KV heads than ranks, each
@@ -97,9 +115,19 @@ impl Shard {
         if world == 0 || rank >= world {
             return Err(refuse(format!("rank {rank} of {world}")));
         }
+        let even = vec![1.0 / world as f64; world];
         if nkv >= world {
-            let kv = split(nkv, world, 1).expect("nkv >= world").swap_remove(rank);
-            return Ok(Shard { rank, world, q_heads: kv.start * group..kv.end * group, kv_heads: kv });
+            let all = split(nkv, world, 1).expect("nkv >= world");
+            // Attention weights per KV head (Q and O rows/columns of its query heads, K and V),
+            // MLP weights per unit of inner width (gate, up, down): the MLP takes up what the
+            // attention split leaves uneven, so every rank reads about the same bytes a step.
+            let (h, hd) = (config.hidden_size as f64, config.head_dim as f64);
+            let (attn, unit) = ((2 * group + 2) as f64 * hd * h, 3.0 * h);
+            let total = attn * nkv as f64 + unit * config.intermediate_size as f64;
+            let units: Vec<f64> = all.iter().map(|kv| (total / world as f64 - attn * kv.len() as f64).max(unit) / unit).collect();
+            let sum: f64 = units.iter().sum();
+            let kv = all[rank].clone();
+            return Ok(Shard { rank, world, q_heads: kv.start * group..kv.end * group, kv_heads: kv, mlp_shares: units.iter().map(|u| u / sum).collect() });
         }
         let copies = world / nkv;
         if !world.is_multiple_of(nkv) || !group.is_multiple_of(copies) {
@@ -110,7 +138,13 @@ impl Shard {
         let kv = rank / copies;
         let per = group / copies;
         let q0 = kv * group + (rank % copies) * per;
-        Ok(Shard { rank, world, kv_heads: kv..kv + 1, q_heads: q0..q0 + per })
+        Ok(Shard { rank, world, kv_heads: kv..kv + 1, q_heads: q0..q0 + per, mlp_shares: even })
+    }
+
+    /// The same rank with an even split of every inner width (MoE experts, whose work follows
+    /// the routing, not the weights).
+    pub fn evenly(&self) -> Shard {
+        Shard { mlp_shares: vec![1.0 / self.world as f64; self.world], ..self.clone() }
     }
 
     /// The cut of `rows` output rows (e.g. the vocabulary) for this rank, in multiples of the
@@ -119,10 +153,14 @@ impl Shard {
         self.even(name, rows, align, "rows")
     }
 
-    /// The cut of an inner width `n` (an MLP's) for this rank: output rows of gate/up, input
-    /// columns of down, cut on `align` (the down projection's column granularity).
+    /// The cut of an inner width `n` (an MLP's) for this rank by [`Self::mlp_shares`]: output
+    /// rows of gate/up, input columns of down, cut on `align` (the down projection's column
+    /// granularity).
     pub fn inner(&self, name: &str, n: usize, align: usize) -> Result<Range<usize>, LoadError> {
-        self.even(name, n, align, "input columns")
+        split_shares(n, &self.mlp_shares, align).map(|mut v| v.swap_remove(self.rank)).ok_or_else(|| LoadError::Tensor {
+            name: name.into(),
+            msg: format!("{n} input columns in units of {align} cannot be split over {} ranks", self.world),
+        })
     }
 
     fn even(&self, name: &str, n: usize, align: usize, what: &str) -> Result<Range<usize>, LoadError> {
@@ -157,6 +195,13 @@ pub fn row_align(ck: &Checkpoint, name: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_cut_where_asked_on_aligned_points() {
+        assert_eq!(split_shares(1536, &[0.5, 0.5], 32), split(1536, 2, 32));
+        assert_eq!(split_shares(1536, &[0.4444, 0.5556], 32), Some(vec![0..672, 672..1536]));
+        assert_eq!(split_shares(100, &[0.99, 0.01], 32), None);
+    }
 
     #[test]
     fn splits_are_even_aligned_and_cover_everything() {

@@ -265,8 +265,8 @@ fn prefix_hits_and_chunking_do_not_change_results_with_k_quants() {
 /// chunking and prefix hit (the all-reduce sums in rank order whatever the batch), for the
 /// default cache and a compressed one; and it serves what the whole model serves: greedy
 /// tokens of the four prompts equal to one rank's, or parting only where the two choices'
-/// logprobs are within 0.05 (a near-tie that rounding-level differences may break either way:
-/// see `tensor_parallel`'s module docs).
+/// logprobs are within 0.5 (a near-tie: on this int8-activation path, logits of one and two
+/// ranks differ by up to about a unit, measured in `tensor_parallel`, whose module docs say why).
 #[test]
 fn tensor_parallel_serving_keeps_the_promises() {
     use tessera_engine::parallel::TpOptions;
@@ -280,7 +280,7 @@ fn tensor_parallel_serving_keeps_the_promises() {
             Some(at) => {
                 let gap = (f32::from_bits(a.1[at]) - f32::from_bits(b.1[at])).abs();
                 eprintln!("prompt {i}: TP=2 parts from TP=1 at token {at} (logprobs {:.4} and {:.4})", f32::from_bits(a.1[at]), f32::from_bits(b.1[at]));
-                assert!(gap < 0.05, "prompt {i}: TP=2 parts from TP=1 at token {at} with a logprob gap of {gap}");
+                assert!(gap < 0.5, "prompt {i}: TP=2 parts from TP=1 at token {at} with a logprob gap of {gap}");
             }
             None => eprintln!("prompt {i}: 16 greedy tokens equal"),
         }

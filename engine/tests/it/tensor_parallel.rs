@@ -163,8 +163,8 @@ fn two_ranks_compute_what_one_does_on_the_default_model() {
     assert_eq!(part(0, "blk.0.attn_q.weight"), "rows 0..384 of 576");
     assert_eq!(part(1, "blk.0.attn_k.weight"), "rows 128..192 of 192");
     assert_eq!(part(1, "blk.0.attn_output.weight"), "columns 384..576 of 576");
-    assert_eq!(part(0, "blk.29.ffn_down.weight"), "columns 0..768 of 1536");
-    assert_eq!(part(1, "blk.29.ffn_up.weight"), "rows 768..1536 of 1536");
+    assert_eq!(part(0, "blk.29.ffn_down.weight"), "columns 0..672 of 1536");
+    assert_eq!(part(1, "blk.29.ffn_up.weight"), "rows 672..1536 of 1536");
     assert_eq!(part(1, "token_embd.weight"), "rows 24576..49152 of 49152");
 }
 

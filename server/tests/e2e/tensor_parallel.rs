@@ -13,7 +13,7 @@ async fn two_ranks_serve_the_openai_client() {
     let s = Server::start(&["--tensor-parallel-size", "2"]);
     let (status, models) = s.get("/v1/models").await;
     assert_eq!(status, 200);
-    assert!(models.contains("rank 0/2: rows 0..384 of 576") && models.contains("rank 1/2: columns 768..1536 of 1536"), "{models}");
+    assert!(models.contains("rank 0/2: rows 0..384 of 576") && models.contains("rank 1/2: columns 672..1536 of 1536"), "{models}");
     let v = s.complete(json!({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})).await;
     assert_eq!(v["usage"]["completion_tokens"], 8, "{v}");
     tokio::task::block_in_place(|| run_script_on(&s, "openai_client.py"));
