@@ -71,6 +71,9 @@ struct Latch {
 struct Workers {
     senders: Vec<Sender<(Task, Arc<Latch>)>>,
     threads: Vec<JoinHandle<()>>,
+    /// Held for a whole SPMD run: two callers' tasks must not interleave on the ranks (each
+    /// rank would meet the other caller's collectives).
+    running: Mutex<()>,
 }
 
 impl Workers {
@@ -107,12 +110,13 @@ impl Workers {
             senders.push(tx);
             threads.push(thread);
         }
-        Workers { senders, threads }
+        Workers { senders, threads, running: Mutex::new(()) }
     }
 
     /// Runs `f(rank)` on every rank thread at once and returns when all have finished,
-    /// re-raising the first panic.
+    /// re-raising the first panic. Calls from several threads take turns.
     fn run(&self, f: &(dyn Fn(usize) + Sync)) {
+        let _turn = self.running.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY (lifetime erasure): every rank finishes with `f` (returning or unwinding into
         // its `catch_unwind`) before it counts itself done, and this function returns only once
         // every rank has counted, so `f` outlives each use.

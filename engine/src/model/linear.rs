@@ -125,6 +125,10 @@ impl Linear {
         let w = if kernel.wants_interleaved() {
             let w = Interleaved::pack(&view).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
             data.release_pages();
+            if matches!(cut, Cut::Cols(_)) {
+                // The columns were copied out of the file's pages; they are not needed either.
+                t.data.release_pages();
+            }
             Weights::Interleaved { w, kernel }
         } else {
             Weights::Ggml { ty: t.ty, data, kernel }

@@ -120,35 +120,38 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let tp = lm.tensor_parallel_size();
     let file_mib = model_bytes(&path) as f64 / (1 << 20) as f64;
     println!("model: {} ({file_mib:.1} MiB) | threads: {} | tensor-parallel ranks: {tp} | cpu: {}", path.display(), rayon::current_num_threads(), lm.caps);
-    println!("| {:<13} | {:>16} | {:>12} |", "test", "t/s", "collectives");
-    println!("| {:-<13} | {:->16} | {:->12} |", "", "", "");
+    println!("| {:<13} | {:>16} | {:>14} |", "test", "t/s", "collectives");
+    println!("| {:-<13} | {:->16} | {:->14} |", "", "", "");
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let tests = args.pp.iter().filter(|&&n| n > 0).map(|&n| ("pp", n)).chain(args.tg.iter().filter(|&&n| n > 0).map(|&n| ("tg", n)));
     for (kind, n) in tests {
         let (d, b) = (args.depth, args.batch.max(1));
         let tokens = if kind == "pp" { n } else { n * b } as f64;
-        // Every rank runs the same passes on the same random tokens; rank 0's clock and its
-        // time inside collectives (all-reduce, logit gather) are reported.
-        let run = |seed: u64| {
-            lm.run(|m| {
+        // Every rank runs the same passes on the same random tokens; rank 0's clock is
+        // reported, and each rank's share of it spent inside collectives (all-reduce, logit
+        // gather; waiting for a slower rank counts).
+        let run = |seed: u64| -> Result<(f64, Vec<f64>)> {
+            let per_rank = lm.run_all(|m| {
                 let rng = &mut rand::rngs::StdRng::seed_from_u64(seed);
                 let before = m.comm_stats().unwrap_or_default();
                 let rate = if kind == "pp" { time_pp(m, n, d, rng) } else { time_tg(m, n, d, b, rng) }?;
                 let comm = m.comm_stats().unwrap_or_default().nanos - before.nanos;
                 Ok((rate, comm as f64 * 1e-9 * rate / tokens))
-            })
+            });
+            let per_rank = per_rank.into_iter().collect::<Result<Vec<_>>>()?;
+            Ok((per_rank[0].0, per_rank.iter().map(|r| r.1).collect()))
         };
         // One warm-up run (page faults, thread pool start), as llama-bench does.
         run(rng.gen())?;
         let v = (0..args.repetitions.max(1)).map(|_| run(rng.gen())).collect::<Result<Vec<_>>>()?;
         let (mean, sd) = mean_std(&v.iter().map(|r| r.0).collect::<Vec<_>>());
-        let share = v.iter().map(|r| r.1).sum::<f64>() / v.len() as f64;
+        let share: Vec<String> = (0..tp).map(|r| format!("{:.1}%", 100.0 * v.iter().map(|x| x.1[r]).sum::<f64>() / v.len() as f64)).collect();
         let mut name = if d > 0 { format!("{kind}{n} @ d{d}") } else { format!("{kind}{n}") };
         if kind == "tg" && b > 1 {
             name = format!("{name} x{b}");
         }
-        let comm = if tp > 1 { format!("{:.1}%", 100.0 * share) } else { "-".into() };
-        println!("| {name:<13} | {mean:>9.2} ± {sd:>4.2} | {comm:>12} |");
+        let comm = if tp > 1 { share.join(" / ") } else { "-".into() };
+        println!("| {name:<13} | {mean:>9.2} ± {sd:>4.2} | {comm:>14} |");
     }
     if let Some(peak) = peak_rss_mib() {
         println!("peak RSS: {peak:.1} MiB ({:.2}x the model's files)", peak / file_mib.max(1e-9));
