@@ -6,6 +6,7 @@
 
 use crate::http::chat_template::{ChatMessage, ChatTemplate, RenderLimits};
 use crate::http::json;
+use crate::http::openai::tool_parsers::ToolParser;
 use crate::http::openai::{chat, completions};
 use axum::body::Body;
 use axum::response::IntoResponse;
@@ -48,15 +49,17 @@ impl RequestContext {
 }
 
 /// A request body through the endpoints' parsing and validation up to the engine requests:
-/// the first byte picks the endpoint (even: `/v1/completions`, odd: `/v1/chat/completions`),
-/// the rest is the body. Refusals become their JSON error response, as in the server.
+/// the first byte picks the endpoint (even: `/v1/completions`, odd: `/v1/chat/completions`)
+/// and, for chat, the tool-call parser (the byte halved, modulo their number), the rest is the
+/// body. Refusals become their JSON error response, as in the server.
 pub fn openai_request(data: &[u8]) {
     let Some((&endpoint, body)) = data.split_first() else { return };
     let ctx = RequestContext::get();
     let value = ctx.runtime.block_on(json::read_object(Body::from(body.to_vec()), MAX_BODY));
     let result = value.and_then(|v| {
         if endpoint % 2 == 1 {
-            chat::validate(&v, "chatcmpl-fuzz", &ctx.template, ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs)
+            let parser = ToolParser::ALL[usize::from(endpoint / 2) % ToolParser::ALL.len()];
+            chat::validate(&v, "chatcmpl-fuzz", &ctx.template, parser, ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs)
         } else {
             completions::validate(&v, "cmpl-fuzz", ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs)
         }

@@ -7,7 +7,7 @@ use super::model_path;
 use super::perplexity::ComputePath;
 use super::{init_logging, LogFormat};
 use crate::http::conn::ConnOptions;
-use crate::http::{self, AppState, DrainOptions, ServerOptions};
+use crate::http::{self, AppState, DrainOptions, ServerOptions, ToolParser};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::de::{self, Deserializer, Visitor};
@@ -128,6 +128,10 @@ pub struct ServeArgs {
     /// NUMA node per rank when there are enough, else an even split of the usable CPUs].
     #[arg(long)]
     cpu_bind: Option<String>,
+    /// Syntax of the model's tool calls: hermes, llama3_json, mistral or qwen3_coder
+    /// [default: the one the model's chat template shows, else hermes].
+    #[arg(long)]
+    tool_call_parser: Option<String>,
     /// Log format (the global `--log-format` flag).
     #[arg(skip)]
     #[serde(default, deserialize_with = "value_enum")]
@@ -237,6 +241,8 @@ pub struct ServeConfig {
     device: Device,
     tensor_parallel_size: usize,
     cpu_bind: Option<String>,
+    /// `None`: chosen from the chat template once the model is loaded.
+    tool_call_parser: Option<ToolParser>,
     #[serde(serialize_with = "value_enum_name")]
     log_format: Option<LogFormat>,
 }
@@ -291,6 +297,7 @@ impl ServeArgs {
             device: self.device.or(file.device),
             tensor_parallel_size: self.tensor_parallel_size.or(file.tensor_parallel_size),
             cpu_bind: self.cpu_bind.or(file.cpu_bind),
+            tool_call_parser: self.tool_call_parser.or(file.tool_call_parser),
             log_format: self.log_format.or(file.log_format),
         }
     }
@@ -359,6 +366,7 @@ impl ServeArgs {
             device: a.device.as_deref().map_or(Ok(Device::Cpu), str::parse).map_err(|e: String| anyhow!("--device: {e}"))?,
             tensor_parallel_size: a.tensor_parallel_size.unwrap_or(1),
             cpu_bind: a.cpu_bind,
+            tool_call_parser: a.tool_call_parser.as_deref().map(str::parse).transpose().map_err(|e: String| anyhow!("--tool-call-parser: {e}"))?,
             log_format: a.log_format,
         };
         if cfg.tensor_parallel_size > 1 && cfg.device != Device::Cpu {
@@ -448,6 +456,9 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
     let policy = cfg.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy);
     let tp = TpOptions { size: cfg.tensor_parallel_size, cpu_bind: cfg.cpu_bind.clone() };
     let model = LoadedModel::load_parallel(&cfg.model, policy, &tp).with_context(|| format!("loading {}", cfg.model.display()))?;
+    let template = model.checkpoint.special.chat_template.as_deref().unwrap_or_default();
+    let tool_parser = cfg.tool_call_parser.unwrap_or_else(|| ToolParser::for_template(template));
+    tracing::info!(tool_call_parser = %tool_parser, from_chat_template = cfg.tool_call_parser.is_none(), "tool-call parser");
     let engine = Engine::start(Arc::new(model), cfg.engine_config()).map_err(|e| anyhow!("starting the engine: {e}"))?;
     let options = ServerOptions {
         served_model_name: cfg.served_model_name.clone(),
@@ -459,6 +470,7 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
             header_read_timeout: Duration::from_secs_f64(cfg.header_read_timeout_secs),
             keep_alive_timeout: Duration::from_secs_f64(cfg.keep_alive_timeout_secs),
         },
+        tool_parser,
     };
     let state = AppState::new(engine, options);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -556,7 +568,7 @@ mod tests {
             "--max-model-len", "1024", "--max-body-bytes", "1KiB", "--shutdown-grace-secs", "2.5",
             "--compute", "int8-act", "--kv-cache-dtype", "int8", "--kv-cache-dtype-k", "hqmq-s96-r4", "--device", "cuda:1",
             "--shutdown-delay-secs", "3", "--max-connections", "100", "--header-read-timeout-secs", "4",
-            "--keep-alive-timeout-secs", "5", "--request-timeout-secs", "60",
+            "--keep-alive-timeout-secs", "5", "--request-timeout-secs", "60", "--tool-call-parser", "qwen3_coder",
         ])
         .resolve(gib)
         .unwrap();
@@ -583,6 +595,10 @@ mod tests {
         assert_eq!((logged["api_key"].as_str(), logged["compute"].as_str()), (Some("<set>"), Some("int8-act")));
         assert_eq!(logged["kv_cache_dtype"].as_str(), Some("k=hqmq-s96-r4,v=int8"));
         assert_eq!(logged["device"].as_str(), Some("cuda:1"));
+        assert_eq!((c.tool_call_parser, logged["tool_call_parser"].as_str()), (Some(ToolParser::Qwen3Coder), Some("qwen3_coder")));
+        assert_eq!(args(&[]).resolve(gib).unwrap().tool_call_parser, None, "chosen from the chat template at start");
+        let bad = args(&["--tool-call-parser", "qwen3"]).resolve(gib).map(|_| ()).unwrap_err().to_string();
+        assert!(bad.contains("--tool-call-parser") && bad.contains("hermes, llama3_json, mistral, qwen3_coder"), "{bad}");
         let bad = args(&["--kv-cache-dtype", "qjl1"]).resolve(gib).map(|_| ()).unwrap_err().to_string();
         assert!(bad.contains("keys only"), "{bad}");
         assert_eq!(args(&["--kv-cache-memory-fraction", "0.5"]).resolve(gib).unwrap().kv_cache_bytes, 5 << 30);
@@ -618,12 +634,15 @@ mod tests {
     fn file_values_apply_and_flags_override_them() {
         let path = write_config(
             "override",
-            "port = 9000\nmax-num-seqs = 3\nkv-cache-memory = \"1GiB\"\nno-prefix-caching = true\ncompute = \"float\"\nlog-format = \"json\"\nmax-body-bytes = 4096\n",
+            "port = 9000\nmax-num-seqs = 3\nkv-cache-memory = \"1GiB\"\nno-prefix-caching = true\ncompute = \"float\"\nlog-format = \"json\"\nmax-body-bytes = 4096\ntool-call-parser = \"mistral\"\n",
         );
         let file = path.to_str().unwrap();
         let c = args(&["--config", file, "--max-num-seqs", "5"]).resolve(gib).unwrap();
         assert_eq!((c.port, c.max_num_seqs, c.kv_cache_bytes, c.prefix_caching), (9000, 5, 1 << 30, false));
         assert_eq!((c.compute, c.log_format, c.max_body_bytes), (Some(ComputePath::Float), Some(LogFormat::Json), 4096));
+        assert_eq!(c.tool_call_parser, Some(ToolParser::Mistral));
+        let flag = args(&["--config", file, "--tool-call-parser", "llama3_json"]).resolve(gib).unwrap();
+        assert_eq!(flag.tool_call_parser, Some(ToolParser::Llama3Json));
         let global = ServeArgs { log_format: Some(LogFormat::Human), ..args(&["--config", file]) };
         assert_eq!(global.resolve(gib).unwrap().log_format, Some(LogFormat::Human));
         std::fs::remove_file(path).unwrap();
@@ -635,6 +654,7 @@ mod tests {
             ("max-num-seq = 3\n", "max-num-seq"),
             ("port = \"eighty\"\n", "port"),
             ("compute = \"fast\"\n", "fast"),
+            ("tool-call-parser = \"pythonic\"\n", "pythonic"),
             ("config = \"other.toml\"\n", "config"),
         ] {
             let path = write_config("bad", text);

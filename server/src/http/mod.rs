@@ -15,6 +15,8 @@ pub(crate) mod openai;
 mod ops;
 mod sse;
 
+pub use openai::tool_parsers::ToolParser;
+
 use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -45,6 +47,8 @@ pub struct ServerOptions {
     pub request_timeout: Option<Duration>,
     /// Connection limit and timeouts.
     pub conn: ConnOptions,
+    /// The syntax of the model's tool calls.
+    pub tool_parser: ToolParser,
 }
 
 /// What every handler shares.
@@ -93,6 +97,10 @@ impl AppState {
 
     fn max_body_bytes(&self) -> usize {
         self.options.max_body_bytes
+    }
+
+    fn tool_parser(&self) -> ToolParser {
+        self.options.tool_parser
     }
 
     fn chat_template(&self) -> Result<&ChatTemplate, String> {

@@ -2,9 +2,10 @@
 //! match the tool's schema, streamed or not (the same calls either way), a tool result comes
 //! back as a `tool` turn and the model answers it, and malformed tool fields are 400s naming
 //! the field. The default model's chat template does not show tools to the model; the grammar
-//! makes the calls well-formed regardless.
+//! makes the calls well-formed regardless. The same holds with `--tool-call-parser mistral`
+//! and `qwen3_coder`, whose grammars force their own syntax.
 
-use crate::harness::shared;
+use crate::harness::{shared, Server};
 use serde_json::{json, Value};
 
 fn tools() -> Value {
@@ -40,9 +41,9 @@ fn checked(call: &Value) -> (String, Value) {
     (name, args)
 }
 
-#[tokio::test]
-async fn required_calls_parse_streamed_or_not() {
-    let s = shared();
+/// `tool_choice: "required"` without parallel calls gives one call that matches its schema,
+/// the same streamed (no content, one chunk with the whole call) or not.
+async fn one_required_call_streamed_or_not(s: &Server) {
     let v = s.chat(ask(json!({"tool_choice": "required", "parallel_tool_calls": false}))).await;
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
@@ -60,6 +61,28 @@ async fn required_calls_parse_streamed_or_not() {
     assert_eq!(checked(deltas[0]), whole, "streamed and whole calls differ");
     let last = events.iter().rev().find(|e| e["choices"][0]["finish_reason"].is_string()).unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+}
+
+#[tokio::test]
+async fn required_calls_parse_streamed_or_not() {
+    one_required_call_streamed_or_not(shared()).await;
+}
+
+#[tokio::test]
+async fn other_parsers_force_and_parse_their_own_syntax() {
+    for parser in ["mistral", "qwen3_coder"] {
+        let s = Server::start(&["--tool-call-parser", parser]);
+        let logged = s.wait_for_logs(|l| l.iter().find(|x| x.contains("tool-call parser")).cloned()).await;
+        assert!(logged.contains(parser), "{logged}");
+        one_required_call_streamed_or_not(&s).await;
+        // A named function, sampled: always that one, its arguments matching its schema.
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        let v = s.chat(ask(json!({"tool_choice": named, "n": 3, "temperature": 1, "seed": 5}))).await;
+        for i in 0..3 {
+            let calls = v["choices"][i]["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("{parser}: {v}"));
+            assert_eq!((calls.len(), checked(&calls[0]).0.as_str()), (1, "get_weather"), "{parser}: {v}");
+        }
+    }
 }
 
 #[tokio::test]

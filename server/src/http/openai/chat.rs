@@ -7,7 +7,8 @@ use super::logprobs::ChatLogprobs;
 use super::request::{self, refuse_set, CommonParams, DefaultMaxTokens, RequestShape};
 use super::response::{stop_reason_json, Meta};
 use super::structured;
-use super::tools::{self, ToolCall, ToolCallDelta, ToolCalling};
+use super::tool_parsers::ToolParser;
+use super::tools::{ToolCall, ToolCallDelta, ToolCalling};
 use crate::http::chat_template::{ChatMessage, ChatTemplate};
 use crate::http::errors::ApiError;
 use crate::http::conn::PeerSocket;
@@ -139,7 +140,7 @@ async fn run(state: Arc<AppState>, body: Body, meta: Meta, started: Instant, pee
     let v = super::off_the_runtime(move || {
         let template = st.chat_template().map_err(ApiError::bad_request)?;
         let engine = st.engine();
-        validate(&value, &id, template, &engine.model().tokenizer, engine.grammars(), engine.info().max_model_len)
+        validate(&value, &id, template, st.tool_parser(), &engine.model().tokenizer, engine.grammars(), engine.info().max_model_len)
     })
     .await?;
     state.check_model(v.common.model.as_deref())?;
@@ -173,11 +174,12 @@ pub(crate) struct Validated {
 }
 
 /// Checks a chat body (parsed JSON), renders the conversation with `template` and builds its
-/// engine requests, ids from `id`.
+/// engine requests, ids from `id`; tool calls are written in `parser`'s syntax.
 pub(crate) fn validate(
     value: &Value,
     id: &str,
     template: &ChatTemplate,
+    parser: ToolParser,
     tok: &Tokenizer,
     grammars: Result<&Grammars, &str>,
     max_model_len: usize,
@@ -188,7 +190,7 @@ pub(crate) fn validate(
     let logprobs = chat_logprobs(own.logprobs, own.top_logprobs)?;
     refuse_set(value, &request::UNSUPPORTED)?;
     refuse_set(value, &UNSUPPORTED)?;
-    let tools = ToolCalling::from_request(value)?;
+    let tools = ToolCalling::from_request(value, parser)?;
     let messages = messages(own.messages)?;
     let how = Conversation {
         add_generation_prompt: own.add_generation_prompt.unwrap_or(true),
@@ -303,11 +305,12 @@ impl Shaper {
         Shaper { logprobs, tools, call_id: format!("call_{tail}"), streamed: Vec::new() }
     }
 
-    fn stream_state(&mut self, i: usize) -> &mut (String, usize) {
+    /// The streamed text of choice `i`, and the tool parsing, borrowed together.
+    fn stream_state(&mut self, i: usize) -> (&mut (String, usize), Option<&ToolCalling>) {
         if self.streamed.len() <= i {
             self.streamed.resize_with(i + 1, Default::default);
         }
-        &mut self.streamed[i]
+        (&mut self.streamed[i], self.tools.as_ref())
     }
 }
 
@@ -342,10 +345,9 @@ impl ChunkShaper for Shaper {
 
     fn delta(&mut self, i: usize, text: String, tokens: Vec<TokenLogprob>) -> Option<ChunkChoice> {
         // With tools, text that may be (or is) a call is held back until the choice ends.
-        let text = if self.tools.is_some() {
-            let (full, sent) = self.stream_state(i);
+        let text = if let ((full, sent), Some(t)) = self.stream_state(i) {
             full.push_str(&text);
-            let upto = *sent + tools::streamable_prefix(&full[*sent..]);
+            let upto = t.streamable(full, *sent);
             let out = full[*sent..upto].to_owned();
             *sent = upto;
             out
@@ -364,10 +366,12 @@ impl ChunkShaper for Shaper {
         let mut delta = Delta::default();
         if let Some(t) = &self.tools {
             let (full, sent) = self.streamed.get_mut(i).map(std::mem::take).unwrap_or_default();
-            let (_, calls) = t.parse(&full, &format!("{}-{i}", self.call_id));
+            let (content, calls) = t.parse(&full, &format!("{}-{i}", self.call_id));
             if calls.is_empty() {
                 delta.content = Some(full[sent..].to_owned()).filter(|c| !c.is_empty());
             } else {
+                // Content before the calls that was held back (llama3_json's text opening with `{`).
+                delta.content = content.and_then(|c| c.get(sent..).filter(|c| !c.is_empty()).map(str::to_owned));
                 delta.tool_calls = Some(calls.into_iter().enumerate().map(|(index, call)| ToolCallDelta { index, call }).collect());
             }
         }

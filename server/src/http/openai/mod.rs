@@ -7,6 +7,7 @@ mod logprobs;
 mod request;
 mod response;
 mod structured;
+pub mod tool_parsers;
 pub mod tools;
 pub mod tokenize;
 

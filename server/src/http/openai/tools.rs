@@ -1,19 +1,15 @@
 //! Tool calling on chat: `tools`, `tool_choice` and `parallel_tool_calls` checked into a
 //! [`ToolCalling`]; the tools reach the chat template as transformers passes them; the model's
-//! calls are parsed from its text in the hermes syntax (Hermes, Qwen 2.5 / 3:
-//! `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`), vLLM's default parser for
-//! those families. `tool_choice: "required"` or a named function is enforced with a grammar
-//! over that syntax, so the calls always parse and their arguments match the tool's schema.
+//! calls are parsed from its text in the server's [`ToolParser`] syntax (`--tool-call-parser`:
+//! hermes, llama3_json, mistral or qwen3_coder, as vLLM names them). `tool_choice: "required"`
+//! or a named function is enforced with a grammar over that syntax, so the calls always parse
+//! and their arguments match the tool's schema.
 
+use super::tool_parsers::ToolParser;
 use crate::http::errors::ApiError;
 use serde::Serialize;
 use serde_json::{json, Value};
-use tessera_engine::structured::{compact_schema, Constraint};
-
-/// The opening tag of a hermes tool call.
-const OPEN: &str = "<tool_call>";
-/// Its closing tag.
-const CLOSE: &str = "</tool_call>";
+use tessera_engine::structured::Constraint;
 
 /// What `tool_choice` asks for.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +35,8 @@ pub struct ToolCalling {
     pub choice: ToolChoice,
     /// `parallel_tool_calls` (default true).
     parallel: bool,
+    /// The syntax of the model's calls.
+    parser: ToolParser,
 }
 
 /// One parsed call, as OpenAI's `tool_calls[i]`.
@@ -79,8 +77,9 @@ fn valid_name(n: &str) -> bool {
 
 impl ToolCalling {
     /// The body's tool fields, or `None` without `tools` (then `tool_choice` may only be
-    /// `none` or `auto`). Every malformed part is a 400 naming it.
-    pub fn from_request(body: &Value) -> Result<Option<Self>, ApiError> {
+    /// `none` or `auto`), calls written in `parser`'s syntax. Every malformed part is a 400
+    /// naming it.
+    pub fn from_request(body: &Value, parser: ToolParser) -> Result<Option<Self>, ApiError> {
         let choice_v = body.get("tool_choice").filter(|v| !v.is_null());
         let parallel = match body.get("parallel_tool_calls") {
             None | Some(Value::Null) => true,
@@ -138,7 +137,7 @@ impl ToolCalling {
                 ToolChoice::Named(name.to_owned())
             }
         };
-        Ok(Some(ToolCalling { tools: Value::Array(tools.clone()), specs, choice, parallel }))
+        Ok(Some(ToolCalling { tools: Value::Array(tools.clone()), specs, choice, parallel, parser }))
     }
 
     /// The tools for the chat template.
@@ -151,72 +150,45 @@ impl ToolCalling {
         self.choice != ToolChoice::None
     }
 
-    /// The grammar that enforces `required` or a named function: one call (several, one per
-    /// line, with `parallel_tool_calls` and `required`), each a JSON object whose `name` is a
-    /// tool's and whose `arguments` match that tool's parameter schema.
+    /// The grammar that enforces `required` or a named function: one call (several with
+    /// `parallel_tool_calls` and `required`) in the parser's syntax, each naming a tool and
+    /// with arguments that match that tool's parameter schema.
     pub fn constraint(&self) -> Option<Constraint> {
         let (specs, many): (Vec<&(String, Value)>, bool) = match &self.choice {
             ToolChoice::None | ToolChoice::Auto => return None,
             ToolChoice::Required => (self.specs.iter().collect(), self.parallel),
             ToolChoice::Named(n) => (self.specs.iter().filter(|(s, _)| s == n).collect(), false),
         };
-        let calls: Vec<Value> = specs
-            .iter()
-            .map(|(name, params)| {
-                json!({
-                    "type": "object",
-                    "properties": {"name": {"const": name}, "arguments": params},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": false,
-                })
+        Some(Constraint::Lark(self.parser.grammar(&specs, many)))
+    }
+
+    /// The calls in `text` and the text before the first one (`None` when empty). Calls that
+    /// do not parse, that name no tool of the request or that text follows leave the whole
+    /// text as content, as vLLM does. Ids are `{id}-{i}`.
+    pub fn parse(&self, text: &str, id: &str) -> (Option<String>, Vec<ToolCall>) {
+        let found = self.parser.calls(text, &self.specs).filter(|(_, calls)| calls.iter().all(|(n, _)| self.specs.iter().any(|(s, _)| s == n)));
+        let Some((start, found)) = found else { return (Some(text.to_owned()).filter(|t| !t.is_empty()), Vec::new()) };
+        let calls = found
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                // Arguments sent as a JSON text stay as they are; others are written out.
+                let arguments = match args {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                ToolCall { id: format!("{id}-{i}"), kind: "function", function: FunctionCall { name, arguments } }
             })
             .collect();
-        let schema = compact_schema(json!({"anyOf": calls}));
-        let start = if many { "start: call (\"\\n\" call)*" } else { "start: call" };
-        Some(Constraint::Lark(format!("{start}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {schema}\n")))
-    }
-
-    /// The calls in `text` (hermes syntax) and the text before the first one (`None` when
-    /// empty). A call whose JSON does not parse, or that names no tool of the request, leaves
-    /// the whole text as content, as vLLM does. Ids are `{id}-{i}`.
-    pub fn parse(&self, text: &str, id: &str) -> (Option<String>, Vec<ToolCall>) {
-        let whole = || (Some(text.to_owned()).filter(|t| !t.is_empty()), Vec::new());
-        let Some(first) = text.find(OPEN) else { return whole() };
-        let mut calls = Vec::new();
-        let mut rest = &text[first..];
-        while let Some(after) = rest.strip_prefix(OPEN) {
-            let Some(end) = after.find(CLOSE) else { return whole() };
-            let Ok(v) = serde_json::from_str::<Value>(after[..end].trim()) else { return whole() };
-            let (Some(name), Some(args)) = (v.get("name").and_then(Value::as_str), v.get("arguments")) else { return whole() };
-            if !self.specs.iter().any(|(n, _)| n == name) {
-                return whole();
-            }
-            // Arguments sent as a JSON text stay as they are; an object is written out.
-            let arguments = match args {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            calls.push(ToolCall { id: format!("{id}-{}", calls.len()), kind: "function", function: FunctionCall { name: name.to_owned(), arguments } });
-            rest = after[end + CLOSE.len()..].trim_start();
-        }
-        if !rest.is_empty() {
-            return whole();
-        }
-        let content = text[..first].trim_end();
+        let content = text[..start].trim_end();
         (Some(content.to_owned()).filter(|c| !c.is_empty()), calls)
     }
-}
 
-/// How much of `text` can be streamed as content now: everything before a call's opening tag,
-/// and, while no tag has started, all but a tail that could begin one.
-pub fn streamable_prefix(text: &str) -> usize {
-    if let Some(p) = text.find(OPEN) {
-        return p;
+    /// How much of `text` can be streamed as content now, `sent` bytes having gone out: the
+    /// text before the calls, less a tail that could begin them.
+    pub fn streamable(&self, text: &str, sent: usize) -> usize {
+        self.parser.streamable(text, sent)
     }
-    (1..OPEN.len().min(text.len() + 1))
-        .rev()
-        .find(|&k| text.is_char_boundary(text.len() - k) && OPEN.starts_with(&text[text.len() - k..]))
-        .map_or(text.len(), |k| text.len() - k)
 }
 
 #[cfg(test)]
@@ -233,6 +205,10 @@ mod tests {
         })
     }
 
+    fn hermes(body: &Value) -> Result<Option<ToolCalling>, ApiError> {
+        ToolCalling::from_request(body, ToolParser::Hermes)
+    }
+
     fn with(mut body: Value, k: &str, v: Value) -> Value {
         body[k] = v;
         body
@@ -240,12 +216,12 @@ mod tests {
 
     #[test]
     fn tool_fields_are_checked_and_name_themselves() {
-        assert!(ToolCalling::from_request(&json!({})).unwrap().is_none());
-        assert!(ToolCalling::from_request(&json!({"tool_choice": "none"})).unwrap().is_none());
-        let t = ToolCalling::from_request(&weather()).unwrap().unwrap();
+        assert!(hermes(&json!({})).unwrap().is_none());
+        assert!(hermes(&json!({"tool_choice": "none"})).unwrap().is_none());
+        let t = hermes(&weather()).unwrap().unwrap();
         assert_eq!(t.choice, ToolChoice::Auto);
         let named = with(weather(), "tool_choice", json!({"type": "function", "function": {"name": "get_time"}}));
-        assert_eq!(ToolCalling::from_request(&named).unwrap().unwrap().choice, ToolChoice::Named("get_time".into()));
+        assert_eq!(hermes(&named).unwrap().unwrap().choice, ToolChoice::Named("get_time".into()));
         let cases = [
             (json!({"tool_choice": "required"}), "tool_choice"),
             (with(weather(), "tool_choice", json!("sometimes")), "tool_choice"),
@@ -258,14 +234,14 @@ mod tests {
             (with(weather(), "parallel_tool_calls", json!("yes")), "parallel_tool_calls"),
         ];
         for (body, param) in cases {
-            let e = ToolCalling::from_request(&body).unwrap_err();
+            let e = hermes(&body).unwrap_err();
             assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{body}: {}", e.message);
         }
     }
 
     #[test]
     fn hermes_calls_parse_and_anything_else_stays_content() {
-        let t = ToolCalling::from_request(&weather()).unwrap().unwrap();
+        let t = hermes(&weather()).unwrap().unwrap();
         let (content, calls) = t.parse("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>", "call_x");
         assert_eq!(content.as_deref(), Some("Let me check."));
         assert_eq!(calls.len(), 2);
@@ -285,27 +261,27 @@ mod tests {
 
     #[test]
     fn streaming_holds_back_a_possible_tag() {
-        assert_eq!(streamable_prefix("Hello"), 5);
-        assert_eq!(streamable_prefix("Hello <tool"), 6);
-        assert_eq!(streamable_prefix("Hello <"), 6);
-        assert_eq!(streamable_prefix("a <tool_call>{"), 2);
-        assert_eq!(streamable_prefix("<b>"), 3);
-        assert_eq!(streamable_prefix("é<"), "é".len());
+        assert_eq!(ToolParser::Hermes.streamable("Hello", 0), 5);
+        assert_eq!(ToolParser::Hermes.streamable("Hello <tool", 0), 6);
+        assert_eq!(ToolParser::Hermes.streamable("Hello <", 0), 6);
+        assert_eq!(ToolParser::Hermes.streamable("a <tool_call>{", 0), 2);
+        assert_eq!(ToolParser::Hermes.streamable("<b>", 0), 3);
+        assert_eq!(ToolParser::Hermes.streamable("é<", 0), "é".len());
     }
 
     #[test]
     fn required_and_named_choices_have_a_grammar_auto_and_none_do_not() {
-        let t = ToolCalling::from_request(&weather()).unwrap().unwrap();
+        let t = hermes(&weather()).unwrap().unwrap();
         assert_eq!(t.constraint(), None);
-        let none = ToolCalling::from_request(&with(weather(), "tool_choice", json!("none"))).unwrap().unwrap();
+        let none = hermes(&with(weather(), "tool_choice", json!("none"))).unwrap().unwrap();
         assert!(!none.parses() && none.constraint().is_none());
-        let Some(Constraint::Lark(g)) = ToolCalling::from_request(&with(weather(), "tool_choice", json!("required"))).unwrap().unwrap().constraint() else { panic!() };
+        let Some(Constraint::Lark(g)) = hermes(&with(weather(), "tool_choice", json!("required"))).unwrap().unwrap().constraint() else { panic!() };
         assert!(g.starts_with("start: call (\"\\n\" call)*") && g.contains("get_weather") && g.contains("get_time"), "{g}");
         let one = with(with(weather(), "tool_choice", json!("required")), "parallel_tool_calls", json!(false));
-        let Some(Constraint::Lark(g)) = ToolCalling::from_request(&one).unwrap().unwrap().constraint() else { panic!() };
+        let Some(Constraint::Lark(g)) = hermes(&one).unwrap().unwrap().constraint() else { panic!() };
         assert!(g.starts_with("start: call\n"), "{g}");
         let named = with(weather(), "tool_choice", json!({"type": "function", "function": {"name": "get_time"}}));
-        let Some(Constraint::Lark(g)) = ToolCalling::from_request(&named).unwrap().unwrap().constraint() else { panic!() };
+        let Some(Constraint::Lark(g)) = hermes(&named).unwrap().unwrap().constraint() else { panic!() };
         assert!(g.contains("get_time") && !g.contains("get_weather"), "{g}");
     }
 }

@@ -1,0 +1,301 @@
+//! The syntaxes models write tool calls in, named as vLLM's `--tool-call-parser`s. Each
+//! [`ToolParser`] knows three things about its syntax: which text may begin a call (held back
+//! while streaming), how a finished output splits into content and calls, and a Lark grammar
+//! (llguidance's dialect) that makes the model write calls in it, with arguments matching each
+//! tool's JSON schema.
+
+use serde::{Serialize, Serializer};
+use serde_json::{json, Map, Value};
+use std::fmt;
+use std::str::FromStr;
+use tessera_engine::structured::compact_schema;
+
+/// Hermes and Qwen3-Coder open a call with this tag.
+const TOOL_CALL: &str = "<tool_call>";
+/// And close it with this one.
+const TOOL_CALL_END: &str = "</tool_call>";
+/// Llama 3's tool-call token.
+const PYTHON_TAG: &str = "<|python_tag|>";
+/// Mistral's tool-call token.
+const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+
+/// A tool-call syntax (`--tool-call-parser`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolParser {
+    /// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Hermes, Qwen 2.5 / 3).
+    Hermes,
+    /// `{"name": ..., "parameters": {...}}` (or `"arguments"`), several separated by `;`,
+    /// possibly after `<|python_tag|>` (Llama 3.1 / 3.2).
+    Llama3Json,
+    /// `[TOOL_CALLS]` and a JSON array of `{"name": ..., "arguments": ...}` (Mistral).
+    Mistral,
+    /// `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`
+    /// (Qwen3-Coder); values are text unless the parameter's schema types them otherwise.
+    Qwen3Coder,
+}
+
+impl ToolParser {
+    /// Every parser.
+    pub const ALL: [ToolParser; 4] = [ToolParser::Hermes, ToolParser::Llama3Json, ToolParser::Mistral, ToolParser::Qwen3Coder];
+
+    /// vLLM's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolParser::Hermes => "hermes",
+            ToolParser::Llama3Json => "llama3_json",
+            ToolParser::Mistral => "mistral",
+            ToolParser::Qwen3Coder => "qwen3_coder",
+        }
+    }
+
+    /// The syntax a chat template teaches its model (hermes when it shows none of them).
+    pub fn for_template(source: &str) -> ToolParser {
+        let has = |s: &str| source.contains(s);
+        if has(TOOL_CALL) && has("<function=") {
+            ToolParser::Qwen3Coder
+        } else if has(TOOL_CALL) {
+            ToolParser::Hermes
+        } else if has(PYTHON_TAG) || (has("\"parameters\"") && has("ipython")) {
+            ToolParser::Llama3Json
+        } else if has(MISTRAL_CALLS) {
+            ToolParser::Mistral
+        } else {
+            ToolParser::Hermes
+        }
+    }
+
+    /// The text whose appearance starts the calls.
+    fn marker(self) -> &'static str {
+        match self {
+            ToolParser::Hermes | ToolParser::Qwen3Coder => TOOL_CALL,
+            ToolParser::Llama3Json => PYTHON_TAG,
+            ToolParser::Mistral => MISTRAL_CALLS,
+        }
+    }
+
+    /// How far `text` (of which `sent` bytes already went out as content) can be streamed as
+    /// content now: up to the marker that starts the calls, and, while none has appeared, all
+    /// but a tail that could begin one. Llama 3 may also answer with a bare JSON call: while
+    /// the text is blank or starts with `{`, all of it is held back.
+    pub(crate) fn streamable(self, text: &str, sent: usize) -> usize {
+        if self == ToolParser::Llama3Json {
+            let lead = text.trim_start();
+            if lead.is_empty() || lead.starts_with('{') {
+                return sent;
+            }
+        }
+        let rest = &text[sent..];
+        let marker = self.marker();
+        if let Some(p) = rest.find(marker) {
+            return sent + p;
+        }
+        let held = (1..marker.len().min(rest.len() + 1))
+            .rev()
+            .find(|&k| rest.is_char_boundary(rest.len() - k) && marker.starts_with(&rest[rest.len() - k..]));
+        sent + rest.len() - held.unwrap_or(0)
+    }
+
+    /// The calls in a finished output, as (where they start, each call's name and arguments),
+    /// or `None` when the text holds no calls in this syntax (then it is all content). The
+    /// calls must run to the end of the text. `specs` (each tool's name and parameter schema)
+    /// type Qwen3-Coder's parameter values.
+    pub(crate) fn calls(self, text: &str, specs: &[(String, Value)]) -> Option<(usize, Vec<(String, Value)>)> {
+        match self {
+            ToolParser::Hermes => tagged(text, |body| json_call(&serde_json::from_str(body.trim()).ok()?, &["arguments"])),
+            ToolParser::Qwen3Coder => tagged(text, |body| xml_call(body, specs)),
+            ToolParser::Mistral => {
+                let start = text.find(MISTRAL_CALLS)?;
+                let (list, rest) = json_prefix(&text[start + MISTRAL_CALLS.len()..])?;
+                let calls = list.as_array()?.iter().map(|c| json_call(c, &["arguments"])).collect::<Option<Vec<_>>>()?;
+                rest.trim().is_empty().then_some((start, calls))
+            }
+            ToolParser::Llama3Json => {
+                let (start, mut rest) = match text.find(PYTHON_TAG) {
+                    Some(p) => (p, &text[p + PYTHON_TAG.len()..]),
+                    None if text.trim_start().starts_with('{') => (0, text),
+                    None => return None,
+                };
+                let mut calls = Vec::new();
+                loop {
+                    let (v, after) = json_prefix(rest)?;
+                    calls.push(json_call(&v, &["parameters", "arguments"])?);
+                    rest = after.trim_start();
+                    match rest.strip_prefix(';') {
+                        Some(r) => rest = r,
+                        None => break,
+                    }
+                }
+                rest.is_empty().then_some((start, calls))
+            }
+        }
+    }
+
+    /// A Lark grammar whose sentences are calls of `specs` in this syntax: one, or with `many`
+    /// one or more, each naming a tool and with arguments valid against its schema.
+    pub(crate) fn grammar(self, specs: &[&(String, Value)], many: bool) -> String {
+        let (before, sep, after) = match self {
+            ToolParser::Hermes | ToolParser::Qwen3Coder => ("", "\n", ""),
+            ToolParser::Llama3Json => ("", "; ", ""),
+            ToolParser::Mistral => ("[TOOL_CALLS][", ", ", "]"),
+        };
+        let around = |s: &str| if s.is_empty() { String::new() } else { format!("{} ", lit(s)) };
+        let more = if many { format!(" ({} call)*", lit(sep)) } else { String::new() };
+        let start = format!("start: {}call{more}{}", around(before), if after.is_empty() { String::new() } else { format!(" {}", lit(after)) });
+        let rules = match self {
+            ToolParser::Hermes => format!("call: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {}", json_calls(specs, "arguments")),
+            ToolParser::Llama3Json => format!("call: %json {}", json_calls(specs, "parameters")),
+            ToolParser::Mistral => format!("call: %json {}", json_calls(specs, "arguments")),
+            ToolParser::Qwen3Coder => xml_rules(specs),
+        };
+        format!("{start}\n{rules}\n")
+    }
+}
+
+impl fmt::Display for ToolParser {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ToolParser {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        ToolParser::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = ToolParser::ALL.iter().map(|p| p.name()).collect();
+            format!("unknown tool-call parser {s:?} (valid: {})", names.join(", "))
+        })
+    }
+}
+
+impl Serialize for ToolParser {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// `s` as a Lark string literal.
+fn lit(s: &str) -> String {
+    Value::from(s).to_string()
+}
+
+/// One JSON value at the start of `text` (after whitespace) and the text after it.
+fn json_prefix(text: &str) -> Option<(Value, &str)> {
+    let mut values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+    let v = values.next()?.ok()?;
+    Some((v, &text[values.byte_offset()..]))
+}
+
+/// A call written as a JSON object: its `name` and its arguments, under the first of
+/// `arg_keys` it has.
+fn json_call(v: &Value, arg_keys: &[&str]) -> Option<(String, Value)> {
+    let name = v.get("name")?.as_str()?;
+    let args = arg_keys.iter().find_map(|k| v.get(*k))?;
+    Some((name.to_owned(), args.clone()))
+}
+
+/// Calls each inside `<tool_call>...</tool_call>`, separated by whitespace, the body of each
+/// read by `call`.
+fn tagged(text: &str, mut call: impl FnMut(&str) -> Option<(String, Value)>) -> Option<(usize, Vec<(String, Value)>)> {
+    let first = text.find(TOOL_CALL)?;
+    let mut calls = Vec::new();
+    let mut rest = &text[first..];
+    while let Some(after) = rest.strip_prefix(TOOL_CALL) {
+        let end = after.find(TOOL_CALL_END)?;
+        calls.push(call(&after[..end])?);
+        rest = after[end + TOOL_CALL_END.len()..].trim_start();
+    }
+    rest.is_empty().then_some((first, calls))
+}
+
+/// A Qwen3-Coder call body: `<function=NAME>` and its `<parameter=KEY>\nVALUE\n</parameter>`s.
+fn xml_call(body: &str, specs: &[(String, Value)]) -> Option<(String, Value)> {
+    let inner = body.trim().strip_prefix("<function=")?.strip_suffix("</function>")?;
+    let (name, mut rest) = inner.split_once('>')?;
+    let properties = specs.iter().find(|(n, _)| n == name).and_then(|(_, s)| s.get("properties"));
+    let mut args = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let (key, after) = rest.strip_prefix("<parameter=")?.split_once('>')?;
+        let end = after.find("</parameter>")?;
+        let raw = after[..end].strip_prefix('\n').unwrap_or(&after[..end]);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let schema = properties.and_then(|p| p.get(key));
+        let value = if is_text(schema) { Value::from(raw) } else { serde_json::from_str(raw).unwrap_or_else(|_| Value::from(raw)) };
+        args.insert(key.to_owned(), value);
+        rest = &after[end + "</parameter>".len()..];
+    }
+    Some((name.to_owned(), Value::Object(args)))
+}
+
+/// Whether a Qwen3-Coder parameter with this schema is written as bare text (a string, or an
+/// untyped value whose allowed values are all strings); others are written as JSON.
+fn is_text(schema: Option<&Value>) -> bool {
+    let Some(s) = schema else { return true };
+    match s.get("type") {
+        Some(t) => t == "string",
+        None => match (s.get("enum").and_then(Value::as_array), s.get("const")) {
+            (Some(e), _) => e.iter().all(Value::is_string),
+            (None, Some(c)) => c.is_string(),
+            (None, None) => true,
+        },
+    }
+}
+
+/// The JSON schema of one call object: a tool's `name` and its arguments under `arg_key`.
+fn json_calls(specs: &[&(String, Value)], arg_key: &str) -> Value {
+    let calls: Vec<Value> = specs
+        .iter()
+        .map(|(name, params)| {
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": name}, arg_key: params},
+                "required": ["name", arg_key],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    compact_schema(json!({"anyOf": calls}))
+}
+
+/// Qwen3-Coder's call rules: one function rule per tool, with its required parameters in
+/// order and the others optional. A text value follows its `enum` or `const`, and its
+/// `minLength`/`maxLength`, on one line without `<` (a `pattern` is not enforced); a typed
+/// value is JSON valid against its schema.
+fn xml_rules(specs: &[&(String, Value)]) -> String {
+    let mut rules = Vec::new();
+    let funcs: Vec<String> = (0..specs.len()).map(|i| format!("f{i}")).collect();
+    rules.push(format!("call: \"<tool_call>\\n\" ({}) \"</tool_call>\"", funcs.join(" | ")));
+    for (i, (name, params)) in specs.iter().enumerate() {
+        let required: Vec<&str> = params.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+        let mut items = Vec::new();
+        for (j, (key, schema)) in params.get("properties").and_then(Value::as_object).into_iter().flatten().enumerate() {
+            let (p, v) = (format!("p{i}_{j}"), format!("v{i}_{j}"));
+            items.push(if required.contains(&key.as_str()) { p.clone() } else { format!("{p}?") });
+            rules.push(format!("{p}: {} {v} \"\\n</parameter>\\n\"", lit(&format!("<parameter={key}>\n"))));
+            rules.push(format!("{v}: {}", xml_value(schema)));
+        }
+        rules.push(format!("f{i}: {} {} \"</function>\\n\"", lit(&format!("<function={name}>\n")), items.join(" ")));
+    }
+    rules.join("\n")
+}
+
+/// The rule body of one Qwen3-Coder parameter value.
+fn xml_value(schema: &Value) -> String {
+    if !is_text(Some(schema)) {
+        return format!("%json {}", compact_schema(schema.clone()));
+    }
+    let choices = schema.get("enum").and_then(Value::as_array).cloned().or_else(|| schema.get("const").map(|c| vec![c.clone()]));
+    if let Some(c) = choices {
+        return c.iter().filter_map(Value::as_str).map(lit).collect::<Vec<_>>().join(" | ");
+    }
+    let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+    let max = schema.get("maxLength").and_then(Value::as_u64).map_or(String::new(), |m| m.to_string());
+    format!("/[^<\\n]{{{min},{max}}}/")
+}
+
+#[cfg(test)]
+mod tests;
