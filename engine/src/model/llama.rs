@@ -199,9 +199,7 @@ impl LlamaModel {
         let head_name = if c.tie_word_embeddings { "token_embd.weight" } else { "output.weight" };
         let parallel = match rank {
             Some((shard, comm)) => {
-                let vocab = (0..shard.world)
-                    .map(|r| Shard { rank: r, ..shard.clone() }.rows(head_name, c.vocab_size, row_align(ckpt, head_name)))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let vocab = shard.row_cuts(head_name, c.vocab_size, row_align(ckpt, head_name))?;
                 Some(Parallel { shard, comm, vocab })
             }
             None => None,

@@ -147,27 +147,22 @@ impl Shard {
         Shard { mlp_shares: vec![1.0 / self.world as f64; self.world], ..self.clone() }
     }
 
-    /// The cut of `rows` output rows (e.g. the vocabulary) for this rank, in multiples of the
-    /// rows' quantization granularity `align`.
-    pub fn rows(&self, name: &str, rows: usize, align: usize) -> Result<Range<usize>, LoadError> {
-        self.even(name, rows, align, "rows")
+    /// Every rank's cut of `rows` output rows (e.g. the vocabulary), in rank order, in
+    /// multiples of the rows' quantization granularity `align`.
+    pub fn row_cuts(&self, name: &str, rows: usize, align: usize) -> Result<Vec<Range<usize>>, LoadError> {
+        split(rows, self.world, align).ok_or_else(|| self.unsplittable(name, rows, "rows", align))
     }
 
     /// The cut of an inner width `n` (an MLP's) for this rank by [`Self::mlp_shares`]: output
     /// rows of gate/up, input columns of down, cut on `align` (the down projection's column
     /// granularity).
     pub fn inner(&self, name: &str, n: usize, align: usize) -> Result<Range<usize>, LoadError> {
-        split_shares(n, &self.mlp_shares, align).map(|mut v| v.swap_remove(self.rank)).ok_or_else(|| LoadError::Tensor {
-            name: name.into(),
-            msg: format!("{n} input columns in units of {align} cannot be split over {} ranks", self.world),
-        })
+        split_shares(n, &self.mlp_shares, align).map(|mut v| v.swap_remove(self.rank)).ok_or_else(|| self.unsplittable(name, n, "input columns", align))
     }
 
-    fn even(&self, name: &str, n: usize, align: usize, what: &str) -> Result<Range<usize>, LoadError> {
-        split(n, self.world, align).map(|mut v| v.swap_remove(self.rank)).ok_or_else(|| LoadError::Tensor {
-            name: name.into(),
-            msg: format!("{n} {what} in units of {align} cannot be split over {} ranks", self.world),
-        })
+    /// Why `n` of `what` of tensor `name` cannot go to every rank.
+    fn unsplittable(&self, name: &str, n: usize, what: &str, align: usize) -> LoadError {
+        LoadError::Tensor { name: name.into(), msg: format!("{n} {what} in units of {align} cannot be split over {} ranks", self.world) }
     }
 }
 
