@@ -19,7 +19,12 @@ use tessera_kernels::cuda::{test_device, CudaDevice};
 use tessera_kernels::ggml::quantize::quantize_row;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::kv::{codec, CodecOptions, KvFormat, KvGeometry, KvRole};
-use tessera_kernels::quant::{ActQuant, Int4Matrix, QuantMatrix};
+use tessera_kernels::linear::{ActQuant, RowKernel, Int4Matrix};
+
+/// A row-kernel matrix behind the trait object the driver takes.
+fn rk(m: impl RowKernel) -> Arc<dyn RowKernel> {
+    Arc::new(m)
+}
 
 /// Seconds per call of `f`: median over rounds of (event time of `reps` calls) / `reps`.
 fn time(dev: &CudaDevice, reps: usize, mut f: impl FnMut(usize)) -> f64 {
@@ -111,9 +116,9 @@ fn weight(dev: &CudaDevice, r: &mut ChaCha8Rng, kind: &str, rows: usize, cols: u
             let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
             let scales: Vec<f32> = (0..rows * cols / group).map(|_| r.gen_range(0.005f32..0.05)).collect();
             let bytes = rows * cols / 2 + scales.len() * 4;
-            let m = QuantMatrix::Int4(Int4Matrix::new(rows, cols, group, &q, scales, None).unwrap());
+            let m = rk(Int4Matrix::new(rows, cols, group, &q, scales, None).unwrap());
             let act = if kind == "W4A8 g128" { ActQuant::Int8PerToken } else { ActQuant::F32 };
-            (DeviceWeight::from_quant(dev, &m, act).unwrap(), bytes)
+            (m.upload(dev, act).unwrap(), bytes)
         }
         _ => unreachable!("{kind}"),
     }

@@ -14,9 +14,10 @@ use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::quantize::quantize_row;
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::linear::interleaved::Interleaved;
+use tessera_kernels::linear::ggml::interleaved::Interleaved;
 use tessera_kernels::cpu::CpuCaps;
-use tessera_kernels::linear::{LinearKernel, LinearPolicy, Weight, WeightView};
+use tessera_kernels::linear::ggml::{LinearKernel, Weight, WeightView};
+use tessera_kernels::linear::LinearPolicy;
 
 /// Random Q4_1 blocks with realistic scales and mins.
 fn q4_1_weights(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Vec<u8> {

@@ -2,7 +2,7 @@
 //! decode and prefill batch sizes, side by side in one run: W4A16 (int4 groups of 128, or 64
 //! where 128 does not divide the 576 input columns; with f32 activations, and with bf16 ones
 //! where the CPU has AVX-512 BF16), W4A8 (int4 per channel), W8A8 int8, W8A8
-//! FP8 (per channel) through `QuantLinear`, and the GGML Q4_1 and F32 paths through
+//! FP8 (per channel) through `RowwiseLinear`, and the GGML Q4_1 and F32 paths through
 //! `LinearKernel` with the default policy.
 //! Run: `cargo bench -p tessera-kernels --bench quant`.
 
@@ -14,10 +14,17 @@ use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::caps::bf16_dot_available;
 use tessera_kernels::cpu::{CpuCaps, Isa};
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::linear::interleaved::Interleaved;
-use tessera_kernels::linear::{LinearKernel, LinearPolicy, Weight, WeightView};
-use tessera_kernels::quant::fp8::e4m3_is_nan;
-use tessera_kernels::quant::{ActQuant, Fp8Matrix, Int4Matrix, Int8Matrix, QuantLinear, QuantMatrix};
+use tessera_kernels::linear::ggml::interleaved::Interleaved;
+use tessera_kernels::linear::ggml::{LinearKernel, Weight, WeightView};
+use tessera_kernels::linear::LinearPolicy;
+use tessera_kernels::linear::fp8::e4m3::e4m3_is_nan;
+use tessera_kernels::linear::{ActQuant, RowKernel, Fp8Matrix, Int4Matrix, Int8Matrix, RowwiseLinear};
+use std::sync::Arc;
+
+/// A row-kernel matrix behind the trait object the driver takes.
+fn rk(m: impl RowKernel) -> Arc<dyn RowKernel> {
+    Arc::new(m)
+}
 
 /// Random nonzero scales.
 fn scales(r: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
@@ -35,7 +42,7 @@ fn q4_1(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Vec<u8> {
 }
 
 /// One layer of each scheme on a `rows x cols` matrix.
-fn layers(r: &mut ChaCha8Rng, rows: usize, cols: usize, isa: Isa) -> Vec<(&'static str, QuantLinear)> {
+fn layers(r: &mut ChaCha8Rng, rows: usize, cols: usize, isa: Isa) -> Vec<(&'static str, RowwiseLinear)> {
     let n = rows * cols;
     let q4: Vec<i8> = (0..n).map(|_| r.gen_range(-8..=7)).collect();
     let g = if cols.is_multiple_of(128) { 128 } else { 64 };
@@ -49,15 +56,15 @@ fn layers(r: &mut ChaCha8Rng, rows: usize, cols: usize, isa: Isa) -> Vec<(&'stat
         }
     });
     let f8 = Fp8Matrix::new(rows, cols, [1, cols], f8.collect(), scales(r, rows)).unwrap();
-    let l = |w, a| QuantLinear::with_isa(w, a, isa).unwrap();
-    let mut v = vec![("w4a16-g", l(QuantMatrix::Int4(w4g.clone()), ActQuant::F32))];
+    let l = |w, a| RowwiseLinear::with_isa(w, a, isa).unwrap();
+    let mut v = vec![("w4a16-g", l(rk(w4g.clone()), ActQuant::F32))];
     if isa != Isa::Scalar && bf16_dot_available() {
-        v.push(("w4a16-g-bf16", l(QuantMatrix::Int4(w4g), ActQuant::Bf16)));
+        v.push(("w4a16-g-bf16", l(rk(w4g), ActQuant::Bf16)));
     }
     v.extend([
-        ("w4a8-ch", l(QuantMatrix::Int4(w4c), ActQuant::Int8PerToken)),
-        ("w8a8-int8", l(QuantMatrix::Int8(w8), ActQuant::Int8PerToken)),
-        ("w8a8-fp8", l(QuantMatrix::Fp8(f8), ActQuant::Fp8PerToken)),
+        ("w4a8-ch", l(rk(w4c), ActQuant::Int8PerToken)),
+        ("w8a8-int8", l(rk(w8), ActQuant::Int8PerToken)),
+        ("w8a8-fp8", l(rk(f8), ActQuant::Fp8PerToken)),
     ]);
     v
 }

@@ -3,11 +3,11 @@
 //! Kernels know buffers, shapes and storage types, never checkpoints or models:
 //! - [`ggml`]: GGML block formats (types, dequantization, activation quantization);
 //! - [`cpu`]: feature detection and SIMD row dot products;
-//! - [`linear`]: `y = x·Wᵀ` over quantized weights, with a kernel chosen per layer;
+//! - [`linear`]: `y = x·Wᵀ`, one folder per weight format (GGML blocks, int4, int8, FP8) behind
+//!   the `WeightMatrix` / `LinearOp` traits, with a kernel chosen per layer;
 //! - [`attention`]: causal GQA attention over cached K/V pages;
 //! - [`kv`]: KV-cache storage formats (plain, fp8/int8, QJL, TQ3_0, HQMQ);
 //! - [`ops`]: RMSNorm, RoPE, SwiGLU;
-//! - [`quant`]: linear layers over checkpoint-quantized weights (W4A16, W4A8, W8A8);
 //! - [`cuda`]: the CUDA backend (NVRTC-compiled sources, launched through `cudarc`);
 //! - [`comm`]: collectives between tensor-parallel ranks (in-process shared memory, NCCL);
 //! - [`reference`](mod@reference): scalar references the optimized kernels are tested against.
@@ -20,5 +20,4 @@ pub mod cuda;
 pub mod ggml;
 pub mod linear;
 pub mod ops;
-pub mod quant;
 pub mod reference;

@@ -15,6 +15,7 @@
 
 use crate::checkpoint::{Checkpoint, LoadError, ModelConfig};
 use crate::kv::{KvError, KvLayout};
+use crate::model::linear::CheckpointWeight;
 use crate::model::{ForwardError, PlanEntry};
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -113,25 +114,12 @@ impl CudaLlama {
             plan.borrow_mut().push(PlanEntry { tensor: name.to_string(), scheme, storage, activations, shape: [w.rows(), w.cols()], kernel, note, shard: None });
         };
         let weight = |name: &str, rows: usize, cols: usize| -> Result<DeviceWeight, CudaModelError> {
-            let err = |msg: String| CudaModelError::Load(LoadError::Tensor { name: name.to_string(), msg });
-            if let Some(q) = ckpt.quantized.get(name) {
-                if q.perm.is_some() {
-                    return Err(CudaModelError::Unsupported(format!("{name}: act-order (g_idx) input permutation")));
-                }
-                if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
-                    return Err(err(format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols())));
-                }
-                let w = DeviceWeight::from_quant(&dev, &q.matrix, q.act)?;
-                record(name, q.scheme.clone(), q.act.name().to_string(), &w, q.note.clone());
-                return Ok(w);
+            let cw = CheckpointWeight::get(ckpt, name, rows, cols)?;
+            if cw.perm.is_some() {
+                return Err(CudaModelError::Unsupported(format!("{name}: act-order (g_idx) input permutation")));
             }
-            let t = ckpt.tensor(name)?;
-            if t.shape != [rows, cols] {
-                return Err(err(format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
-            }
-            let w = DeviceWeight::from_ggml(&dev, t.ty, rows, cols, t.data.bytes())?;
-            let scheme = if t.ty.is_float() { "float" } else { "gguf" };
-            record(name, scheme.to_string(), "f32".to_string(), &w, None);
+            let w = cw.matrix.upload(&dev, cw.act)?;
+            record(name, cw.scheme, cw.act.name().to_string(), &w, cw.note);
             Ok(w)
         };
         let vector = |name: &str, n: usize| -> Result<CudaSlice<f32>, CudaModelError> {

@@ -1,17 +1,19 @@
 //! A linear layer: a weight matrix in its storage type plus the kernel chosen for it.
 //!
 //! Weights come either as a GGML-typed tensor (GGUF files, plain float checkpoints) or as a
-//! [`QuantizedWeight`] a checkpoint scheme decoded (W4A16, W4A8, W8A8); either way the kernel
-//! is picked once here, and [`PlanEntry`] records what was picked.
+//! matrix a checkpoint scheme decoded (W4A16, W4A8, W8A8); either way they reach the layer as a
+//! [`WeightMatrix`] ([`CheckpointWeight`]), the matrix picks its op (kernel and activations)
+//! once here, and [`PlanEntry`] records what was picked. Nothing here knows a storage format.
 
 use super::shard::Cut;
 use crate::checkpoint::{Checkpoint, LoadError, TensorBytes};
-use crate::quant::QuantizedWeight;
+use crate::quant::SharedMatrix;
+use std::ops::Range;
+use std::sync::Arc;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::linear::interleaved::Interleaved;
-use tessera_kernels::linear::{forward_group, LinearKernel, LinearPolicy, Weight, WeightView};
-use tessera_kernels::quant::{forward_fused as quant_forward_fused, ActQuant, QuantLinear, QuantMatrix};
+use tessera_kernels::linear::ggml::{GgmlMatrix, WeightBytes};
+use tessera_kernels::linear::{forward_fused, ActQuant, LinearOp, LinearPolicy, WeightMatrix};
 
 /// One row of the per-layer plan: what a weight is stored as and which kernel runs it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -36,24 +38,97 @@ pub struct PlanEntry {
     pub shard: Option<String>,
 }
 
-/// The weights and their kernel.
-#[derive(Debug)]
-enum Weights {
-    /// A GGML-typed tensor (GGUF or float), read in place, with its two-path kernel.
-    Ggml { ty: GgmlType, data: TensorBytes, kernel: LinearKernel },
-    /// GGUF types with an integer kernel (all but floats, Q2_K, Q3_K) regrouped at load for the integer GEMM (the file's rows are not kept).
-    Interleaved { w: Interleaved, kernel: LinearKernel },
-    /// A checkpoint-quantized matrix with its kernel.
-    Quant { op: QuantLinear, scheme: String, note: Option<String> },
+/// A checkpoint's weight for one linear layer, as the layer (or a GPU upload) takes it.
+#[derive(Clone, Debug)]
+pub struct CheckpointWeight {
+    /// The weight as named in the checkpoint (errors name it).
+    pub source_name: String,
+    /// Scheme that produced it (`gguf`, `float`, or e.g. `compressed-tensors W4A16 (...)`).
+    pub scheme: String,
+    /// Values and scales in their kernel format.
+    pub matrix: SharedMatrix,
+    /// The activations the checkpoint prescribes.
+    pub act: ActQuant,
+    /// Act-order input permutation: column `c` multiplies input `perm[c]`.
+    pub perm: Option<Vec<u32>>,
+    /// Where Tessera runs the layer differently from what the metadata records, why.
+    pub note: Option<String>,
+}
+
+impl CheckpointWeight {
+    /// The weight `name` (`[rows, cols]`): its quantized form if the checkpoint's scheme
+    /// decoded one, else its tensor in its GGML type.
+    pub fn get(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Self, LoadError> {
+        if let Some(q) = ck.quantized.get(name) {
+            if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
+                let msg = format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols());
+                return Err(LoadError::Tensor { name: q.module.clone(), msg });
+            }
+            return Ok(CheckpointWeight {
+                source_name: q.module.clone(),
+                scheme: q.scheme.clone(),
+                matrix: q.matrix.clone(),
+                act: q.act,
+                perm: q.perm.clone(),
+                note: q.note.clone(),
+            });
+        }
+        let t = ck.tensor(name)?;
+        let err = |msg: String| LoadError::Tensor { name: t.source_name.clone(), msg };
+        if t.shape != [rows, cols] {
+            return Err(err(format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
+        }
+        let matrix = GgmlMatrix::new(t.ty, rows, cols, Arc::new(t.data.clone())).map_err(err)?;
+        let scheme = if t.ty.is_float() { "float" } else { "gguf" };
+        Ok(CheckpointWeight { source_name: t.source_name.clone(), scheme: scheme.into(), matrix: Arc::new(matrix), act: ActQuant::F32, perm: None, note: None })
+    }
+
+    /// The part `cut` (a tensor-parallel shard) and its input permutation: blocks, groups and
+    /// scales are copied or shared, never re-quantized. An act-order permutation survives a
+    /// row cut whole; a column cut must select whole stored groups, which holds only when the
+    /// permutation keeps the rank's inputs in one contiguous stored range.
+    fn cut(&self, cut: &Cut) -> Result<(SharedMatrix, Option<Vec<u32>>), String> {
+        let (m, rows, cols) = (&self.matrix, self.matrix.rows(), self.matrix.cols());
+        match (cut, &self.perm) {
+            (Cut::Whole, p) => Ok((m.clone(), p.clone())),
+            (Cut::Rows(r), p) => Ok((m.slice(r.clone(), 0..cols)?, p.clone())),
+            (Cut::Cols(c), None) => Ok((m.slice(0..rows, c.clone())?, None)),
+            (Cut::Cols(c), Some(p)) => {
+                let stored: Vec<usize> = (0..cols).filter(|&j| c.contains(&(p[j] as usize))).collect();
+                let (j0, j1) = (stored[0], stored[stored.len() - 1] + 1);
+                if j1 - j0 != stored.len() {
+                    return Err("the act-order (g_idx) permutation scatters this rank's inputs over the stored groups; it cannot be split without re-quantizing".into());
+                }
+                let perm = p[j0..j1].iter().map(|&i| i - c.start as u32).collect();
+                Ok((m.slice(0..rows, j0..j1)?, Some(perm)))
+            }
+        }
+    }
+}
+
+/// A checkpoint tensor's bytes as a kernel matrix holds them (mapped bytes stay mapped).
+impl WeightBytes for TensorBytes {
+    fn bytes(&self) -> &[u8] {
+        TensorBytes::bytes(self)
+    }
+
+    fn slice(&self, range: Range<usize>) -> Arc<dyn WeightBytes> {
+        Arc::new(TensorBytes::slice(self, range))
+    }
+
+    fn release_pages(&self) {
+        TensorBytes::release_pages(self)
+    }
 }
 
 /// `y = x · Wᵀ` for one weight matrix.
 #[derive(Debug)]
 pub struct Linear {
     name: String,
-    rows: usize,
-    cols: usize,
-    w: Weights,
+    scheme: String,
+    /// The checkpoint's note, shown unless the op has one of its own.
+    note: Option<String>,
+    op: Box<dyn LinearOp>,
     /// The tensor-parallel part held, with the full `[rows, cols]`.
     cut: Option<(Cut, [usize; 2])>,
 }
@@ -69,85 +144,25 @@ impl Linear {
     /// shard): blocks, groups and scales are copied, never re-quantized, and a cut that would
     /// split one is refused with the tensor's name and the reason.
     pub fn load_cut(ck: &Checkpoint, name: &str, rows: usize, cols: usize, cut: Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
-        let mut l = match ck.quantized.get(name) {
-            Some(q) => Self::quantized(name, q, rows, cols, &cut, caps, policy)?,
-            None => Self::ggml(name, ck, rows, cols, &cut, caps, policy)?,
-        };
-        if cut != Cut::Whole {
-            l.cut = Some((cut, [rows, cols]));
-        }
-        Ok(l)
-    }
-
-    fn quantized(name: &str, q: &QuantizedWeight, rows: usize, cols: usize, cut: &Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
-        let err = |msg: String| LoadError::Tensor { name: q.module.clone(), msg };
-        if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
-            return Err(err(format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols())));
-        }
-        let (matrix, perm) = shard_quantized(q, cut).map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(cut, [rows, cols]))))?;
-        let [rows, cols] = cut.shape(rows, cols);
-        let weight_only_int4 = q.act == ActQuant::F32 && matches!(*q.matrix, QuantMatrix::Int4(_));
-        let (act, note) = if weight_only_int4 && policy.int4_int8_act {
-            (ActQuant::Int8PerToken, Some("16-bit activations in the checkpoint; quantized to int8 per token (--compute int8-act)".to_string()))
-        } else if weight_only_int4 && policy.int4_bf16_act && caps.avx512bf16 {
-            (ActQuant::Bf16, q.note.clone())
-        } else {
-            (q.act, q.note.clone())
-        };
-        let mut op = QuantLinear::new(matrix, act, caps).map_err(err)?;
-        if let Some(p) = perm {
-            op = op.with_input_permutation(p).map_err(err)?;
-        }
-        Ok(Linear { name: name.into(), rows, cols, w: Weights::Quant { op, scheme: q.scheme.clone(), note }, cut: None })
-    }
-
-    fn ggml(name: &str, ck: &Checkpoint, rows: usize, cols: usize, cut: &Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
-        let t = ck.tensor(name)?;
-        let err = |msg: String| LoadError::Tensor { name: t.source_name.clone(), msg };
-        if t.shape != [rows, cols] {
-            return Err(err(format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
-        }
-        let data = match cut {
-            Cut::Whole => t.data.clone(),
-            Cut::Rows(r) => {
-                let rb = t.ty.row_bytes(cols).ok_or_else(|| err(format!("{cols} columns are not whole {} blocks", t.ty.name())))?;
-                t.data.slice(r.start * rb..r.end * rb)
-            }
-            Cut::Cols(c) => TensorBytes::Owned(
-                t.ty.slice_matrix(cols, t.data.bytes(), 0..rows, c.clone())
-                    .map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(cut, [rows, cols]))))?
-                    .into(),
-            ),
-        };
-        let [rows, cols] = cut.shape(rows, cols);
-        let view = WeightView::new(t.ty, rows, cols, data.bytes()).map_err(err)?;
-        let kernel = LinearKernel::select(t.ty, caps, policy);
-        let w = if kernel.wants_interleaved() {
-            let w = Interleaved::pack(&view).map_err(|msg| LoadError::Tensor { name: t.source_name.clone(), msg })?;
-            data.release_pages();
-            if matches!(cut, Cut::Cols(_)) {
-                // The columns were copied out of the file's pages; they are not needed either.
-                t.data.release_pages();
-            }
-            Weights::Interleaved { w, kernel }
-        } else {
-            Weights::Ggml { ty: t.ty, data, kernel }
-        };
-        Ok(Linear { name: name.into(), rows, cols, w, cut: None })
+        let w = CheckpointWeight::get(ck, name, rows, cols)?;
+        let err = |msg: String| LoadError::Tensor { name: w.source_name.clone(), msg };
+        let (matrix, perm) = w.cut(&cut).map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(&cut, [rows, cols]))))?;
+        let op = matrix.op(w.act, perm, caps, policy).map_err(err)?;
+        let cut = (cut != Cut::Whole).then_some((cut, [rows, cols]));
+        Ok(Linear { name: name.into(), scheme: w.scheme, note: w.note, op, cut })
     }
 
     /// Replaces the weights by `w` (`[rows, cols]` row-major f32, held in memory), with the
-    /// kernel an F32 checkpoint tensor gets; name and shape stay. The file pages of mapped
-    /// weights it replaces are released.
+    /// kernel an F32 checkpoint tensor gets; name and shape stay.
     pub fn set_f32(&mut self, w: &[f32], caps: &CpuCaps, policy: LinearPolicy) -> Result<(), String> {
-        if w.len() != self.rows * self.cols {
-            return Err(format!("{}: {} values for a [{}, {}] weight", self.name, w.len(), self.rows, self.cols));
-        }
-        if let Weights::Ggml { data, .. } = &self.w {
-            data.release_pages();
+        let (rows, cols) = (self.rows(), self.cols());
+        if w.len() != rows * cols {
+            return Err(format!("{}: {} values for a [{rows}, {cols}] weight", self.name, w.len()));
         }
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.w = Weights::Ggml { ty: GgmlType::F32, data: TensorBytes::Owned(bytes.into()), kernel: LinearKernel::select(GgmlType::F32, caps, policy) };
+        let matrix = GgmlMatrix::new(GgmlType::F32, rows, cols, Arc::new(bytes))?;
+        self.op = Arc::new(matrix).op(ActQuant::F32, None, caps, policy)?;
+        (self.scheme, self.note) = ("float".into(), None);
         Ok(())
     }
 
@@ -158,12 +173,12 @@ impl Linear {
 
     /// Output features.
     pub fn rows(&self) -> usize {
-        self.rows
+        self.op.rows()
     }
 
     /// Input features.
     pub fn cols(&self) -> usize {
-        self.cols
+        self.op.cols()
     }
 
     /// `y[i * ldy + j] = Σ_k x[i, k] W[j, k]` for the rows of `x`, which belong to sequences
@@ -173,42 +188,35 @@ impl Linear {
     }
 
     /// Several layers reading the same input, writing side by side (`[a | b | c]` per row of
-    /// `y`, row stride `ldy`). GGML layers share one activation quantization and one parallel
-    /// region, and so do checkpoint-quantized layers.
+    /// `y`, row stride `ldy`). Layers of one format share one activation quantization and one
+    /// parallel region.
     pub fn forward_fused(layers: &[&Linear], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
-        let m: usize = segments.iter().sum();
-        let (mut ggml, mut quant) = (Vec::new(), Vec::new());
         let mut col = 0;
-        for l in layers {
-            match &l.w {
-                Weights::Ggml { ty, data, kernel } => {
-                    ggml.push((kernel, Weight::Rows(WeightView { ty: *ty, rows: l.rows, cols: l.cols, data: data.bytes() }), col))
-                }
-                Weights::Interleaved { w, kernel } => ggml.push((kernel, Weight::Interleaved(w), col)),
-                Weights::Quant { op, .. } => quant.push((op, col)),
-            }
-            col += l.rows;
-        }
-        if !quant.is_empty() {
-            quant_forward_fused(&quant, x, m, y, ldy);
-        }
-        if !ggml.is_empty() {
-            forward_group(&ggml, x, segments, y, ldy);
-        }
+        let parts: Vec<(&dyn LinearOp, usize)> = layers
+            .iter()
+            .map(|l| {
+                let at = col;
+                col += l.rows();
+                (&*l.op, at)
+            })
+            .collect();
+        forward_fused(&parts, x, segments, y, ldy);
     }
 
     /// This layer's plan entry.
     pub fn plan(&self) -> PlanEntry {
-        let (scheme, storage, activations, kernel, note) = match &self.w {
-            Weights::Ggml { ty, kernel, .. } => {
-                let scheme = if ty.is_float() { "float" } else { "gguf" };
-                (scheme.to_string(), ty.name().to_string(), kernel.activations(), kernel.id(), None)
-            }
-            Weights::Interleaved { w, kernel } => ("gguf".to_string(), w.ty().name().to_string(), kernel.activations(), kernel.id(), None),
-            Weights::Quant { op, scheme, note } => (scheme.clone(), op.matrix().storage(), op.act().name().to_string(), op.id(), note.clone()),
-        };
+        let p = self.op.plan();
         let shard = self.cut.as_ref().map(|(cut, full)| describe_cut(cut, *full));
-        PlanEntry { tensor: self.name.clone(), scheme, storage, activations, shape: [self.rows, self.cols], kernel, note, shard }
+        PlanEntry {
+            tensor: self.name.clone(),
+            scheme: self.scheme.clone(),
+            storage: p.storage,
+            activations: p.activations,
+            shape: [self.rows(), self.cols()],
+            kernel: p.kernel,
+            note: p.note.or_else(|| self.note.clone()),
+            shard,
+        }
     }
 }
 
@@ -218,26 +226,5 @@ fn describe_cut(cut: &Cut, [rows, cols]: [usize; 2]) -> String {
         Cut::Whole => "all".into(),
         Cut::Rows(r) => format!("rows {r:?} of {rows}"),
         Cut::Cols(c) => format!("columns {c:?} of {cols}"),
-    }
-}
-
-/// The part `cut` of a checkpoint-quantized weight and its input permutation. An act-order
-/// permutation survives a row cut whole; a column cut must select whole stored groups, which
-/// holds only when the permutation keeps each rank's inputs in one contiguous stored range.
-fn shard_quantized(q: &QuantizedWeight, cut: &Cut) -> Result<(std::sync::Arc<QuantMatrix>, Option<Vec<u32>>), String> {
-    let (rows, cols) = (q.matrix.rows(), q.matrix.cols());
-    match (cut, &q.perm) {
-        (Cut::Whole, p) => Ok((q.matrix.clone(), p.clone())),
-        (Cut::Rows(r), p) => Ok((q.matrix.slice(r.clone(), 0..cols)?.into(), p.clone())),
-        (Cut::Cols(c), None) => Ok((q.matrix.slice(0..rows, c.clone())?.into(), None)),
-        (Cut::Cols(c), Some(p)) => {
-            let stored: Vec<usize> = (0..cols).filter(|&j| c.contains(&(p[j] as usize))).collect();
-            let (j0, j1) = (stored[0], stored[stored.len() - 1] + 1);
-            if j1 - j0 != stored.len() {
-                return Err("the act-order (g_idx) permutation scatters this rank's inputs over the stored groups; it cannot be split without re-quantizing".into());
-            }
-            let perm = p[j0..j1].iter().map(|&i| i - c.start as u32).collect();
-            Ok((q.matrix.slice(0..rows, j0..j1)?.into(), Some(perm)))
-        }
     }
 }

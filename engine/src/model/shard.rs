@@ -12,7 +12,6 @@
 
 use crate::checkpoint::{Checkpoint, LoadError, ModelConfig};
 use std::ops::Range;
-use tessera_kernels::quant::QuantMatrix;
 
 thread_local! {
     /// The tensor-parallel rank this thread runs (set by the rank threads).
@@ -169,22 +168,15 @@ impl Shard {
 /// The granularity of `name`'s input columns: a cut between ranks must fall on a multiple of
 /// it (a GGUF block, an int4 group, an FP8 scale block; 32 for the integer kernels' runs).
 pub fn col_align(ck: &Checkpoint, name: &str) -> Result<usize, LoadError> {
-    if let Some(q) = ck.quantized.get(name) {
-        return Ok(match &*q.matrix {
-            QuantMatrix::Int4(w) if !w.per_channel() => w.group().max(32),
-            QuantMatrix::Fp8(w) if w.block()[1] < w.cols() => w.block()[1].max(32),
-            _ => 32,
-        });
+    match ck.quantized.get(name) {
+        Some(q) => Ok(q.matrix.col_align()),
+        None => Ok(ck.tensor(name)?.ty.block_size()),
     }
-    Ok(ck.tensor(name)?.ty.block_size())
 }
 
 /// The granularity of `name`'s output rows (an FP8 scale block's height; 1 otherwise).
 pub fn row_align(ck: &Checkpoint, name: &str) -> usize {
-    match ck.quantized.get(name).map(|q| &*q.matrix) {
-        Some(QuantMatrix::Fp8(w)) if w.block()[0] < w.rows() => w.block()[0],
-        _ => 1,
-    }
+    ck.quantized.get(name).map_or(1, |q| q.matrix.row_align())
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use super::{config_err, dims2, fp8_matrix, get_usize, tensor_err, QuantScheme, Q
 use crate::checkpoint::LoadError;
 use safetensors::Dtype;
 use serde_json::Value;
-use tessera_kernels::quant::{ActQuant, Int8Matrix, QuantMatrix};
+use super::{shared, SharedMatrix};
+use tessera_kernels::linear::{ActQuant, Int8Matrix};
 
 /// Value type of quantization args.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,7 +237,7 @@ impl QuantScheme for CompressedTensors {
                 ))
             }
         };
-        Ok(Some(QuantizedWeight { module: module.into(), scheme: label(scheme), matrix: matrix.into(), act, perm, note }))
+        Ok(Some(QuantizedWeight { module: module.into(), scheme: label(scheme), matrix, act, perm, note }))
     }
 }
 
@@ -284,7 +285,7 @@ fn expect_zero(z: Option<&RawTensor>, packed_offset: bool) -> Result<(), LoadErr
 
 /// `pack-quantized` int4: `weight_packed`, `weight_shape`, `weight_scale`, optional
 /// `weight_zero_point` (packed along the output dimension) and `weight_g_idx`.
-fn load_packed(module: &str, w: &Args, t: &TensorSet) -> Result<(QuantMatrix, Option<Vec<u32>>), LoadError> {
+fn load_packed(module: &str, w: &Args, t: &TensorSet) -> Result<(SharedMatrix, Option<Vec<u32>>), LoadError> {
     let shape = t.take(&format!("{module}.weight_shape"), "pack-quantized weights")?;
     let sv = shape.to_i64().or_else(|_| shape.to_i32().map(|v| v.into_iter().map(i64::from).collect()))?;
     let [rows, cols] = sv.as_slice() else { return Err(tensor_err(&shape.name, format!("{sv:?}, expected [out, in]"))) };
@@ -327,7 +328,7 @@ fn load_packed(module: &str, w: &Args, t: &TensorSet) -> Result<(QuantMatrix, Op
 }
 
 /// `int-quantized` int8: `weight` I8 `[out, in]` and a channel or tensor `weight_scale`.
-fn load_int8(module: &str, w: &Args, t: &TensorSet) -> Result<QuantMatrix, LoadError> {
+fn load_int8(module: &str, w: &Args, t: &TensorSet) -> Result<SharedMatrix, LoadError> {
     let wt = t.take(&format!("{module}.weight"), "int8 weights")?;
     wt.expect_dtype(&[Dtype::I8])?;
     let (rows, cols) = dims2(wt)?;
@@ -336,11 +337,11 @@ fn load_int8(module: &str, w: &Args, t: &TensorSet) -> Result<QuantMatrix, LoadE
     }
     expect_zero(t.take_opt(&format!("{module}.weight_zero_point")), false)?;
     let scales = row_scales(module, w, rows, t)?;
-    Int8Matrix::new(rows, cols, wt.to_i8()?, scales).map(QuantMatrix::Int8).map_err(|e| tensor_err(&wt.name, e))
+    Int8Matrix::new(rows, cols, wt.to_i8()?, scales).map(shared).map_err(|e| tensor_err(&wt.name, e))
 }
 
 /// `float-quantized` E4M3: `weight` F8_E4M3 `[out, in]` and a tensor, channel or block scale.
-fn load_fp8(module: &str, w: &Args, t: &TensorSet) -> Result<QuantMatrix, LoadError> {
+fn load_fp8(module: &str, w: &Args, t: &TensorSet) -> Result<SharedMatrix, LoadError> {
     let wt = t.take(&format!("{module}.weight"), "FP8 weights")?;
     wt.expect_dtype(&[Dtype::F8_E4M3])?;
     let (rows, cols) = dims2(wt)?;

@@ -11,7 +11,7 @@ use super::{config_err, dims2, fp8_matrix, tensor_err, QuantScheme, QuantizedWei
 use crate::checkpoint::LoadError;
 use safetensors::Dtype;
 use serde_json::Value;
-use tessera_kernels::quant::ActQuant;
+use tessera_kernels::linear::ActQuant;
 
 /// A parsed plain-FP8 configuration.
 #[derive(Debug)]
@@ -83,7 +83,7 @@ impl QuantScheme for Fp8 {
             None
         };
         let matrix = fp8_matrix(&wname, rows, cols, block, wt.data.bytes().to_vec(), scales)?;
-        Ok(Some(QuantizedWeight { module: module.into(), scheme: "fp8 W8A8-FP8".into(), matrix: matrix.into(), act: ActQuant::Fp8PerToken, perm: None, note }))
+        Ok(Some(QuantizedWeight { module: module.into(), scheme: "fp8 W8A8-FP8".into(), matrix, act: ActQuant::Fp8PerToken, perm: None, note }))
     }
 }
 

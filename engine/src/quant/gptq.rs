@@ -20,7 +20,7 @@ use super::{config_err, dims2, get_usize, tensor_err, QuantScheme, QuantizedWeig
 use crate::checkpoint::LoadError;
 use safetensors::Dtype;
 use serde_json::Value;
-use tessera_kernels::quant::ActQuant;
+use tessera_kernels::linear::ActQuant;
 
 /// Which legacy layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,6 +170,6 @@ impl QuantScheme for LegacyInt4 {
         }
         let (matrix, perm) = int4_matrix(&qw.name, rows, cols, group, q, transpose(&scales.to_f32()?, groups, rows), Some(zeros), g_idx.as_deref())?;
         let scheme = format!("{} W4A16", self.method());
-        Ok(Some(QuantizedWeight { module: module.into(), scheme, matrix: matrix.into(), act: ActQuant::F32, perm, note: None }))
+        Ok(Some(QuantizedWeight { module: module.into(), scheme, matrix, act: ActQuant::F32, perm, note: None }))
     }
 }

@@ -3,7 +3,8 @@
 
 use crate::checkpoint::LoadError;
 use super::tensor_err;
-use tessera_kernels::quant::{Int4Matrix, QuantMatrix};
+use super::{shared, SharedMatrix};
+use tessera_kernels::linear::Int4Matrix;
 
 /// Where element `k` of a group of eight lives in a word: nibble `NIBBLE[k]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +80,7 @@ pub fn int4_matrix(
     scales: Vec<f32>,
     zeros: Option<Vec<i8>>,
     g_idx: Option<&[i32]>,
-) -> Result<(QuantMatrix, Option<Vec<u32>>), LoadError> {
+) -> Result<(SharedMatrix, Option<Vec<u32>>), LoadError> {
     let group = group.min(cols);
     if group == 0 || scales.len() != rows * cols.div_ceil(group) {
         return Err(tensor_err(name, format!("{} scales for {rows} rows of {cols} columns in groups of {group}", scales.len())));
@@ -97,7 +98,7 @@ pub fn int4_matrix(
         }
     };
     let m = Int4Matrix::new(rows, cols, group, &q, scales, zeros).map_err(|e| tensor_err(name, e))?;
-    Ok((QuantMatrix::Int4(m), perm))
+    Ok((shared(m), perm))
 }
 
 /// The column order that makes act-order groups contiguous, or `None` when `g_idx` is

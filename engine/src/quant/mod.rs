@@ -1,6 +1,6 @@
 //! Checkpoint quantization schemes: read a Hugging Face checkpoint's `quantization_config`,
 //! decide for every linear layer how it is stored and how its activations are handled, and
-//! turn the checkpoint's tensors into kernel matrices ([`QuantMatrix`]).
+//! turn the checkpoint's tensors into kernel matrices (`tessera_kernels::linear::WeightMatrix`).
 //!
 //! One module per `quant_method` implements [`QuantScheme`]; [`SCHEMES`] maps method names to
 //! them. The model never sees which scheme a layer came from: it gets a [`QuantizedWeight`]
@@ -25,7 +25,7 @@ use crate::checkpoint::LoadError;
 use serde_json::Value;
 use std::fmt::Debug;
 use std::sync::Arc;
-use tessera_kernels::quant::{ActQuant, Fp8Matrix, QuantMatrix};
+use tessera_kernels::linear::{ActQuant, Fp8Matrix, WeightMatrix};
 use tensors::TensorSet;
 
 /// A linear layer's weights as a scheme decoded them, ready for a kernel.
@@ -37,7 +37,7 @@ pub struct QuantizedWeight {
     pub scheme: String,
     /// Values and scales in a kernel storage type (shared with the kernel built from it, so
     /// the checkpoint and the model hold one copy).
-    pub matrix: Arc<QuantMatrix>,
+    pub matrix: SharedMatrix,
     /// Run-time activation handling.
     pub act: ActQuant,
     /// Input-column permutation (act-order checkpoints): column `c` of `matrix` multiplies
@@ -111,6 +111,14 @@ pub(crate) fn get_usize(v: &Value, key: &str, path: &str) -> Result<Option<usize
 }
 
 /// An [`Fp8Matrix`] or an error naming the tensor.
-pub(crate) fn fp8_matrix(name: &str, rows: usize, cols: usize, block: [usize; 2], q: Vec<u8>, scales: Vec<f32>) -> Result<QuantMatrix, LoadError> {
-    Fp8Matrix::new(rows, cols, block, q, scales).map(QuantMatrix::Fp8).map_err(|e| tensor_err(name, e))
+/// A decoded weight matrix in its kernel format.
+pub type SharedMatrix = Arc<dyn WeightMatrix>;
+
+/// `m` behind the shared trait object the model's layers take.
+pub(crate) fn shared(m: impl WeightMatrix + 'static) -> SharedMatrix {
+    Arc::new(m)
+}
+
+pub(crate) fn fp8_matrix(name: &str, rows: usize, cols: usize, block: [usize; 2], q: Vec<u8>, scales: Vec<f32>) -> Result<SharedMatrix, LoadError> {
+    Fp8Matrix::new(rows, cols, block, q, scales).map(shared).map_err(|e| tensor_err(name, e))
 }

@@ -23,7 +23,8 @@ use super::{config_err, dims2, tensor_err, QuantScheme, QuantizedWeight};
 use crate::checkpoint::LoadError;
 use safetensors::Dtype;
 use serde_json::Value;
-use tessera_kernels::quant::{ActQuant, Int8Matrix, QuantMatrix};
+use super::{shared, SharedMatrix};
+use tessera_kernels::linear::{ActQuant, Int8Matrix};
 
 /// One Quark tensor spec (`weight`, `input_tensors` entries).
 #[derive(Clone, Debug, PartialEq)]
@@ -235,7 +236,7 @@ impl QuantScheme for Quark {
                 )));
             }
         };
-        Ok(Some(QuantizedWeight { module: module.into(), scheme: format!("quark {scheme}"), matrix: matrix.into(), act, perm, note }))
+        Ok(Some(QuantizedWeight { module: module.into(), scheme: format!("quark {scheme}"), matrix, act, perm, note }))
     }
 }
 
@@ -252,7 +253,7 @@ impl Quark {
     }
 
     /// The two-stage W4A8 layer: per-row scale `weight_scale_2[r] · weight_scale`.
-    fn load_w4a8_two_stage(&self, module: &str, t: &TensorSet) -> Result<QuantMatrix, LoadError> {
+    fn load_w4a8_two_stage(&self, module: &str, t: &TensorSet) -> Result<SharedMatrix, LoadError> {
         let (name, rows, cols, q) = self.int4_rows(module, t, false)?;
         let s0 = t.take(&format!("{module}.weight_scale"), "the FP8 stage of the two-stage weight spec")?.scalar_f32()?;
         let s2 = t.take(&format!("{module}.weight_scale_2"), "the INT4 stage of the two-stage weight spec")?;
@@ -270,7 +271,7 @@ impl Quark {
 
     /// A single-stage int4 / uint4 layer, per channel (`[out, in/8]`) or per group
     /// (Quark/AWQ layout: weight `[in, out/8]`, scale `[in/g, out]`, zero point `[in/g, out/8]`).
-    fn load_int4(&self, module: &str, s: &Spec, t: &TensorSet) -> Result<(QuantMatrix, Option<Vec<u32>>), LoadError> {
+    fn load_int4(&self, module: &str, s: &Spec, t: &TensorSet) -> Result<(SharedMatrix, Option<Vec<u32>>), LoadError> {
         let unsigned = s.dtype == "uint4";
         let zname = format!("{module}.weight_zero_point");
         match s.qscheme.as_str() {
@@ -319,7 +320,7 @@ impl Quark {
         Ok(Some(u.into_iter().map(|u| u as i8 - 8).collect()))
     }
 
-    fn load_fp8(&self, module: &str, s: &Spec, t: &TensorSet) -> Result<QuantMatrix, LoadError> {
+    fn load_fp8(&self, module: &str, s: &Spec, t: &TensorSet) -> Result<SharedMatrix, LoadError> {
         let wt = t.take(&format!("{module}.weight"), "FP8 weights")?;
         wt.expect_dtype(&[Dtype::F8_E4M3])?;
         let (rows, cols) = dims2(wt)?;
@@ -332,7 +333,7 @@ impl Quark {
         super::fp8_matrix(&wt.name, rows, cols, block, wt.data.bytes().to_vec(), scales)
     }
 
-    fn load_int8(&self, module: &str, s: &Spec, t: &TensorSet) -> Result<QuantMatrix, LoadError> {
+    fn load_int8(&self, module: &str, s: &Spec, t: &TensorSet) -> Result<SharedMatrix, LoadError> {
         let wt = t.take(&format!("{module}.weight"), "int8 weights")?;
         wt.expect_dtype(&[Dtype::I8])?;
         let (rows, cols) = dims2(wt)?;
@@ -347,6 +348,6 @@ impl Quark {
                 return Err(tensor_err(&z.name, "nonzero zero points in a symmetric spec"));
             }
         }
-        Int8Matrix::new(rows, cols, wt.to_i8()?, scales).map(QuantMatrix::Int8).map_err(|e| tensor_err(&wt.name, e))
+        Int8Matrix::new(rows, cols, wt.to_i8()?, scales).map(shared).map_err(|e| tensor_err(&wt.name, e))
     }
 }

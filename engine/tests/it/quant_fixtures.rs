@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use tessera_engine::quant::tensors::TensorSet;
 use tessera_engine::quant::{from_config, QuantizedWeight};
 use tessera_kernels::cpu::CpuCaps;
-use tessera_kernels::quant::QuantLinear;
+use tessera_kernels::linear::LinearPolicy;
 
 /// Loads one fixture case: every module of `expected.safetensors` through the scheme.
 fn check_case(case: &str) -> Vec<QuantizedWeight> {
@@ -33,10 +33,7 @@ fn check_case(case: &str) -> Vec<QuantizedWeight> {
         let (rows, cols) = (want.shape[0], want.shape[1]);
         assert_eq!([q.matrix.rows(), q.matrix.cols()], [rows, cols], "{case} {module}: shape");
         // The weight in input-column order (act-order permutation undone).
-        let mut op = QuantLinear::new(q.matrix.clone(), q.act, &CpuCaps::detect()).unwrap();
-        if let Some(p) = &q.perm {
-            op = op.with_input_permutation(p.clone()).unwrap();
-        }
+        let op = q.matrix.clone().op(q.act, q.perm.clone(), &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
         let amax = want_v.iter().fold(0f32, |m, v| m.max(v.abs()));
         let mut row = vec![0f32; cols];
         for r in 0..rows {

@@ -740,7 +740,7 @@ fn bad_input_is_an_error_naming_what_is_wrong() {
 fn asymmetric_int4_matches_the_doc_and_the_loader() {
     use tessera_engine::quant::{from_config, tensors::TensorSet};
     use tessera_kernels::cpu::CpuCaps;
-    use tessera_kernels::quant::QuantLinear;
+    use tessera_kernels::linear::LinearPolicy;
 
     let dir = tempfile::tempdir().unwrap();
     let input = random_dir(dir.path(), |name, t| {
@@ -772,7 +772,7 @@ fn asymmetric_int4_matches_the_doc_and_the_loader() {
             let w_hat = decode_and_bound(Layout::of(recipe), module, &stored, &f32s(t), rows, cols);
             let lin = scheme_q.load_linear(module, &set).unwrap().unwrap_or_else(|| panic!("{module}: not quantized"));
             assert!(lin.matrix.storage().starts_with("int4") && lin.matrix.storage().ends_with("asym"), "{module}: {}", lin.matrix.storage());
-            let op = QuantLinear::new(lin.matrix.clone(), lin.act, &CpuCaps::detect()).unwrap();
+            let op = lin.matrix.clone().op(lin.act, None, &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
             let mut row = vec![0f32; cols];
             for r in 0..rows {
                 op.dequantize_row(r, &mut row);

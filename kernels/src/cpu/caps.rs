@@ -101,3 +101,62 @@ pub fn bf16_dot_available() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
+
+/// An implementation level of the integer (int8-activation) dots: the GGUF integer GEMM and
+/// the W4A8 / W8A8 kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmLevel {
+    /// Portable Rust: the reference the others equal bit for bit.
+    Scalar,
+    /// 256-bit `vpmaddubsw` / `vpmaddwd` (AVX2, FMA, F16C).
+    Avx2,
+    /// 512-bit `vpdpbusd` (AVX-512 F/BW/VNNI, plus the AVX2 set): a code chunk of two groups
+    /// (sixteen rows) per instruction, with the four-byte sums accumulated in i32 directly.
+    Avx512Vnni,
+}
+
+impl GemmLevel {
+    /// Every level, slowest first.
+    pub const ALL: [GemmLevel; 3] = [GemmLevel::Scalar, GemmLevel::Avx2, GemmLevel::Avx512Vnni];
+
+    /// The fastest level this CPU runs for kernels selected at `isa`: the AVX-512 VNNI
+    /// kernel wherever the CPU has it (it computes the same integers, so the results are
+    /// identical), else the level of `isa`.
+    pub fn for_isa(isa: Isa) -> Self {
+        match isa {
+            Isa::Scalar => GemmLevel::Scalar,
+            Isa::Avx2 if GemmLevel::Avx512Vnni.available() => GemmLevel::Avx512Vnni,
+            Isa::Avx2 => GemmLevel::Avx2,
+        }
+    }
+
+    /// Whether this CPU can run the level.
+    pub fn available(self) -> bool {
+        match self {
+            GemmLevel::Scalar => true,
+            GemmLevel::Avx2 => Isa::Avx2.available(),
+            #[cfg(target_arch = "x86_64")]
+            GemmLevel::Avx512Vnni => {
+                // Asked per GEMM task: detected once.
+                static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                *VNNI.get_or_init(|| {
+                    Isa::Avx2.available()
+                        && is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vnni")
+                })
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            GemmLevel::Avx512Vnni => false,
+        }
+    }
+
+    /// Short name used in kernel ids.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmLevel::Scalar => "scalar",
+            GemmLevel::Avx2 => "avx2",
+            GemmLevel::Avx512Vnni => "avx512vnni",
+        }
+    }
+}

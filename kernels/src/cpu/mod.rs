@@ -7,7 +7,7 @@ pub mod exp;
 pub mod pool;
 pub(crate) mod simd;
 
-pub use caps::{CpuCaps, Isa};
+pub use caps::{CpuCaps, GemmLevel, Isa};
 
 /// A raw output pointer shared by parallel tasks that each write a disjoint part of one buffer.
 /// Tasks reach the pointer through [`SyncPtr::get`], so closures capture the wrapper (which is

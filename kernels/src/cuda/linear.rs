@@ -7,9 +7,9 @@
 //!   block's codes are one or two 16-byte loads. Kernel: `linear_ggml.cu`, dequantization in
 //!   registers, f32 accumulation (the GPU reference is f32 math over the dequantized weights; the
 //!   CPU's int8-activation dot path for small batches is not reproduced).
-//! - checkpoint-quantized matrices ([`DeviceWeight::from_quant`], `quant::QuantMatrix` layouts
-//!   uploaded as stored): W4A16 (f32 math), W4A8 and W8A8 int8 (per-token int8 activations
-//!   quantized on the GPU bit-identically to `quant::act`, exact int32 dp4a sums, the CPU's f32
+//! - checkpoint-quantized matrices ([`DeviceWeight::from_planes`], laid out by
+//!   each format's `upload` in `linear::int4`, `int8`, `fp8`): W4A16 (f32 math), W4A8 and W8A8 int8 (per-token int8 activations
+//!   quantized on the GPU bit-identically to `linear::act`, exact int32 dp4a sums, the CPU's f32
 //!   epilogue operation for operation), W8A8 FP8 (per-token-and-block E4M3 activations
 //!   bit-identical to the CPU's, f32 sums). Kernels: `act_quant.cu`, `linear_quant.cu`.
 //!
@@ -27,8 +27,8 @@ use super::device::CudaDevice;
 use super::source::{ACT_QUANT, LINEAR_GGML, LINEAR_QUANT};
 use super::CudaError;
 use crate::ggml::GgmlType;
-use crate::linear::WeightView;
-use crate::quant::{ActQuant, QuantMatrix};
+use crate::linear::ggml::WeightView;
+use crate::linear::ActQuant;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 use std::sync::Mutex;
 
@@ -44,17 +44,28 @@ pub const TOKENS_PER_CTA: usize = 8;
 /// Threads per CTA of the activation-quantization and embedding kernels.
 const ROW_THREADS: u32 = 256;
 
-/// How a [`DeviceWeight`] is stored and which kernel multiplies it.
+/// How a [`DeviceWeight`] is stored and which CUDA kernel multiplies it (a weight format's
+/// `upload` picks one; see [`QuantPlanes`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Format {
+pub enum Format {
     /// GGUF type, f32 math.
     Ggml(GgmlType),
     /// Int4 with `group` columns per scale (clamped to `cols`), f32 or int8 activations.
-    Int4 { group: usize, act: ActQuant },
+    Int4 {
+        /// Columns per scale.
+        group: usize,
+        /// F32 (W4A16) or Int8PerToken (W4A8).
+        act: ActQuant,
+    },
     /// Int8 with per-row scales, int8 activations.
     Int8,
     /// E4M3 with `[bh, bw]` scale blocks (clamped to the shape), E4M3 activations per `bw` columns.
-    Fp8 { bh: usize, bw: usize },
+    Fp8 {
+        /// Scale block height.
+        bh: usize,
+        /// Scale block width (activation scale group).
+        bw: usize,
+    },
 }
 
 impl Format {
@@ -98,6 +109,25 @@ pub struct DeviceWeight {
     /// Int4 zero points `[rows, groups]`, if asymmetric.
     zeros: Option<CudaSlice<i8>>,
     scratch: Mutex<Option<ActScratch>>,
+}
+
+/// A checkpoint-quantized matrix in host memory, laid out as its CUDA kernel reads it.
+#[derive(Debug)]
+pub struct QuantPlanes {
+    /// The kernel family and its parameters.
+    pub format: Format,
+    /// Storage for plans (the matrix's own description).
+    pub storage: String,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// Codes: int4 packed runs row by row, int8 or E4M3 bytes.
+    pub codes: Vec<u8>,
+    /// Scales: int4 `[rows, groups]`, int8 `[rows]`, fp8 `[row blocks, col blocks]`.
+    pub scales: Vec<f32>,
+    /// Int4 zero points `[rows, groups]`, if asymmetric.
+    pub zeros: Option<Vec<i8>>,
 }
 
 /// Device buffers for quantized activations (int8 or E4M3 codes, and their scales), shareable
@@ -214,45 +244,24 @@ impl DeviceWeight {
         })
     }
 
-    /// Uploads a checkpoint-quantized matrix with its activation handling: int4 with
-    /// [`ActQuant::F32`] (W4A16) or [`ActQuant::Int8PerToken`] (W4A8), int8 with
-    /// `Int8PerToken` (W8A8), FP8 with [`ActQuant::Fp8PerToken`]; other pairs are refused.
-    /// An act-order input permutation (`QuantLinear::with_input_permutation`) is not applied
-    /// here: the caller gathers the activation columns first.
-    pub fn from_quant(dev: &CudaDevice, m: &QuantMatrix, act: ActQuant) -> Result<Self, CudaError> {
-        let (rows, cols) = (m.rows(), m.cols());
+    /// Uploads a checkpoint-quantized matrix laid out by its format (`linear::int4`, `int8`,
+    /// `fp8` build the planes). Refused when the shape is empty or too large for the kernels.
+    pub fn from_planes(dev: &CudaDevice, p: QuantPlanes) -> Result<Self, CudaError> {
+        let QuantPlanes { format, storage, rows, cols, codes, scales, zeros } = p;
         if rows == 0 || cols == 0 {
             return Err(shape(format!("empty {rows}x{cols} quantized weight")));
         }
-        let stream = dev.stream();
-        let (format, codes, scales, zeros): (Format, Vec<u8>, Vec<f32>, Option<Vec<i8>>) = match (m, act) {
-            (QuantMatrix::Int4(w), ActQuant::F32 | ActQuant::Int8PerToken) => {
-                let codes = (0..rows).flat_map(|r| w.packed_row(r).iter().copied()).collect();
-                let scales = (0..rows).flat_map(|r| w.row_scales(r).iter().copied()).collect();
-                let zeros = w.has_zeros().then(|| (0..rows).flat_map(|r| w.row_zeros(r).unwrap_or(&[]).iter().copied()).collect());
-                (Format::Int4 { group: w.group().min(cols), act }, codes, scales, zeros)
-            }
-            (QuantMatrix::Int8(w), ActQuant::Int8PerToken) => {
-                let codes = (0..rows).flat_map(|r| w.row(r).iter().map(|&v| v as u8)).collect();
-                (Format::Int8, codes, (0..rows).map(|r| w.scale(r)).collect(), None)
-            }
-            (QuantMatrix::Fp8(w), ActQuant::Fp8PerToken) => {
-                let [bh, bw] = w.block();
-                let codes = (0..rows).flat_map(|r| w.row(r).iter().copied()).collect();
-                let scales = (0..rows.div_ceil(bh)).flat_map(|rb| w.row_scales(rb * bh).iter().copied()).collect();
-                (Format::Fp8 { bh: bh.min(rows), bw: bw.min(cols) }, codes, scales, None)
-            }
-            _ => {
-                return Err(shape(format!("no CUDA kernel for {} weights with {} activations", m.storage(), act.name())));
-            }
-        };
+        if matches!(format, Format::Ggml(_)) {
+            return Err(shape("GGUF weights upload with DeviceWeight::from_ggml"));
+        }
         int(rows)?;
         int(cols)?;
+        let stream = dev.stream();
         Ok(DeviceWeight {
             rows,
             cols,
             format,
-            storage: m.storage(),
+            storage,
             codes: stream.clone_htod(&codes)?,
             block_scales: None,
             scales: Some(stream.clone_htod(&scales)?),
@@ -508,7 +517,7 @@ fn launch_matmul(
 }
 
 /// Per-token int8 quantization of `x` (`[m, k]`) into `q` (`[m, k]` two's-complement bytes)
-/// and `scales` (`[m]`), bit-identical to `quant::act::quantize_int8_row`.
+/// and `scales` (`[m]`), bit-identical to `linear::act::quantize_int8_row`.
 pub fn quantize_int8_rows(
     dev: &CudaDevice,
     x: &CudaView<'_, f32>,
@@ -536,7 +545,7 @@ pub fn quantize_int8_rows(
 
 /// Per-token, per-`bw`-column-block E4M3 quantization of `x` (`[m, k]`) into `q` (`[m, k]`
 /// E4M3 bytes) and `scales` (`[m, ceil(k / bw)]`), bit-identical to
-/// `quant::act::quantize_fp8_row` (whose codes are these bytes' values).
+/// `linear::act::quantize_fp8_row` (whose codes are these bytes' values).
 pub fn quantize_fp8_rows(
     dev: &CudaDevice,
     x: &CudaView<'_, f32>,
@@ -662,7 +671,7 @@ mod tests {
     /// (`__vsub4`); the bytes must be the signed `q - z` of `Int4Matrix::row_values`.
     #[test]
     fn int4_words_unpack_like_the_kernel() {
-        use crate::quant::Int4Matrix;
+        use crate::linear::int4::Int4Matrix;
         let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let (rows, cols, group) = (3usize, 160usize, 64usize);
         let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();

@@ -86,7 +86,7 @@ pub const LINEAR_QUANT: KernelSource = KernelSource {
     needs_sm90a: false,
 };
 
-/// Dynamic per-token activation quantization (int8, FP8 E4M3), bit-identical to `quant::act`.
+/// Dynamic per-token activation quantization (int8, FP8 E4M3), bit-identical to `linear::act`.
 pub const ACT_QUANT: KernelSource = KernelSource {
     name: "act_quant.cu",
     code: include_str!("../../cuda/act_quant.cu"),

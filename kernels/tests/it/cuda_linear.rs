@@ -9,7 +9,7 @@
 //!   extra roundings (scale products, FMA contraction and any summation order), so it holds
 //!   whatever order the GPU sums in, yet is ~1e-5 relative for these K, far below a wrong
 //!   index or a wrong scale.
-//! - integer paths (W4A8, W8A8 int8): equal to the CPU's scalar `QuantLinear` (exact int32 sums,
+//! - integer paths (W4A8, W8A8 int8): equal to the CPU's scalar `RowwiseLinear` (exact int32 sums,
 //!   the same f32 epilogue operations), and the activation codes and scales bit-identical.
 //! - embedding: bit-identical to `ggml::dequantize_row`.
 //!
@@ -24,9 +24,15 @@ use tessera_kernels::cpu::Isa;
 use tessera_kernels::cuda::linear::{embedding, matmul, matmul_dequant_gemm, matmul_direct, matmul_with, quantize_fp8_rows, quantize_int8_rows, ActScratch, DeviceWeight};
 use tessera_kernels::cuda::{test_device, CudaDevice};
 use tessera_kernels::ggml::{dequantize_row, GgmlType};
-use tessera_kernels::quant::act::{quantize_fp8_row, quantize_int8_row_scalar};
-use tessera_kernels::quant::fp8::e4m3_to_f32;
-use tessera_kernels::quant::{ActQuant, Fp8Matrix, Int8Matrix, QuantLinear, QuantMatrix};
+use tessera_kernels::linear::act::{quantize_fp8_row, quantize_int8_row_scalar};
+use tessera_kernels::linear::fp8::e4m3::e4m3_to_f32;
+use tessera_kernels::linear::{ActQuant, RowKernel, Fp8Matrix, Int8Matrix, RowwiseLinear};
+use std::sync::Arc;
+
+/// A row-kernel matrix behind the trait object the driver takes.
+fn rk(m: impl RowKernel) -> Arc<dyn RowKernel> {
+    Arc::new(m)
+}
 
 const TOKENS: [usize; 7] = [1, 2, 3, 8, 17, 64, 257];
 
@@ -93,7 +99,7 @@ fn dequantized_ggml(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<
     out
 }
 
-fn dequantized_quant(w: &QuantMatrix) -> Vec<f32> {
+fn dequantized_quant(w: &Arc<dyn RowKernel>) -> Vec<f32> {
     let (rows, cols) = (w.rows(), w.cols());
     let mut out = vec![0f32; rows * cols];
     for (r, o) in out.chunks_exact_mut(cols).enumerate() {
@@ -169,11 +175,11 @@ fn embedding_gathers_rows_exactly() {
 
 
 /// Int4 layouts: groups of 32, 128 (544 = 4 × 128 + a short 32) and per channel; sym and asym.
-fn int4_cases(r: &mut ChaCha8Rng) -> Vec<QuantMatrix> {
+fn int4_cases(r: &mut ChaCha8Rng) -> Vec<Arc<dyn RowKernel>> {
     let mut v = Vec::new();
     for group in [32, 128, 4096] {
         for asym in [false, true] {
-            v.push(QuantMatrix::Int4(int4(r, 37, 544, group, asym)));
+            v.push(rk(int4(r, 37, 544, group, asym)));
         }
     }
     v
@@ -191,8 +197,8 @@ fn activations(r: &mut ChaCha8Rng, m: usize, k: usize) -> Vec<f32> {
     x
 }
 
-fn cpu_forward(w: &QuantMatrix, act: ActQuant, x: &[f32], m: usize) -> Vec<f32> {
-    let lin = QuantLinear::with_isa(w.clone(), act, Isa::Scalar).unwrap();
+fn cpu_forward(w: &Arc<dyn RowKernel>, act: ActQuant, x: &[f32], m: usize) -> Vec<f32> {
+    let lin = RowwiseLinear::with_isa(w.clone(), act, Isa::Scalar).unwrap();
     let mut y = vec![0f32; m * w.rows()];
     lin.forward(x, m, &mut y, w.rows());
     y
@@ -205,7 +211,7 @@ fn w4a16_matches_f64_reference() {
     for wq in int4_cases(&mut r) {
         let (n, k) = (wq.rows(), wq.cols());
         let wd = dequantized_quant(&wq);
-        let w = DeviceWeight::from_quant(&dev, &wq, ActQuant::F32).unwrap();
+        let w = wq.upload(&dev, ActQuant::F32).unwrap();
         assert_eq!(w.kernel_id(), "cuda.w4a16.int4xf32");
         for m in TOKENS {
             let x = activations(&mut r, m, k);
@@ -268,20 +274,20 @@ fn fp8_activation_quantization_is_bit_exact() {
     }
 }
 
-/// Integer-accumulating paths: equal to the CPU's scalar `QuantLinear` (same int32 sums, same
+/// Integer-accumulating paths: equal to the CPU's scalar `RowwiseLinear` (same int32 sums, same
 /// f32 epilogue operations), for every batch size and layout.
 #[test]
 fn int8_activation_matmuls_equal_the_cpu() {
     let Some(dev) = test_device() else { return };
     let mut r = rng(6);
-    let mut cases: Vec<(QuantMatrix, &str)> = int4_cases(&mut r).into_iter().map(|w| (w, "cuda.w4a8.int4xint8.dp4a")).collect();
+    let mut cases: Vec<(Arc<dyn RowKernel>, &str)> = int4_cases(&mut r).into_iter().map(|w| (w, "cuda.w4a8.int4xint8.dp4a")).collect();
     for (n, k) in [(37, 544), (9, 4128)] {
         let q: Vec<i8> = (0..n * k).map(|_| r.gen_range(-128..=127)).collect();
         let scales = (0..n).map(|_| scale(&mut r)).collect();
-        cases.push((QuantMatrix::Int8(Int8Matrix::new(n, k, q, scales).unwrap()), "cuda.w8a8.int8xint8.dp4a"));
+        cases.push((rk(Int8Matrix::new(n, k, q, scales).unwrap()), "cuda.w8a8.int8xint8.dp4a"));
     }
     for (wq, id) in cases {
-        let w = DeviceWeight::from_quant(&dev, &wq, ActQuant::Int8PerToken).unwrap();
+        let w = wq.upload(&dev, ActQuant::Int8PerToken).unwrap();
         assert_eq!(w.kernel_id(), id);
         for m in TOKENS {
             let x = activations(&mut r, m, wq.cols());
@@ -313,9 +319,9 @@ fn fp8_matmul_matches_reference_and_cpu() {
     let mut r = rng(7);
     let (n, k) = (37, 544);
     for block in [[n, k], [1, k], [16, 128], [128, 64]] {
-        let wq = QuantMatrix::Fp8(fp8_matrix(&mut r, n, k, block));
+        let wq = rk(fp8_matrix(&mut r, n, k, block));
         let wd = dequantized_quant(&wq);
-        let w = DeviceWeight::from_quant(&dev, &wq, ActQuant::Fp8PerToken).unwrap();
+        let w = wq.upload(&dev, ActQuant::Fp8PerToken).unwrap();
         assert_eq!(w.kernel_id(), "cuda.w8a8.fp8xfp8");
         let bw = block[1].min(k);
         let nb = k.div_ceil(bw);
@@ -342,8 +348,8 @@ fn fp8_matmul_matches_reference_and_cpu() {
 fn shared_scratch_and_refusals() {
     let Some(dev) = test_device() else { return };
     let mut r = rng(8);
-    let wq = QuantMatrix::Int4(int4(&mut r, 16, 64, 32, true));
-    let w = DeviceWeight::from_quant(&dev, &wq, ActQuant::Int8PerToken).unwrap();
+    let wq = rk(int4(&mut r, 16, 64, 32, true));
+    let w = wq.upload(&dev, ActQuant::Int8PerToken).unwrap();
     let (m, k) = (5, 64);
     let x = randn(&mut r, m * k);
     let s = dev.stream();
@@ -359,8 +365,8 @@ fn shared_scratch_and_refusals() {
     let mut y1 = s.clone_htod(&vec![0f32; 16]).unwrap();
     assert!(matmul(&dev, &w, &xd.slice(1..65), 1, &mut y1.slice_mut(..)).is_err(), "misaligned x");
     assert!(matmul(&dev, &w, &xd.slice(..63), 1, &mut y1.slice_mut(..)).is_err(), "short x");
-    assert!(DeviceWeight::from_quant(&dev, &wq, ActQuant::Fp8PerToken).is_err());
-    let table = DeviceWeight::from_quant(&dev, &wq, ActQuant::F32).unwrap();
+    assert!(wq.upload(&dev, ActQuant::Fp8PerToken).is_err());
+    let table = wq.upload(&dev, ActQuant::F32).unwrap();
     let ids = s.clone_htod(&[0i32]).unwrap();
     assert!(embedding(&dev, &table, &ids, &mut y1.slice_mut(..)).is_err(), "quantized tables are GGUF-only");
 }

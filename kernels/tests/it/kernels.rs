@@ -4,12 +4,14 @@ use crate::common;
 
 use common::{assert_close, randn, random_weights, rng};
 use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, dots_f32, weighted_sum_f32};
-use tessera_kernels::linear::interleaved::{GemmLevel, Interleaved, GROUP};
-use tessera_kernels::linear::kquant::{Q4K_RECORD, Q5K_RECORD};
+use tessera_kernels::cpu::GemmLevel;
+use tessera_kernels::linear::ggml::interleaved::{Interleaved, GROUP};
+use tessera_kernels::linear::ggml::kquant::{Q4K_RECORD, Q5K_RECORD};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, quantize_q8_with, Q8Block};
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::linear::{LinearKernel, LinearPolicy, Weight, WeightView};
+use tessera_kernels::linear::ggml::{LinearKernel, Weight, WeightView};
+use tessera_kernels::linear::LinearPolicy;
 use tessera_kernels::ops::Rope;
 use tessera_kernels::reference;
 
@@ -472,7 +474,7 @@ fn grouped_matrices_with_different_switch_points() {
         let (wa, wb) = (Weight::Interleaved(&packed), Weight::Rows(view3));
         let ldy = 24 + 16;
         let mut y = vec![f32::NAN; m * ldy];
-        tessera_kernels::linear::forward_group(&[(&ka, wa, 0), (&kb, wb, 24)], &x, &segments, &mut y, ldy);
+        tessera_kernels::linear::ggml::forward_group(&[(&ka, wa, 0), (&kb, wb, 24)], &x, &segments, &mut y, ldy);
         let mut t0 = 0;
         for &len in &segments {
             let xs = &x[t0 * k..(t0 + len) * k];

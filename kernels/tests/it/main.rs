@@ -11,3 +11,4 @@ mod cuda_ops;
 mod kernels;
 mod quant_fp8;
 mod quant_int;
+mod toy_format;

@@ -22,9 +22,15 @@ use common::{randn, rng};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
-use tessera_kernels::quant::act::quantize_fp8_row;
-use tessera_kernels::quant::fp8::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
-use tessera_kernels::quant::{ActQuant, Fp8Matrix, QuantLinear, QuantMatrix};
+use tessera_kernels::linear::act::quantize_fp8_row;
+use tessera_kernels::linear::fp8::e4m3::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
+use tessera_kernels::linear::{ActQuant, RowKernel, Fp8Matrix, RowwiseLinear};
+use std::sync::Arc;
+
+/// A row-kernel matrix behind the trait object the driver takes.
+fn rk(m: impl RowKernel) -> Arc<dyn RowKernel> {
+    Arc::new(m)
+}
 
 const FIXTURE: &str = include_str!("../fixtures/fp8/e4m3.json");
 
@@ -231,7 +237,7 @@ fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2].into_iter().filter(|i| i.available()).collect()
 }
 
-fn forward(lin: &QuantLinear, x: &[f32], m: usize) -> Vec<f32> {
+fn forward(lin: &RowwiseLinear, x: &[f32], m: usize) -> Vec<f32> {
     let mut y = vec![f32::NAN; m * lin.rows()];
     lin.forward(x, m, &mut y, lin.rows());
     y
@@ -241,9 +247,9 @@ fn forward(lin: &QuantLinear, x: &[f32], m: usize) -> Vec<f32> {
 fn fp8_batch_invariance_bitwise() {
     let mut r = rng(21);
     for (name, rows, cols, block) in SHAPES {
-        let w = QuantMatrix::Fp8(random_matrix(&mut r, rows, cols, block));
+        let w = rk(random_matrix(&mut r, rows, cols, block));
         for isa in isas() {
-            let lin = QuantLinear::with_isa(w.clone(), ActQuant::Fp8PerToken, isa).expect("fp8 kernel");
+            let lin = RowwiseLinear::with_isa(w.clone(), ActQuant::Fp8PerToken, isa).expect("fp8 kernel");
             for m in [1, 2, 3, 5, 8, 13, 64, 100] {
                 let x = random_acts(&mut r, m, cols);
                 let y = forward(&lin, &x, m);
@@ -306,7 +312,7 @@ fn fp8_matches_f64_reference_and_avx2_matches_scalar() {
             let (refs, abs) = reference(&fm, &x, m);
             let mut outs = Vec::new();
             for isa in isas() {
-                let lin = QuantLinear::with_isa(QuantMatrix::Fp8(fm.clone()), ActQuant::Fp8PerToken, isa).expect("fp8 kernel");
+                let lin = RowwiseLinear::with_isa(rk(fm.clone()), ActQuant::Fp8PerToken, isa).expect("fp8 kernel");
                 let y = forward(&lin, &x, m);
                 for (e, ((&y, &rf), &a)) in y.iter().zip(&refs).zip(&abs).enumerate() {
                     let bound = (g + u) * a * 1.01;
@@ -338,7 +344,7 @@ fn fp8_rows_fp8_tile_matches_forward() {
         quantize_fp8_row(xi, 128, c, s);
     }
     for isa in isas() {
-        let lin = QuantLinear::with_isa(QuantMatrix::Fp8(fm.clone()), ActQuant::Fp8PerToken, isa).expect("fp8 kernel");
+        let lin = RowwiseLinear::with_isa(rk(fm.clone()), ActQuant::Fp8PerToken, isa).expect("fp8 kernel");
         let y = forward(&lin, &x, m);
         let (r0, r1) = (123, 133); // crosses the row-block boundary at 128
         let mut tile = vec![f32::NAN; (r1 - r0) * m];
@@ -370,5 +376,5 @@ fn fp8_constructor_errors_are_clear() {
     assert!(e.contains("block width 48"), "{e}");
     let e = Fp8Matrix::new(4, 64, [0, 64], q(4 * 64), vec![1.0]).unwrap_err();
     assert!(e.contains("block [0, 64] for 4x64"), "{e}");
-    assert!(QuantLinear::with_isa(QuantMatrix::Fp8(Fp8Matrix::new(4, 64, [1, 64], q(256), vec![1.0; 4]).unwrap()), ActQuant::Int8PerToken, Isa::Scalar).is_err());
+    assert!(RowwiseLinear::with_isa(rk(Fp8Matrix::new(4, 64, [1, 64], q(256), vec![1.0; 4]).unwrap()), ActQuant::Int8PerToken, Isa::Scalar).is_err());
 }

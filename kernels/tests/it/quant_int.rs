@@ -22,11 +22,17 @@ use common::{int4, randn, rng, scale};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use tessera_kernels::linear::interleaved::GemmLevel;
+use tessera_kernels::cpu::GemmLevel;
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::cpu::caps::bf16_dot_available;
-use tessera_kernels::quant::act::{quantize_int8_row, quantize_int8_row_scalar, round_bf16_row, round_bf16_scalar};
-use tessera_kernels::quant::{ActQuant, Int4Matrix, Int8Matrix, QuantLinear, QuantMatrix};
+use tessera_kernels::linear::act::{quantize_int8_row, quantize_int8_row_scalar, round_bf16_row, round_bf16_scalar};
+use tessera_kernels::linear::{ActQuant, Int4Matrix, Int8Matrix, LinearOp, RowKernel, RowwiseLinear};
+use std::sync::Arc;
+
+/// A row-kernel matrix behind the trait object the driver takes.
+fn rk(m: impl RowKernel) -> Arc<dyn RowKernel> {
+    Arc::new(m)
+}
 
 const EPS: f64 = f32::EPSILON as f64;
 
@@ -78,23 +84,23 @@ enum Scheme {
     W8A8,
 }
 
-fn layer(r: &mut ChaCha8Rng, s: Scheme, rows: usize, cols: usize, isa: Isa) -> QuantLinear {
+fn layer(r: &mut ChaCha8Rng, s: Scheme, rows: usize, cols: usize, isa: Isa) -> RowwiseLinear {
     let (w, act) = match s {
-        Scheme::W4A16 { group, asym } => (QuantMatrix::Int4(int4(r, rows, cols, group, asym)), ActQuant::F32),
-        Scheme::W4A16Bf16 { group, asym } => (QuantMatrix::Int4(int4(r, rows, cols, group, asym)), ActQuant::Bf16),
-        Scheme::W4A8 { group, asym } => (QuantMatrix::Int4(int4(r, rows, cols, group, asym)), ActQuant::Int8PerToken),
-        Scheme::W8A8 => (QuantMatrix::Int8(int8(r, rows, cols)), ActQuant::Int8PerToken),
+        Scheme::W4A16 { group, asym } => (rk(int4(r, rows, cols, group, asym)), ActQuant::F32),
+        Scheme::W4A16Bf16 { group, asym } => (rk(int4(r, rows, cols, group, asym)), ActQuant::Bf16),
+        Scheme::W4A8 { group, asym } => (rk(int4(r, rows, cols, group, asym)), ActQuant::Int8PerToken),
+        Scheme::W8A8 => (rk(int8(r, rows, cols)), ActQuant::Int8PerToken),
     };
-    QuantLinear::with_isa(w, act, isa).unwrap()
+    RowwiseLinear::with_isa(w, act, isa).unwrap()
 }
 
 /// The same layer on another ISA.
-fn on(l: &QuantLinear, isa: Isa) -> QuantLinear {
-    QuantLinear::with_isa(l.matrix().clone(), l.act(), isa).unwrap()
+fn on(l: &RowwiseLinear, isa: Isa) -> RowwiseLinear {
+    RowwiseLinear::with_isa(l.matrix().clone(), l.act(), isa).unwrap()
 }
 
 /// `y` (m × rows) from `forward`.
-fn run(l: &QuantLinear, x: &[f32], m: usize) -> Vec<f32> {
+fn run(l: &RowwiseLinear, x: &[f32], m: usize) -> Vec<f32> {
     let mut y = vec![f32::NAN; m * l.rows()];
     l.forward(x, m, &mut y, l.rows());
     y
@@ -118,7 +124,7 @@ fn seen(act: ActQuant, x: &[f32], k: usize) -> Vec<f64> {
 }
 
 /// f64 reference `(y, Σ|w·x|)` for each (token, row), over the dequantized rows.
-fn reference(l: &QuantLinear, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
+fn reference(l: &RowwiseLinear, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
     let (n, k) = (l.rows(), l.cols());
     let xs = seen(l.act(), x, k);
     let mut w = vec![0f32; k];
@@ -135,10 +141,10 @@ fn reference(l: &QuantLinear, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
 }
 
 /// Error bound factor (times `eps · Σ|w·x|`) of one kernel against the exact sum.
-fn bound(l: &QuantLinear) -> f64 {
-    let (k, ng) = match l.matrix() {
-        QuantMatrix::Int4(w) => (w.cols(), w.groups()),
-        m => (m.cols(), 1),
+fn bound(l: &RowwiseLinear) -> f64 {
+    let (k, ng) = match (l.matrix().as_ref() as &dyn std::any::Any).downcast_ref::<Int4Matrix>() {
+        Some(w) => (w.cols(), w.groups()),
+        None => (l.cols(), 1),
     };
     match l.act() {
         ActQuant::F32 | ActQuant::Bf16 => (k + ng + 4) as f64,
@@ -327,7 +333,7 @@ fn batching_never_changes_results() {
 }
 
 /// A row-range kernel `(r0, r1, out)` over fixed activations.
-type RowKernel<'a> = Box<dyn Fn(usize, usize, &mut [f32]) + 'a>;
+type RowFn<'a> = Box<dyn Fn(usize, usize, &mut [f32]) + 'a>;
 
 /// Any split of the rows into ranges (the parallel tasks) gives the same bits as one range.
 #[test]
@@ -344,7 +350,7 @@ fn row_ranges_never_change_results() {
     let xb = to_bf16(&x);
     let splits: [&[usize]; 4] = [&[0, 37], &[0, 1, 37], &[0, 5, 6, 19, 37], &[0, 8, 16, 24, 32, 37]];
     for isa in isas() {
-        let mut kernels: Vec<(&str, RowKernel)> = vec![
+        let mut kernels: Vec<(&str, RowFn)> = vec![
             ("w4a16", Box::new(|a, b, o: &mut [f32]| w4.rows_f32(isa, a, b, &x, m, o))),
             ("w4a8", Box::new(|a, b, o: &mut [f32]| w4.rows_int8(isa, a, b, &xq, &xs, m, o))),
             ("w4a16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_f32(isa, a, b, &x, m, o))),
@@ -372,18 +378,18 @@ fn row_ranges_never_change_results() {
 }
 
 /// Act-order layers gather the input columns first: same bits as gathering by hand, and the
-/// f64 reference over `QuantLinear::dequantize_row` (which undoes the permutation).
+/// f64 reference over `RowwiseLinear::dequantize_row` (which undoes the permutation).
 #[test]
 fn input_permutation_gathers_columns() {
     let mut r = rng(14);
     let (rows, cols, m) = (96, 576, 9);
     for isa in isas() {
         for (scheme, act) in [(true, ActQuant::F32), (true, ActQuant::Int8PerToken), (false, ActQuant::Int8PerToken)] {
-            let w = if scheme { QuantMatrix::Int4(int4(&mut r, rows, cols, 64, true)) } else { QuantMatrix::Int8(int8(&mut r, rows, cols)) };
+            let w = if scheme { rk(int4(&mut r, rows, cols, 64, true)) } else { rk(int8(&mut r, rows, cols)) };
             let mut perm: Vec<u32> = (0..cols as u32).collect();
             perm.shuffle(&mut r);
-            let plain = QuantLinear::with_isa(w.clone(), act, isa).unwrap();
-            let permuted = QuantLinear::with_isa(w, act, isa).unwrap().with_input_permutation(perm.clone()).unwrap();
+            let plain = RowwiseLinear::with_isa(w.clone(), act, isa).unwrap();
+            let permuted = RowwiseLinear::with_isa(w, act, isa).unwrap().with_input_permutation(perm.clone()).unwrap();
             let x = randn(&mut r, m * cols);
             let gathered: Vec<f32> = x.chunks_exact(cols).flat_map(|row| perm.iter().map(|&c| row[c as usize])).collect();
             let y = run(&permuted, &x, m);
@@ -527,7 +533,7 @@ fn int4_ragged_groups_layout_and_errors() {
                 assert_eq!(v.to_bits(), ((q[j * cols + c] - zg) as f32 * s[g]).to_bits(), "{cols}/{group} row {j} col {c}");
             }
         }
-        let storage = QuantMatrix::Int4(w).storage();
+        let storage = rk(w).storage();
         let want = if group >= cols { "channel".to_string() } else { format!("g{group}") };
         assert_eq!(storage, format!("int4 {want} {}", if asym { "asym" } else { "sym" }));
     }
@@ -562,7 +568,7 @@ fn fused_layers_equal_each_layer_alone() {
             layer(&mut r, Scheme::W4A16 { group: 128, asym: true }, 45, cols, isa),
         ];
         let x = randn(&mut r, m * cols);
-        let width: usize = layers.iter().map(QuantLinear::rows).sum::<usize>() + 3;
+        let width: usize = layers.iter().map(RowwiseLinear::rows).sum::<usize>() + 3;
         let mut y = vec![f32::NAN; m * width];
         let mut parts = Vec::new();
         let mut col = 1;
@@ -570,7 +576,7 @@ fn fused_layers_equal_each_layer_alone() {
             parts.push((l, col));
             col += l.rows();
         }
-        tessera_kernels::quant::forward_fused(&parts, &x, m, &mut y, width);
+        tessera_kernels::linear::rowwise::forward_fused(&parts, &x, m, &mut y, width);
         for (l, col) in parts {
             let alone = run(l, &x, m);
             for i in 0..m {
@@ -592,5 +598,5 @@ fn fused_layers_with_overlapping_outputs_are_refused() {
     let b = layer(&mut r, Scheme::W8A8, 16, 64, Isa::Scalar);
     let x = randn(&mut r, 64);
     let mut y = vec![0f32; 40];
-    tessera_kernels::quant::forward_fused(&[(&a, 0), (&b, 8)], &x, 1, &mut y, 40);
+    tessera_kernels::linear::rowwise::forward_fused(&[(&a, 0), (&b, 8)], &x, 1, &mut y, 40);
 }

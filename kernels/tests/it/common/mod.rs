@@ -4,7 +4,7 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::ggml::GgmlType;
-use tessera_kernels::quant::Int4Matrix;
+use tessera_kernels::linear::int4::Int4Matrix;
 
 /// Seeded RNG.
 pub fn rng(seed: u64) -> ChaCha8Rng {

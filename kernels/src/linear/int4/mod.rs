@@ -7,8 +7,17 @@
 //! holding column `j` in its low nibble and column `j + 16` in its high nibble, as `q + 8`
 //! (0..=15). So a 16-byte load unpacks to 32 consecutive columns with one mask and one shift.
 
-use crate::linear::interleaved::GemmLevel;
+pub(crate) mod avx512_bf16;
+
+use crate::cpu::GemmLevel;
 use crate::cpu::Isa;
+use crate::cpu::caps::CpuCaps;
+use crate::cuda::device::CudaDevice;
+use crate::cuda::linear::{DeviceWeight, Format, QuantPlanes};
+use crate::cuda::CudaError;
+use crate::linear::rowwise::{Prepared, RowKernel};
+use crate::linear::{ActQuant, LinearPolicy};
+use std::ops::Range;
 
 /// Columns per packed run.
 pub const RUN: usize = 32;
@@ -69,7 +78,7 @@ impl Int4Matrix {
         Ok(Int4Matrix { rows, cols, group, packed, scales, zeros })
     }
 
-    /// Rows `rows` and input columns `cols` of this matrix (see [`super::QuantMatrix::slice`]):
+    /// Rows `rows` and input columns `cols` of this matrix (see [`crate::linear::WeightMatrix::slice`]):
     /// the columns must start on a group boundary unless the scales are per channel.
     pub fn slice(&self, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) -> Result<Self, String> {
         if !self.per_channel() && !cols.start.is_multiple_of(self.group) {
@@ -227,7 +236,7 @@ impl Int4Matrix {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: AVX2+FMA checked above; shapes asserted above.
                 unsafe {
-                    super::avx2_int::int4_f32(self, r0, r1, x, m, out)
+                    crate::linear::int_dot_avx2::int4_f32(self, r0, r1, x, m, out)
                 }
             }
         }
@@ -255,7 +264,7 @@ impl Int4Matrix {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: AVX-512 BF16 checked above; shapes asserted above.
                 unsafe {
-                    super::avx512_bf16::int4_bf16(self, r0, r1, xb, m, out)
+                    avx512_bf16::int4_bf16(self, r0, r1, xb, m, out)
                 }
             }
         }
@@ -288,12 +297,101 @@ impl Int4Matrix {
             GemmLevel::Scalar => self.rows_int8_scalar(r0, r1, xq, xs, m, out),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the level's features checked above; shapes asserted above.
-            GemmLevel::Avx2 => unsafe { super::avx2_int::int4_int8::<false>(self, r0, r1, xq, xs, m, out) },
+            GemmLevel::Avx2 => unsafe { crate::linear::int_dot_avx2::int4_int8::<false>(self, r0, r1, xq, xs, m, out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            GemmLevel::Avx512Vnni => unsafe { super::avx2_int::int4_int8::<true>(self, r0, r1, xq, xs, m, out) },
+            GemmLevel::Avx512Vnni => unsafe { crate::linear::int_dot_avx2::int4_int8::<true>(self, r0, r1, xq, xs, m, out) },
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("only the scalar level is available off x86-64"),
         }
+    }
+}
+
+impl RowKernel for Int4Matrix {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn bytes(&self) -> usize {
+        Int4Matrix::bytes(self)
+    }
+
+    fn storage(&self) -> String {
+        let g = if self.per_channel() { "channel".to_string() } else { format!("g{}", self.group) };
+        format!("int4 {g} {}", if self.has_zeros() { "asym" } else { "sym" })
+    }
+
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        Int4Matrix::dequantize_row(self, r, out)
+    }
+
+    fn col_align(&self) -> usize {
+        if self.per_channel() {
+            RUN
+        } else {
+            self.group.max(RUN)
+        }
+    }
+
+    fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<Self, String> {
+        Int4Matrix::slice(self, rows, cols)
+    }
+
+    fn accepts(&self, act: ActQuant) -> bool {
+        matches!(act, ActQuant::F32 | ActQuant::Bf16 | ActQuant::Int8PerToken)
+    }
+
+    /// A weight-only (W4A16) layer takes int8 activations under `policy.int4_int8_act`
+    /// (noted), bf16 ones under `policy.int4_bf16_act` where the CPU has the AVX-512 BF16 dot,
+    /// f32 otherwise.
+    fn activations(&self, checkpoint: ActQuant, caps: &CpuCaps, policy: LinearPolicy) -> (ActQuant, Option<String>) {
+        match checkpoint {
+            ActQuant::F32 if policy.int4_int8_act => {
+                (ActQuant::Int8PerToken, Some("16-bit activations in the checkpoint; quantized to int8 per token (--compute int8-act)".into()))
+            }
+            ActQuant::F32 if policy.int4_bf16_act && caps.avx512bf16 => (ActQuant::Bf16, None),
+            act => (act, None),
+        }
+    }
+
+    fn row_range(&self, isa: Isa, act: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
+        match act {
+            Prepared::F32(x) => self.rows_f32(isa, r0, r1, x, m, tile),
+            Prepared::Bf16(xb) => self.rows_bf16(isa, r0, r1, xb, m, tile),
+            Prepared::Int8 { q, scales } => self.rows_int8(isa, r0, r1, q, scales, m, tile),
+            Prepared::Fp8 { .. } => unreachable!("int4 takes no fp8 activations (checked by accepts)"),
+        }
+    }
+
+    fn kernel_id(&self, act: ActQuant, isa: Isa) -> String {
+        match act {
+            ActQuant::F32 => format!("cpu.w4a16.int4xf32.{}", isa.name()),
+            ActQuant::Bf16 => format!("cpu.w4a16.int4xbf16.{}", if isa == Isa::Scalar { "scalar" } else { "avx512bf16" }),
+            _ => format!("cpu.w4a8.int4xint8.{}", GemmLevel::for_isa(isa).name()),
+        }
+    }
+
+    /// W4A16 (f32 activations) and W4A8 (int8) have CUDA kernels; bf16 activations do not.
+    fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError> {
+        if !matches!(act, ActQuant::F32 | ActQuant::Int8PerToken) {
+            return Err(CudaError::Shape(format!("no CUDA kernel for {} weights with {} activations", RowKernel::storage(self), act.name())));
+        }
+        let rows = 0..self.rows;
+        DeviceWeight::from_planes(
+            dev,
+            QuantPlanes {
+                format: Format::Int4 { group: self.group.min(self.cols), act },
+                storage: RowKernel::storage(self),
+                rows: self.rows,
+                cols: self.cols,
+                codes: rows.clone().flat_map(|r| self.packed_row(r).iter().copied()).collect(),
+                scales: rows.clone().flat_map(|r| self.row_scales(r).iter().copied()).collect(),
+                zeros: self.has_zeros().then(|| rows.flat_map(|r| self.row_zeros(r).unwrap_or(&[]).iter().copied()).collect()),
+            },
+        )
     }
 }

@@ -1,6 +1,6 @@
 //! AVX2 + FMA kernels for the int4 / int8 linear layers (W4A16, W4A8, W8A8 int8), with an
 //! AVX-512 VNNI level of the W4A8 and W8A8 int8 integer sums (chosen by
-//! [`crate::linear::interleaved::GemmLevel`], as the GGUF integer GEMM's is).
+//! [`crate::cpu::GemmLevel`], as the GGUF integer GEMM's is).
 //!
 //! Every kernel fills `out[(r - r0) * m + i]` like the scalar ones in [`super::int4`] and
 //! [`super::int8`], walking the tokens in blocks of up to 8 and, per block, every weight row
@@ -74,7 +74,7 @@ fn lane_sums(v: &[__m256i], sums: &mut [i32]) {
 /// AVX2+FMA available; `r0 <= r1 <= w.rows()`, `x.len() == m * w.cols()`,
 /// `out.len() >= (r1 - r0) * m`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn int4_f32(w: &Int4Matrix, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
+pub(crate) unsafe fn int4_f32(w: &Int4Matrix, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
     // Rows go in slices whose state (512 bytes a row) stays small: a large state buffer would
     // be mapped and unmapped by the allocator on every call.
     let mut state = vec![_mm256_setzero_ps(); (r1 - r0).min(STATE_ROWS) * STATE];
@@ -253,7 +253,7 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
 /// With `VNNI` (the CPU must have AVX-512 F/BW/VNNI) the integer sums come from
 /// [`int4_micro_vnni`]: the same integers, so the same bits.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn int4_int8<const VNNI: bool>(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+pub(crate) unsafe fn int4_int8<const VNNI: bool>(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
     let asum = group_sums(xq, w.cols(), w.group());
     let mut t0 = 0;
     while t0 < m {
@@ -601,7 +601,7 @@ fn int4_epilogue_tokens(s: &[f32], z: Option<&[i8]>, lanes: &[__m256i], asum_gt:
 /// AVX2+FMA available; `r0 <= r1 <= w.rows()`, `xq.len() == m * w.cols()` with no -128,
 /// `xs.len() == m`, `out.len() >= (r1 - r0) * m`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn int8_int8<const VNNI: bool>(w: &Int8Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+pub(crate) unsafe fn int8_int8<const VNNI: bool>(w: &Int8Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
     let mut t0 = 0;
     while t0 < m {
         let t = (m - t0).min(TOKENS);

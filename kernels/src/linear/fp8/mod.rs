@@ -1,8 +1,17 @@
 //! FP8 E4M3 weight matrices (W8A8 FP8): scales per tensor, per output channel, or per
 //! `[bh, bw]` block (DeepSeek's 128x128 `weight_scale_inv`).
 
-use super::fp8::{e4m3_is_nan, e4m3_to_f32};
+pub(crate) mod avx2;
+pub mod e4m3;
+
+use e4m3::{e4m3_is_nan, e4m3_to_f32};
 use crate::cpu::Isa;
+use crate::cuda::device::CudaDevice;
+use crate::cuda::linear::{DeviceWeight, Format, QuantPlanes};
+use crate::cuda::CudaError;
+use crate::linear::rowwise::{Prepared, RowKernel};
+use crate::linear::ActQuant;
+use std::ops::Range;
 
 /// An E4M3 matrix: `W[r, c] = e4m3(q[r, c]) * s[r / bh, c / bw]`.
 #[derive(Clone, Debug)]
@@ -44,7 +53,7 @@ impl Fp8Matrix {
         Ok(Fp8Matrix { rows, cols, block, q, scales })
     }
 
-    /// Rows `rows` and input columns `cols` of this matrix (see [`super::QuantMatrix::slice`]):
+    /// Rows `rows` and input columns `cols` of this matrix (see [`crate::linear::WeightMatrix::slice`]):
     /// both must start on a scale-block boundary unless one block spans that whole dimension.
     pub fn slice(&self, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) -> Result<Self, String> {
         let [bh, bw] = self.block;
@@ -150,11 +159,93 @@ impl Fp8Matrix {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: AVX2+FMA+F16C presence and all shapes checked above.
                 unsafe {
-                    super::avx2_fp8::rows_fp8(self, r0, r1, codes, xs, m, out)
+                    avx2::rows_fp8(self, r0, r1, codes, xs, m, out)
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 unreachable!()
             }
         }
+    }
+}
+
+impl RowKernel for Fp8Matrix {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn bytes(&self) -> usize {
+        Fp8Matrix::bytes(self)
+    }
+
+    fn storage(&self) -> String {
+        match self.block {
+            [bh, bw] if bh == self.rows && bw == self.cols => "fp8 tensor".into(),
+            [1, bw] if bw == self.cols => "fp8 channel".into(),
+            [bh, bw] => format!("fp8 block {bh}x{bw}"),
+        }
+    }
+
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        Fp8Matrix::dequantize_row(self, r, out)
+    }
+
+    fn col_align(&self) -> usize {
+        if self.block[1] < self.cols {
+            self.block[1].max(32)
+        } else {
+            32
+        }
+    }
+
+    fn row_align(&self) -> usize {
+        if self.block[0] < self.rows {
+            self.block[0]
+        } else {
+            1
+        }
+    }
+
+    fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<Self, String> {
+        Fp8Matrix::slice(self, rows, cols)
+    }
+
+    fn accepts(&self, act: ActQuant) -> bool {
+        act == ActQuant::Fp8PerToken
+    }
+
+    fn act_block(&self) -> usize {
+        self.block[1]
+    }
+
+    fn row_range(&self, isa: Isa, act: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
+        let Prepared::Fp8 { codes, scales } = act else { unreachable!("fp8 takes fp8 activations (checked by accepts)") };
+        self.rows_fp8(isa, r0, r1, codes, scales, m, tile)
+    }
+
+    fn kernel_id(&self, _act: ActQuant, isa: Isa) -> String {
+        format!("cpu.w8a8.fp8xfp8.{}", isa.name())
+    }
+
+    fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError> {
+        if act != ActQuant::Fp8PerToken {
+            return Err(CudaError::Shape(format!("no CUDA kernel for fp8 weights with {} activations", act.name())));
+        }
+        let [bh, bw] = self.block;
+        DeviceWeight::from_planes(
+            dev,
+            QuantPlanes {
+                format: Format::Fp8 { bh: bh.min(self.rows), bw: bw.min(self.cols) },
+                storage: RowKernel::storage(self),
+                rows: self.rows,
+                cols: self.cols,
+                codes: (0..self.rows).flat_map(|r| self.row(r).iter().copied()).collect(),
+                scales: (0..self.rows.div_ceil(bh)).flat_map(|rb| self.row_scales(rb * bh).iter().copied()).collect(),
+                zeros: None,
+            },
+        )
     }
 }

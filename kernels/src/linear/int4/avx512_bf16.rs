@@ -17,7 +17,7 @@
 #![cfg(target_arch = "x86_64")]
 
 use crate::cpu::simd::hsum;
-use super::int4::{Int4Matrix, RUN};
+use super::{Int4Matrix, RUN};
 use std::arch::x86_64::*;
 
 /// Most tokens one block serves.
@@ -30,7 +30,7 @@ const TOKENS: usize = 8;
 /// AVX-512 F/BW/VL/BF16 available ([`crate::cpu::caps::bf16_dot_available`]);
 /// `r0 <= r1 <= w.rows()`, `xb.len() == m * w.cols()`, `out.len() >= (r1 - r0) * m`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(super) unsafe fn int4_bf16(w: &Int4Matrix, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
+pub(crate) unsafe fn int4_bf16(w: &Int4Matrix, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
     let tables = value_tables();
     let mut t0 = 0;
     while t0 < m {
@@ -163,12 +163,12 @@ fn bh(v: __m256i) -> __m256bh {
 }
 
 /// `out[i]` = the bf16 bits of `x[i]`, rounded to nearest even with subnormal inputs taken as
-/// zero (`vcvtneps2bf16`, 16 at a time); equal to [`super::act::round_bf16_scalar`].
+/// zero (`vcvtneps2bf16`, 16 at a time); equal to [`crate::linear::act::round_bf16_scalar`].
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/BF16 available; `x.len() == out.len()`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(super) unsafe fn round_bf16(x: &[f32], out: &mut [u16]) {
+pub(crate) unsafe fn round_bf16(x: &[f32], out: &mut [u16]) {
     let mut xc = x.chunks_exact(16);
     let mut oc = out.chunks_exact_mut(16);
     for (xs, os) in (&mut xc).zip(&mut oc) {
@@ -179,6 +179,6 @@ pub(super) unsafe fn round_bf16(x: &[f32], out: &mut [u16]) {
         }
     }
     for (o, &v) in oc.into_remainder().iter_mut().zip(xc.remainder()) {
-        *o = super::act::round_bf16_scalar(v);
+        *o = crate::linear::act::round_bf16_scalar(v);
     }
 }

@@ -17,7 +17,7 @@
 //! same per-output operations.
 #![cfg(target_arch = "x86_64")]
 
-use super::fp8_matrix::Fp8Matrix;
+use super::Fp8Matrix;
 use crate::cpu::simd::hsum;
 use std::arch::x86_64::*;
 
@@ -119,7 +119,7 @@ unsafe fn tile_direct(q: [*const u8; DR], x: *const f32, k: usize, bw: usize, sw
 /// AVX2 + FMA + F16C available; `r0 <= r1 <= w.rows()`, `codes.len() == m * k`,
 /// `xs.len() == m * ceil(k / bw)`, `out.len() >= (r1 - r0) * m`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows_fp8(w: &Fp8Matrix, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
+pub(crate) unsafe fn rows_fp8(w: &Fp8Matrix, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
     let (k, bw) = (w.cols(), w.block()[1]);
     let nb = k.div_ceil(bw);
     if m == 1 {
@@ -179,7 +179,7 @@ fn put<const T: usize>(res: &[[f32; T]; PR], rows: usize, m: usize, at: usize, o
     }
 }
 
-/// [`super::act::quantize_fp8_row`] on AVX2, bit-identical to the scalar version: the same
+/// [`crate::linear::act::quantize_fp8_row`] on AVX2, bit-identical to the scalar version: the same
 /// absmax (max is exact and order-free; NaN is skipped as `f32::max` does), the same IEEE
 /// division, and the same round-to-nearest-even onto E4M3 values: on the f32 bits for normals
 /// (keep 3 mantissa bits), by adding and removing 2¹⁴ (whose f32 spacing is E4M3's subnormal
@@ -189,7 +189,7 @@ fn put<const T: usize>(res: &[[f32; T]; PR], rows: usize, m: usize, at: usize, o
 /// AVX2 available; `group` and `x.len()` are multiples of 8, `x.len() == codes.len()`,
 /// `scales.len() == ceil(x.len() / group)`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32], scales: &mut [f32]) {
+pub(crate) unsafe fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32], scales: &mut [f32]) {
     let signbit = _mm256_set1_ps(-0.0);
     for ((xs, cs), s) in x.chunks(group).zip(codes.chunks_mut(group)).zip(scales.iter_mut()) {
         let mut amax = _mm256_setzero_ps();
@@ -201,7 +201,7 @@ pub(super) unsafe fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32]
         let mut lanes = [0f32; 8];
         // SAFETY: 8 floats in lanes.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), amax) };
-        *s = lanes.iter().fold(0f32, |m, &v| m.max(v)) / super::fp8::E4M3_MAX;
+        *s = lanes.iter().fold(0f32, |m, &v| m.max(v)) / super::e4m3::E4M3_MAX;
         if *s == 0.0 {
             cs.fill(0.0);
             continue;
@@ -210,7 +210,7 @@ pub(super) unsafe fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32]
         for (v, c) in xs.chunks_exact(8).zip(cs.chunks_exact_mut(8)) {
             // SAFETY: 8 floats in v.
             let v = _mm256_div_ps(unsafe { _mm256_loadu_ps(v.as_ptr()) }, sv);
-            let a = _mm256_min_ps(_mm256_andnot_ps(signbit, v), _mm256_set1_ps(super::fp8::E4M3_MAX));
+            let a = _mm256_min_ps(_mm256_andnot_ps(signbit, v), _mm256_set1_ps(super::e4m3::E4M3_MAX));
             let bits = _mm256_castps_si256(a);
             let odd = _mm256_and_si256(_mm256_srli_epi32(bits, 20), _mm256_set1_epi32(1));
             let up = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7_FFFF)));
@@ -230,7 +230,7 @@ pub(super) unsafe fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32]
 mod tests {
     use super::*;
     use crate::cpu::Isa;
-    use crate::quant::fp8::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3};
+    use crate::linear::fp8::e4m3::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3};
 
     /// The SIMD activation quantizer gives the scalar formula's codes bit for bit, on groups
     /// at many magnitudes (E4M3 subnormals, ties), with NaN, infinities and zero groups.

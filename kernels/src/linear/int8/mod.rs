@@ -1,7 +1,13 @@
 //! Int8 weight matrices (W8A8 int8): symmetric per-output-channel scales, row-major values.
 
-use crate::linear::interleaved::GemmLevel;
+use crate::cpu::GemmLevel;
 use crate::cpu::Isa;
+use crate::cuda::device::CudaDevice;
+use crate::cuda::linear::{DeviceWeight, Format, QuantPlanes};
+use crate::cuda::CudaError;
+use crate::linear::rowwise::{Prepared, RowKernel};
+use crate::linear::ActQuant;
+use std::ops::Range;
 
 /// An int8 matrix: `W[r, c] = q[r, c] * s[r]`.
 #[derive(Clone, Debug)]
@@ -32,7 +38,7 @@ impl Int8Matrix {
         Ok(Int8Matrix { rows, cols, q, scales })
     }
 
-    /// Rows `rows` and input columns `cols` of this matrix (see [`super::QuantMatrix::slice`]).
+    /// Rows `rows` and input columns `cols` of this matrix (see [`crate::linear::WeightMatrix::slice`]).
     pub fn slice(&self, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) -> Result<Self, String> {
         let q = rows.clone().flat_map(|r| &self.row(r)[cols.clone()]).copied().collect();
         Int8Matrix::new(rows.len(), cols.len(), q, self.scales[rows].to_vec())
@@ -114,10 +120,67 @@ impl Int8Matrix {
         // SAFETY: the level's features checked above; shapes asserted above; no -128 in xq.
         unsafe {
             if level == GemmLevel::Avx512Vnni {
-                super::avx2_int::int8_int8::<true>(self, r0, r1, xq, xs, m, out)
+                crate::linear::int_dot_avx2::int8_int8::<true>(self, r0, r1, xq, xs, m, out)
             } else {
-                super::avx2_int::int8_int8::<false>(self, r0, r1, xq, xs, m, out)
+                crate::linear::int_dot_avx2::int8_int8::<false>(self, r0, r1, xq, xs, m, out)
             }
         }
+    }
+}
+
+impl RowKernel for Int8Matrix {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn bytes(&self) -> usize {
+        Int8Matrix::bytes(self)
+    }
+
+    fn storage(&self) -> String {
+        "int8 channel".into()
+    }
+
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        Int8Matrix::dequantize_row(self, r, out)
+    }
+
+    fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<Self, String> {
+        Int8Matrix::slice(self, rows, cols)
+    }
+
+    fn accepts(&self, act: ActQuant) -> bool {
+        act == ActQuant::Int8PerToken
+    }
+
+    fn row_range(&self, isa: Isa, act: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
+        let Prepared::Int8 { q, scales } = act else { unreachable!("int8 takes int8 activations (checked by accepts)") };
+        self.rows_int8(isa, r0, r1, q, scales, m, tile)
+    }
+
+    fn kernel_id(&self, _act: ActQuant, isa: Isa) -> String {
+        format!("cpu.w8a8.int8xint8.{}", GemmLevel::for_isa(isa).name())
+    }
+
+    fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError> {
+        if act != ActQuant::Int8PerToken {
+            return Err(CudaError::Shape(format!("no CUDA kernel for int8 weights with {} activations", act.name())));
+        }
+        DeviceWeight::from_planes(
+            dev,
+            QuantPlanes {
+                format: Format::Int8,
+                storage: RowKernel::storage(self),
+                rows: self.rows,
+                cols: self.cols,
+                codes: (0..self.rows).flat_map(|r| self.row(r).iter().map(|&v| v as u8)).collect(),
+                scales: (0..self.rows).map(|r| self.scale(r)).collect(),
+                zeros: None,
+            },
+        )
     }
 }

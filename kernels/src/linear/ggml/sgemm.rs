@@ -7,7 +7,7 @@
 //! group is reused by every token while it sits in L2.
 
 use crate::cpu::{pool, SyncPtr};
-use crate::linear::Weight;
+use super::Weight;
 use std::arch::x86_64::*;
 
 /// Columns (weight rows) per packed sliver.

@@ -11,7 +11,33 @@
 //!
 //! An all-zero row gets scale 0 and zero codes.
 
-use super::fp8::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
+use super::fp8::e4m3::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
+
+/// How activations enter a linear layer at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActQuant {
+    /// Kept in f32 (weight-only schemes: W4A16; GGUF and float layers).
+    F32,
+    /// Rounded to bf16 (W4A16's 16-bit activations, as vLLM's Marlin kernels take them), for
+    /// the AVX-512 BF16 dot.
+    Bf16,
+    /// Dynamic per-token int8, absmax / 127 (W4A8, W8A8 int8).
+    Int8PerToken,
+    /// Dynamic per-token (per column block with block scales) E4M3, absmax / 448 (W8A8 FP8).
+    Fp8PerToken,
+}
+
+impl ActQuant {
+    /// Name for plans (`f32`, `bf16`, `int8/token`, `fp8/token`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ActQuant::F32 => "f32",
+            ActQuant::Bf16 => "bf16",
+            ActQuant::Int8PerToken => "int8/token",
+            ActQuant::Fp8PerToken => "fp8/token",
+        }
+    }
+}
 
 /// Quantizes one row to int8; returns the scale (`x ≈ scale * q`). Runs the AVX2 version
 /// where the CPU has it; both give the same bytes ([`quantize_int8_row_scalar`]).
@@ -114,7 +140,7 @@ pub fn round_bf16_row(x: &[f32], out: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::caps::bf16_dot_available() {
         // SAFETY: AVX-512 BF16 checked just above; lengths asserted equal.
-        unsafe { super::avx512_bf16::round_bf16(x, out) };
+        unsafe { super::int4::avx512_bf16::round_bf16(x, out) };
         return;
     }
     for (o, &v) in out.iter_mut().zip(x) {
@@ -141,7 +167,7 @@ pub fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32], scales: &mut
     #[cfg(target_arch = "x86_64")]
     if group.is_multiple_of(8) && x.len().is_multiple_of(8) && crate::cpu::Isa::Avx2.available() {
         // SAFETY: AVX2 checked; group is a multiple of 8; lengths asserted above.
-        unsafe { super::avx2_fp8::quantize_fp8_row(x, group, codes, scales) };
+        unsafe { super::fp8::avx2::quantize_fp8_row(x, group, codes, scales) };
         return;
     }
     for ((xs, cs), s) in x.chunks(group).zip(codes.chunks_mut(group)).zip(scales.iter_mut()) {

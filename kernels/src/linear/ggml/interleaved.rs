@@ -26,11 +26,11 @@
 //! and the extra cost, one float epilogue per 32 values per eight rows instead of per 256, is
 //! hidden behind the weight stream at decode.
 
-use crate::cpu::caps::Isa;
+use crate::cpu::caps::GemmLevel;
 use super::kquant;
 use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
 use crate::ggml::{GgmlType, QK_K};
-use crate::linear::WeightView;
+use super::WeightView;
 use half::f16;
 
 /// Weight rows per interleaved group (one per 32-bit lane of a 256-bit register).
@@ -48,63 +48,6 @@ const TILE_512: usize = 8;
 /// before the next tokens are read: 32 tokens of 576 values are 27 KiB.
 const TOKEN_BLOCK: usize = 32;
 
-/// An implementation of the integer GEMM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GemmLevel {
-    /// Portable Rust: the reference the others equal bit for bit.
-    Scalar,
-    /// 256-bit `vpmaddubsw` / `vpmaddwd` (AVX2, FMA, F16C).
-    Avx2,
-    /// 512-bit `vpdpbusd` (AVX-512 F/BW/VNNI, plus the AVX2 set): a code chunk of two groups
-    /// (sixteen rows) per instruction, with the four-byte sums accumulated in i32 directly.
-    Avx512Vnni,
-}
-
-impl GemmLevel {
-    /// Every level, slowest first.
-    pub const ALL: [GemmLevel; 3] = [GemmLevel::Scalar, GemmLevel::Avx2, GemmLevel::Avx512Vnni];
-
-    /// The fastest level this CPU runs for kernels selected at `isa`: the AVX-512 VNNI
-    /// kernel wherever the CPU has it (it computes the same integers, so the results are
-    /// identical), else the level of `isa`.
-    pub fn for_isa(isa: Isa) -> Self {
-        match isa {
-            Isa::Scalar => GemmLevel::Scalar,
-            Isa::Avx2 if GemmLevel::Avx512Vnni.available() => GemmLevel::Avx512Vnni,
-            Isa::Avx2 => GemmLevel::Avx2,
-        }
-    }
-
-    /// Whether this CPU can run the level.
-    pub fn available(self) -> bool {
-        match self {
-            GemmLevel::Scalar => true,
-            GemmLevel::Avx2 => Isa::Avx2.available(),
-            #[cfg(target_arch = "x86_64")]
-            GemmLevel::Avx512Vnni => {
-                // Asked per GEMM task: detected once.
-                static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                *VNNI.get_or_init(|| {
-                    Isa::Avx2.available()
-                        && is_x86_feature_detected!("avx512f")
-                        && is_x86_feature_detected!("avx512bw")
-                        && is_x86_feature_detected!("avx512vnni")
-                })
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            GemmLevel::Avx512Vnni => false,
-        }
-    }
-
-    /// Short name used in kernel ids.
-    pub fn name(self) -> &'static str {
-        match self {
-            GemmLevel::Scalar => "scalar",
-            GemmLevel::Avx2 => "avx2",
-            GemmLevel::Avx512Vnni => "avx512vnni",
-        }
-    }
-}
 
 /// A Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K matrix in the interleaved layout.
 #[derive(Clone)]

@@ -1,0 +1,351 @@
+//! The driver shared by formats whose kernel multiplies a range of weight rows with
+//! activations prepared once per call (int4, int8, fp8, and any format that implements
+//! [`RowKernel`]).
+//!
+//! A [`RowwiseLinear`] pairs such a matrix with the activation handling its checkpoint
+//! prescribes (or the run's policy picks: [`RowKernel::activations`]) and the ISA it runs on.
+//! One entry point serves every batch size (decode to prefill), and each output element is
+//! computed the same way whatever the batch holds, so batching never changes a token's result.
+//!
+//! Numerics (each format's kernels are tested against the scalar reference in its folder):
+//! - W4A16: int4 values dequantized in registers, f32 products and accumulation; with bf16
+//!   activations (rounded once per call) the AVX-512 BF16 dot, whose products are exact too.
+//! - W4A8 / W8A8 int8: activations quantized per token to int8 ([`super::act`]), integer
+//!   products summed in int32 per scale group (AVX2 `maddubs` or AVX-512 `vpdpbusd`, the same
+//!   integers), then `token scale × channel (group) scale` in f32.
+//! - W8A8 FP8: activations rounded to E4M3 per token (per token and column block for block
+//!   scales), products of E4M3 values (exact in f32) summed in f32, scales applied per block.
+
+use super::act::{self, ActQuant};
+use super::{downcast_group, rows_per_task, LinearOp, LinearPolicy, OpPlan, WeightMatrix};
+use crate::cpu::caps::{CpuCaps, Isa};
+use crate::cpu::{pool, SyncPtr};
+use crate::cuda::device::CudaDevice;
+use crate::cuda::linear::DeviceWeight;
+use crate::cuda::CudaError;
+use std::any::Any;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// A weight format whose kernels multiply weight rows `r0..r1` with prepared activations.
+/// Implementing it makes the format a [`WeightMatrix`] run by [`RowwiseLinear`].
+pub trait RowKernel: Send + Sync + fmt::Debug + Any {
+    /// Output features.
+    fn rows(&self) -> usize;
+    /// Input features (a multiple of 32).
+    fn cols(&self) -> usize;
+    /// Bytes held (values and scales).
+    fn bytes(&self) -> usize;
+    /// Storage for plans, e.g. `int4 g128 asym`.
+    fn storage(&self) -> String;
+    /// Row `r` as f32 (the scalar reference).
+    fn dequantize_row(&self, r: usize, out: &mut [f32]);
+    /// Granularity of a tensor-parallel column cut (at least the kernels' 32-column runs).
+    fn col_align(&self) -> usize {
+        32
+    }
+    /// Granularity of a tensor-parallel row cut.
+    fn row_align(&self) -> usize {
+        1
+    }
+    /// Rows `rows` and input columns `cols` (in bounds, on 32-column runs: checked by the
+    /// caller), refused when the cut splits a scale group or block.
+    fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<Self, String>
+    where
+        Self: Sized;
+    /// Whether a kernel multiplies this format with `act` activations.
+    fn accepts(&self, act: ActQuant) -> bool;
+    /// The activations a layer runs with, given the checkpoint's and the run's policy, and a
+    /// note when they differ from the checkpoint's. Default: the checkpoint's.
+    fn activations(&self, checkpoint: ActQuant, _caps: &CpuCaps, _policy: LinearPolicy) -> (ActQuant, Option<String>) {
+        (checkpoint, None)
+    }
+    /// Columns per activation scale for [`ActQuant::Fp8PerToken`] (FP8 block scales);
+    /// default the whole row.
+    fn act_block(&self) -> usize {
+        self.cols()
+    }
+    /// Weight rows `r0..r1` for all `m` tokens into `tile[(r - r0) * m + i]`.
+    #[allow(clippy::too_many_arguments)] // matrix, level, activations, row range, tokens, tile
+    fn row_range(&self, isa: Isa, act: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]);
+    /// Kernel id for plans, e.g. `cpu.w4a8.int4xint8.avx2`.
+    fn kernel_id(&self, act: ActQuant, isa: Isa) -> String;
+    /// The matrix on a GPU for activations `act`.
+    fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError>;
+}
+
+impl<T: RowKernel> WeightMatrix for T {
+    fn rows(&self) -> usize {
+        RowKernel::rows(self)
+    }
+
+    fn cols(&self) -> usize {
+        RowKernel::cols(self)
+    }
+
+    fn bytes(&self) -> usize {
+        RowKernel::bytes(self)
+    }
+
+    fn storage(&self) -> String {
+        RowKernel::storage(self)
+    }
+
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        RowKernel::dequantize_row(self, r, out)
+    }
+
+    fn col_align(&self) -> usize {
+        RowKernel::col_align(self)
+    }
+
+    fn row_align(&self) -> usize {
+        RowKernel::row_align(self)
+    }
+
+    fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<Arc<dyn WeightMatrix>, String> {
+        let (n, k) = (RowKernel::rows(self), RowKernel::cols(self));
+        if rows.start >= rows.end || rows.end > n || cols.start >= cols.end || cols.end > k {
+            return Err(format!("shard rows {rows:?} x cols {cols:?} outside a {n}x{k} matrix"));
+        }
+        if !cols.start.is_multiple_of(32) || !(cols.end.is_multiple_of(32) || cols.end == k) {
+            return Err(format!("input columns {cols:?} do not fall on the kernels' 32-column runs"));
+        }
+        Ok(Arc::new(RowKernel::slice(self, rows, cols)?))
+    }
+
+    fn op(self: Arc<Self>, act: ActQuant, perm: Option<Vec<u32>>, caps: &CpuCaps, policy: LinearPolicy) -> Result<Box<dyn LinearOp>, String> {
+        let (act, note) = RowKernel::activations(&*self, act, caps, policy);
+        let mut op = RowwiseLinear::new(self as Arc<dyn RowKernel>, act, caps)?;
+        op.note = note;
+        if let Some(p) = perm {
+            op = op.with_input_permutation(p)?;
+        }
+        Ok(Box::new(op))
+    }
+
+    fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError> {
+        RowKernel::upload(self, dev, act)
+    }
+}
+
+/// Activations prepared once per call for every row task.
+#[derive(Debug)]
+pub enum Prepared<'a> {
+    /// As given (`m × cols`).
+    F32(&'a [f32]),
+    /// Rounded to bf16 (bit patterns, `m × cols`).
+    Bf16(Vec<u16>),
+    /// Per-token int8 codes (`m × cols`) and scales (`m`).
+    Int8 {
+        /// Codes.
+        q: Vec<i8>,
+        /// One scale per token.
+        scales: Vec<f32>,
+    },
+    /// Per-token (and column block) E4M3 codes as f32 (`m × cols`) and scales (`m × blocks`).
+    Fp8 {
+        /// Codes, widened to f32.
+        codes: Vec<f32>,
+        /// One scale per token and column block.
+        scales: Vec<f32>,
+    },
+}
+
+/// A row-kernel format's linear layer `y = x · Wᵀ` with its kernel chosen.
+#[derive(Clone, Debug)]
+pub struct RowwiseLinear {
+    w: Arc<dyn RowKernel>,
+    act: ActQuant,
+    isa: Isa,
+    /// Input columns gathered before the product (act-order checkpoints), `x'[c] = x[perm[c]]`.
+    perm: Option<Vec<u32>>,
+    /// Why the activations differ from the checkpoint's, when they do.
+    note: Option<String>,
+}
+
+impl RowwiseLinear {
+    /// Pairs a matrix with its activation handling, for the best ISA of this CPU. Refuses
+    /// pairs without a kernel (e.g. FP8 weights with int8 activations).
+    pub fn new(w: Arc<dyn RowKernel>, act: ActQuant, caps: &CpuCaps) -> Result<Self, String> {
+        Self::with_isa(w, act, caps.best_isa())
+    }
+
+    /// As [`RowwiseLinear::new`] for an explicit ISA (tests compare paths with it).
+    pub fn with_isa(w: Arc<dyn RowKernel>, act: ActQuant, isa: Isa) -> Result<Self, String> {
+        if !w.accepts(act) {
+            return Err(format!("no kernel for {} weights with {} activations", w.storage(), act.name()));
+        }
+        if act == ActQuant::Bf16 && isa != Isa::Scalar && !crate::cpu::caps::bf16_dot_available() {
+            return Err("bf16 activations need AVX-512 BF16 on this CPU (or the scalar kernel)".into());
+        }
+        Ok(RowwiseLinear { w, act, isa, perm: None, note: None })
+    }
+
+    /// Gathers input column `perm[c]` into position `c` before the product (the weight's
+    /// columns were sorted by group at load). `perm` must be a permutation of `0..cols`.
+    pub fn with_input_permutation(mut self, perm: Vec<u32>) -> Result<Self, String> {
+        let k = self.w.cols();
+        let mut seen = vec![false; k];
+        if perm.len() != k || perm.iter().any(|&p| (p as usize) >= k || std::mem::replace(&mut seen[p as usize], true)) {
+            return Err(format!("input permutation is not a permutation of 0..{k}"));
+        }
+        self.perm = Some(perm);
+        Ok(self)
+    }
+
+    /// The weights.
+    pub fn matrix(&self) -> &Arc<dyn RowKernel> {
+        &self.w
+    }
+
+    /// Activation handling.
+    pub fn act(&self) -> ActQuant {
+        self.act
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.w.rows()
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.w.cols()
+    }
+
+    /// Kernel id for plans, e.g. `cpu.w4a8.int4xint8.avx2`.
+    pub fn id(&self) -> String {
+        self.to_string()
+    }
+
+    /// `y[i * ldy + j] = Σ_k x[i, k] W[j, k]` for `m` tokens (`x` is `m × cols`).
+    pub fn forward(&self, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+        forward_fused(&[(self, 0)], x, m, y, ldy);
+    }
+
+    fn prepare<'a>(&self, x: &'a [f32], m: usize) -> Prepared<'a> {
+        let k = self.cols();
+        match self.act {
+            ActQuant::F32 => Prepared::F32(x),
+            ActQuant::Bf16 => {
+                let mut b = vec![0u16; m * k];
+                act::round_bf16_row(x, &mut b);
+                Prepared::Bf16(b)
+            }
+            ActQuant::Int8PerToken => {
+                let mut q = vec![0i8; m * k];
+                let scales = x.chunks_exact(k).zip(q.chunks_exact_mut(k)).map(|(x, q)| act::quantize_int8_row(x, q)).collect();
+                Prepared::Int8 { q, scales }
+            }
+            ActQuant::Fp8PerToken => {
+                let bw = self.w.act_block();
+                let mut codes = vec![0f32; m * k];
+                let nb = k.div_ceil(bw);
+                let mut scales = vec![0f32; m * nb];
+                for ((x, c), s) in x.chunks_exact(k).zip(codes.chunks_exact_mut(k)).zip(scales.chunks_exact_mut(nb)) {
+                    act::quantize_fp8_row(x, bw, c, s);
+                }
+                Prepared::Fp8 { codes, scales }
+            }
+        }
+    }
+}
+
+impl fmt::Display for RowwiseLinear {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.w.kernel_id(self.act, self.isa))?;
+        if self.perm.is_some() {
+            f.write_str("+perm")?;
+        }
+        Ok(())
+    }
+}
+
+impl LinearOp for RowwiseLinear {
+    fn rows(&self) -> usize {
+        self.w.rows()
+    }
+
+    fn cols(&self) -> usize {
+        self.w.cols()
+    }
+
+    /// Row `r` in the input's column order.
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        match &self.perm {
+            None => self.w.dequantize_row(r, out),
+            Some(p) => {
+                let mut tmp = vec![0f32; out.len()];
+                self.w.dequantize_row(r, &mut tmp);
+                for (c, &src) in p.iter().enumerate() {
+                    out[src as usize] = tmp[c];
+                }
+            }
+        }
+    }
+
+    fn plan(&self) -> OpPlan {
+        OpPlan { storage: self.w.storage(), activations: self.act.name().into(), kernel: self.id(), note: self.note.clone() }
+    }
+
+    fn forward_group(&self, group: &[(&dyn LinearOp, usize)], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
+        forward_fused(&downcast_group::<RowwiseLinear>(group), x, segments.iter().sum(), y, ldy);
+    }
+}
+
+/// Several layers reading the same input `x` (`m × cols`), writing side by side into `y`
+/// (fused Q/K/V or gate/up): `(layer, first output column)` each, layer `p` giving
+/// `y[i * ldy + col_p + j]`. Int8 activations are quantized once for every layer that takes
+/// them in the input's column order, and all layers' rows share one parallel region. Each
+/// output is computed exactly as [`RowwiseLinear::forward`] alone computes it.
+pub fn forward_fused(parts: &[(&RowwiseLinear, usize)], x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
+    let Some(&(first, _)) = parts.first() else { return };
+    let k = first.cols();
+    assert_eq!(Some(x.len()), m.checked_mul(k), "activation shape");
+    let mut spans = Vec::with_capacity(parts.len());
+    for &(l, col) in parts {
+        assert_eq!(l.cols(), k, "fused layers must share their input width");
+        let end = col.checked_add(l.rows()).filter(|&e| e <= ldy).expect("output columns past the row stride");
+        let last = m.checked_sub(1).map(|i| i.checked_mul(ldy).and_then(|o| o.checked_add(end)).expect("output size overflows"));
+        assert!(last.is_none_or(|need| y.len() >= need), "output shape");
+        spans.push((col, end));
+    }
+    // Every task writes its own (layer, row) columns: the layers' column ranges must not overlap.
+    spans.sort_unstable();
+    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "fused layers' output columns overlap");
+    if m == 0 {
+        return;
+    }
+    let gathered: Vec<Option<Vec<f32>>> = parts
+        .iter()
+        .map(|(l, _)| l.perm.as_ref().map(|p| x.chunks_exact(k).flat_map(|row| p.iter().map(|&c| row[c as usize])).collect()))
+        .collect();
+    let shares = |l: &RowwiseLinear| l.act == ActQuant::Int8PerToken && l.perm.is_none();
+    let shared = parts.iter().find(|(l, _)| shares(l)).map(|(l, _)| l.prepare(x, m));
+    let own: Vec<Option<Prepared<'_>>> =
+        parts.iter().zip(&gathered).map(|((l, _), g)| (!shares(l)).then(|| l.prepare(g.as_deref().unwrap_or(x), m))).collect();
+    let preps: Vec<&Prepared<'_>> = own.iter().map(|p| p.as_ref().or(shared.as_ref()).expect("prepared")).collect();
+    let total: usize = parts.iter().map(|(l, _)| l.rows()).sum();
+    let chunk = rows_per_task(total, 8);
+    let tasks: Vec<(usize, usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(p, (l, _))| (0..l.rows()).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(l.rows()))))
+        .collect();
+    let out = SyncPtr::new(y.as_mut_ptr());
+    pool::for_each(tasks.len(), |ti| {
+        let (p, r0, r1) = tasks[ti];
+        let (l, col) = parts[p];
+        let mut tile = vec![0f32; (r1 - r0) * m];
+        l.w.row_range(l.isa, preps[p], r0, r1, m, &mut tile);
+        for (r, vals) in (r0..r1).zip(tile.chunks_exact(m)) {
+            for (i, &v) in vals.iter().enumerate() {
+                // SAFETY: (i, col + r) is inside y (asserted above); each (layer, row) belongs
+                // to one task.
+                unsafe { *out.get().add(i * ldy + col + r) = v };
+            }
+        }
+    });
+}

@@ -1,0 +1,170 @@
+//! A weight format added by the recipe in `docs/architecture.md` ("Adding a weight format")
+//! and nothing else: a 2-bit format with one scale per row, written here, outside the crate,
+//! implementing [`RowKernel`] only. Without one line changed in `tessera_kernels`, it is a
+//! [`WeightMatrix`] that picks its op, runs fused with GGML and int4 layers, prints its plan,
+//! and cuts for tensor parallelism (its GPU upload, a refusal here, needs a device to call).
+//!
+//! Reference: an f64 sum over the format's own scalar dequantization. Tolerance: each output
+//! is an f32 sum of `cols` products, so `cols · eps · Σ|w·x|` bounds its error against the
+//! f64 sum (eps = 2^-24; the kernels below accumulate in f32 in column order).
+
+use crate::common::{random_weights, randn, rng};
+use rand::Rng;
+use std::ops::Range;
+use std::sync::Arc;
+use tessera_kernels::cpu::{CpuCaps, Isa};
+use tessera_kernels::cuda::device::CudaDevice;
+use tessera_kernels::cuda::linear::DeviceWeight;
+use tessera_kernels::cuda::CudaError;
+use tessera_kernels::ggml::GgmlType;
+use tessera_kernels::linear::ggml::GgmlMatrix;
+use tessera_kernels::linear::{forward_fused, ActQuant, LinearOp, LinearPolicy, Prepared, RowKernel, WeightMatrix};
+
+/// `W[r, c] = q[r, c] * s[r]` with `q` in -2..=1.
+#[derive(Debug)]
+struct Int2Rows {
+    rows: usize,
+    cols: usize,
+    q: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+impl RowKernel for Int2Rows {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn bytes(&self) -> usize {
+        self.rows * self.cols / 4 + 4 * self.rows
+    }
+
+    fn storage(&self) -> String {
+        "int2 channel".into()
+    }
+
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        for (o, &q) in out.iter_mut().zip(&self.q[r * self.cols..(r + 1) * self.cols]) {
+            *o = f32::from(q) * self.scales[r];
+        }
+    }
+
+    fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<Self, String> {
+        let q = rows.clone().flat_map(|r| self.q[r * self.cols + cols.start..r * self.cols + cols.end].iter().copied()).collect();
+        Ok(Int2Rows { rows: rows.len(), cols: cols.len(), q, scales: self.scales[rows].to_vec() })
+    }
+
+    fn accepts(&self, act: ActQuant) -> bool {
+        act == ActQuant::F32
+    }
+
+    fn row_range(&self, _isa: Isa, act: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
+        let Prepared::F32(x) = act else { unreachable!("f32 activations only (accepts)") };
+        let mut w = vec![0f32; self.cols];
+        for r in r0..r1 {
+            RowKernel::dequantize_row(self, r, &mut w);
+            for i in 0..m {
+                tile[(r - r0) * m + i] = w.iter().zip(&x[i * self.cols..(i + 1) * self.cols]).map(|(a, b)| a * b).sum();
+            }
+        }
+    }
+
+    fn kernel_id(&self, _act: ActQuant, _isa: Isa) -> String {
+        "cpu.toy-int2xf32.scalar".into()
+    }
+
+    fn upload(&self, _dev: &CudaDevice, _act: ActQuant) -> Result<DeviceWeight, CudaError> {
+        Err(CudaError::Shape("no CUDA kernel for int2 weights".into()))
+    }
+}
+
+fn int2(r: &mut impl Rng, rows: usize, cols: usize) -> Int2Rows {
+    Int2Rows {
+        rows,
+        cols,
+        q: (0..rows * cols).map(|_| r.gen_range(-2..=1)).collect(),
+        scales: (0..rows).map(|_| r.gen_range(0.01..0.1)).collect(),
+    }
+}
+
+/// f64 reference and magnitude `Σ|w·x|` of `y = x · Wᵀ` over `w`'s own dequantization.
+fn reference(w: &dyn LinearOp, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
+    let (n, k) = (w.rows(), w.cols());
+    let (mut y, mut mag) = (vec![0f64; m * n], vec![0f64; m * n]);
+    let mut row = vec![0f32; k];
+    for j in 0..n {
+        w.dequantize_row(j, &mut row);
+        for i in 0..m {
+            for (a, b) in row.iter().zip(&x[i * k..(i + 1) * k]) {
+                y[i * n + j] += f64::from(*a) * f64::from(*b);
+                mag[i * n + j] += (f64::from(*a) * f64::from(*b)).abs();
+            }
+        }
+    }
+    (y, mag)
+}
+
+#[test]
+fn a_format_added_by_the_recipe_runs_beside_the_built_in_ones() {
+    let mut r = rng(42);
+    let (k, caps, policy) = (128, CpuCaps::detect(), LinearPolicy::DEFAULT);
+    let toy: Arc<dyn WeightMatrix> = Arc::new(int2(&mut r, 24, k));
+    assert_eq!((toy.storage(), toy.col_align(), toy.row_align()), ("int2 channel".to_string(), 32, 1));
+    let toy_op = toy.clone().op(ActQuant::F32, None, &caps, policy).unwrap();
+    let plan = toy_op.plan();
+    assert_eq!((plan.storage.as_str(), plan.activations.as_str(), plan.kernel.as_str()), ("int2 channel", "f32", "cpu.toy-int2xf32.scalar"));
+    // Refusals come from the format's own answers.
+    assert!(toy.clone().op(ActQuant::Int8PerToken, None, &caps, policy).unwrap_err().contains("int2 channel"));
+
+    // Fused with a GGML Q4_1 layer and an int4 layer reading the same input (a Q/K/V-like
+    // group): every layer's outputs are its own product, to the stated bound.
+    let q41: Arc<dyn WeightMatrix> = Arc::new(GgmlMatrix::new(GgmlType::Q4_1, 16, k, Arc::new(random_weights(&mut r, GgmlType::Q4_1, 16, k))).unwrap());
+    let i4: Arc<dyn WeightMatrix> = Arc::new(crate::common::int4(&mut r, 8, k, 32, true));
+    let ops = [toy_op, q41.op(ActQuant::F32, None, &caps, LinearPolicy::ALWAYS_GEMM).unwrap(), i4.op(ActQuant::F32, None, &caps, LinearPolicy::ALWAYS_GEMM).unwrap()];
+    let m = 5;
+    let x = randn(&mut r, m * k);
+    let width = 24 + 16 + 8 + 3;
+    let mut y = vec![f32::NAN; m * width];
+    let parts: Vec<(&dyn LinearOp, usize)> = vec![(&*ops[0], 0), (&*ops[1], 24), (&*ops[2], 40)];
+    forward_fused(&parts, &x, &[2, 3], &mut y, width);
+    for &(op, col) in &parts {
+        let (want, mag) = reference(op, &x, m);
+        let n = op.rows();
+        for i in 0..m {
+            for j in 0..n {
+                let (got, w, s) = (y[i * width + col + j], want[i * n + j], mag[i * n + j]);
+                assert!((f64::from(got) - w).abs() <= k as f64 * f64::from(f32::EPSILON) * s + 1e-30, "{} token {i} row {j}: {got} vs {w}", op.plan().kernel);
+            }
+        }
+    }
+    assert!(y.chunks_exact(width).all(|row| row[48..].iter().all(|v| v.is_nan())), "columns past the layers untouched");
+
+    // Tensor-parallel cuts: two column halves sum to the whole, row halves stack to it.
+    let whole = {
+        let mut y = vec![0f32; m * 24];
+        forward_fused(&[(&*toy.clone().op(ActQuant::F32, None, &caps, policy).unwrap(), 0)], &x, &[m], &mut y, 24);
+        y
+    };
+    let half = |rows: Range<usize>, cols: Range<usize>| {
+        let part = toy.slice(rows.clone(), cols.clone()).unwrap().op(ActQuant::F32, None, &caps, policy).unwrap();
+        let xs: Vec<f32> = x.chunks_exact(k).flat_map(|t| t[cols.clone()].to_vec()).collect();
+        let mut y = vec![0f32; m * rows.len()];
+        forward_fused(&[(&*part, 0)], &xs, &[m], &mut y, rows.len());
+        y
+    };
+    let (a, b) = (half(0..24, 0..64), half(0..24, 64..128));
+    for i in 0..m * 24 {
+        let s: f32 = x[(i / 24) * k..(i / 24 + 1) * k].iter().map(|v| v.abs()).sum::<f32>() * 0.2;
+        assert!((a[i] + b[i] - whole[i]).abs() <= k as f32 * f32::EPSILON * s, "column halves at {i}");
+    }
+    let (top, bottom) = (half(0..8, 0..128), half(8..24, 0..128));
+    for i in 0..m {
+        assert_eq!(&whole[i * 24..i * 24 + 8], &top[i * 8..(i + 1) * 8]);
+        assert_eq!(&whole[i * 24 + 8..(i + 1) * 24], &bottom[i * 16..(i + 1) * 16]);
+    }
+    // The driver's own checks apply to any format: cuts off the kernels' 32-column runs.
+    assert!(toy.slice(0..24, 16..128).unwrap_err().contains("32-column runs"));
+}
