@@ -280,7 +280,7 @@ impl DeviceWeight {
         self.cols
     }
 
-    /// Storage description: the GGML type name (`Q4_1`) or `QuantMatrix::storage`
+    /// Storage description: the GGML type name (`Q4_1`) or the format's `WeightMatrix::storage`
     /// (`int4 g128 asym`, `fp8 block 128x128`).
     pub fn storage(&self) -> String {
         self.storage.clone()

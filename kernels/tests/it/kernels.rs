@@ -47,7 +47,7 @@ fn q6k_codes(b: &[u8]) -> Vec<i32> {
 }
 
 /// The reference of the k-quant integer GEMM from one GGML super-block (`a`: its 8 activation
-/// blocks), the documented operations in `linear::kquant`: per 32-value sub-block, Q4_K
+/// blocks), the documented operations in `linear::ggml::kquant`: per 32-value sub-block, Q4_K
 /// `fma(isum, (d * sc) * d_a, acc)` then `fma(dmin * m, -(d_a * Σa), acc)`, Q6_K the exact
 /// `sc_lo * isum_lo + sc_hi * isum_hi` then `fma(isum, d * d_a, acc)`.
 fn kquant_block_dot(ty: GgmlType, b: &[u8], a: &[Q8Block], mut acc: f32) -> f32 {
