@@ -7,6 +7,7 @@
 use super::shard::Cut;
 use crate::checkpoint::{Checkpoint, LoadError, TensorBytes};
 use crate::quant::QuantizedWeight;
+use crate::weights::ModelWeights;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::interleaved::Interleaved;
@@ -61,17 +62,17 @@ pub struct Linear {
 impl Linear {
     /// Builds the linear layer `name` (`[rows, cols]`) from a checkpoint: its quantized form if
     /// the checkpoint's scheme decoded one, else its tensor.
-    pub fn load(ck: &Checkpoint, name: &str, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    pub fn load(ck: &ModelWeights, name: &str, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         Self::load_cut(ck, name, rows, cols, Cut::Whole, caps, policy)
     }
 
     /// [`Self::load`] for the part `cut` of the `[rows, cols]` weight (a tensor-parallel
     /// shard): blocks, groups and scales are copied, never re-quantized, and a cut that would
     /// split one is refused with the tensor's name and the reason.
-    pub fn load_cut(ck: &Checkpoint, name: &str, rows: usize, cols: usize, cut: Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    pub fn load_cut(ck: &ModelWeights, name: &str, rows: usize, cols: usize, cut: Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let mut l = match ck.quantized.get(name) {
             Some(q) => Self::quantized(name, q, rows, cols, &cut, caps, policy)?,
-            None => Self::ggml(name, ck, rows, cols, &cut, caps, policy)?,
+            None => Self::ggml(name, &ck.checkpoint, rows, cols, &cut, caps, policy)?,
         };
         if cut != Cut::Whole {
             l.cut = Some((cut, [rows, cols]));

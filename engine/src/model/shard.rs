@@ -10,7 +10,8 @@
 //! Ranges are as even as the cut points allow; a cut that would split a quantization group or
 //! block is refused at load with the tensor's name (see [`super::Linear::load_cut`]).
 
-use crate::checkpoint::{Checkpoint, LoadError, ModelConfig};
+use crate::checkpoint::{LoadError, ModelConfig};
+use crate::weights::ModelWeights;
 use std::ops::Range;
 use tessera_kernels::quant::QuantMatrix;
 
@@ -168,7 +169,7 @@ impl Shard {
 
 /// The granularity of `name`'s input columns: a cut between ranks must fall on a multiple of
 /// it (a GGUF block, an int4 group, an FP8 scale block; 32 for the integer kernels' runs).
-pub fn col_align(ck: &Checkpoint, name: &str) -> Result<usize, LoadError> {
+pub fn col_align(ck: &ModelWeights, name: &str) -> Result<usize, LoadError> {
     if let Some(q) = ck.quantized.get(name) {
         return Ok(match &*q.matrix {
             QuantMatrix::Int4(w) if !w.per_channel() => w.group().max(32),
@@ -176,11 +177,11 @@ pub fn col_align(ck: &Checkpoint, name: &str) -> Result<usize, LoadError> {
             _ => 32,
         });
     }
-    Ok(ck.tensor(name)?.ty.block_size())
+    Ok(ck.checkpoint.tensor(name)?.ty.block_size())
 }
 
 /// The granularity of `name`'s output rows (an FP8 scale block's height; 1 otherwise).
-pub fn row_align(ck: &Checkpoint, name: &str) -> usize {
+pub fn row_align(ck: &ModelWeights, name: &str) -> usize {
     match ck.quantized.get(name).map(|q| &*q.matrix) {
         Some(QuantMatrix::Fp8(w)) if w.block()[0] < w.rows() => w.block()[0],
         _ => 1,
