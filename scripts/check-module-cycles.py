@@ -5,9 +5,7 @@ For each crate (kernels, engine, server, loadtest), every `crate::X` path in cod
 and doc comments excluded) of a file under `src/Y/` or `src/Y.rs` is an edge Y -> X between
 top-level modules. A strongly connected component of more than one module is a cycle: the
 layers of a crate must form a DAG (issue 30), so a reader can understand a module from the ones
-below it. Prints each cycle with the lines that make it; exit status 1 if there is any, except
-within KNOWN: the cycle issue 30 has yet to break, which may shrink but not grow (a ratchet, so
-CI stops new cycles while the old one is taken apart).
+below it. Prints each cycle with the lines that make it; exit status 1 if there is any.
 """
 import collections
 import os
@@ -17,9 +15,6 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CRATES = ["kernels", "engine", "server", "loadtest"]
 PATH = re.compile(r"\bcrate::([a-z_][a-z_0-9]*)")
-# Cycles still being taken apart (issue 30): a cycle among a subset of these modules is reported
-# but does not fail.
-KNOWN = {"engine": [{"checkpoint", "kv", "model", "quant"}]}
 
 
 def edges(crate):
@@ -83,15 +78,14 @@ def main():
     for crate in CRATES:
         found = edges(crate)
         for comp in cycles(found):
-            known = any(set(comp) <= k for k in KNOWN.get(crate, []))
-            bad = bad or not known
-            print(f"{crate}: modules {', '.join(comp)} import each other{' (known, issue 30)' if known else ''}:")
+            bad = True
+            print(f"{crate}: modules {', '.join(comp)} import each other:")
             for (a, b), where in sorted(found.items()):
                 if a in comp and b in comp:
                     print(f"  {a} -> {b}: {', '.join(where[:3])}{' ...' if len(where) > 3 else ''}")
     if bad:
         sys.exit(1)
-    print("no new import cycles between top-level modules in " + ", ".join(CRATES))
+    print("no import cycles between top-level modules in " + ", ".join(CRATES))
 
 
 if __name__ == "__main__":

@@ -11,20 +11,21 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::ConvertOptions;
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::model::moe::MoeLayer;
 use tessera_engine::quantize::{quantize_dir, Format, QuantizeOptions, Recipe, Scheme};
 use tessera_engine::upcycle::{random_dense, upcycle, MoeFamily, RandomDims, UpcycleOptions};
+use tessera_engine::weights::ModelWeights;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::LinearPolicy;
 
 /// Writes the BF16 MoE model and its two experts-only quantizations; returns (name, dir).
 fn models() -> Vec<(&'static str, PathBuf)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-moe");
-    let like = Checkpoint::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-        .expect("default model: run scripts/fetch-default-model.sh");
+    let like = ModelWeights::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .expect("default model: run scripts/fetch-default-model.sh")
+        .checkpoint;
     let bf16 = root.join("bf16");
     if !bf16.join("config.json").exists() {
         let dense = random_dense(&like, RandomDims { hidden: 576, ffn: 1536, layers: 2, heads: 9, kv_heads: 3 }, 1);
@@ -57,10 +58,11 @@ fn models() -> Vec<(&'static str, PathBuf)> {
 fn bench(c: &mut Criterion) {
     let caps = CpuCaps::detect();
     for (name, dir) in models() {
-        let ck = Checkpoint::open(&dir).unwrap();
-        let moe = ck.config.moe.clone().unwrap();
-        let layer = MoeLayer::load(&ck, 1, &ck.config, &moe, None, &caps, LinearPolicy::DEFAULT).unwrap();
-        let h = ck.config.hidden_size;
+        let ck = ModelWeights::open(&dir).unwrap();
+        let cfg = &ck.checkpoint.config;
+        let moe = cfg.moe.clone().unwrap();
+        let layer = MoeLayer::load(&ck, 1, cfg, &moe, None, &caps, LinearPolicy::DEFAULT).unwrap();
+        let h = cfg.hidden_size;
         let mut g = c.benchmark_group(format!("moe-8x2/{name}"));
         g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
         for m in [1usize, 8, 64, 256] {

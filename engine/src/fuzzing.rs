@@ -5,9 +5,10 @@
 //! hanging or allocating without bound.
 
 use crate::checkpoint::gguf::GgufFile;
-use crate::checkpoint::{gguf_from_file, Checkpoint, LoadError};
+use crate::checkpoint::{gguf_from_file, LoadError};
 use crate::model::LlamaModel;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use crate::weights::ModelWeights;
 use memmap2::MmapMut;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,10 +27,10 @@ pub fn gguf(data: &[u8]) -> Result<(), LoadError> {
     let map = map.make_read_only().map_err(io)?;
     let f = GgufFile::parse(Arc::new(map)).map_err(|error| LoadError::Gguf { path: path.into(), error })?;
     let ckpt = gguf_from_file(f, path)?;
-    use_checkpoint(&ckpt)
+    use_checkpoint(&ckpt.into())
 }
 
-/// A Hugging Face directory through [`Checkpoint::open`]: the input is
+/// A Hugging Face directory through [`ModelWeights::open`]: the input is
 /// `config.json NUL tokenizer_config.json NUL model.safetensors` (JSON holds no raw NUL; a
 /// missing part is an empty file, except tokenizer_config.json, which is then absent). The
 /// directory also holds a small fixed tokenizer.json.
@@ -53,8 +54,8 @@ pub fn hf_checkpoint(data: &[u8]) -> Result<(), LoadError> {
             let _ = std::fs::remove_file(&tcfg);
         }
     }
-    let ckpt = Checkpoint::open(&dir)?;
-    use_checkpoint(&ckpt)
+    let weights = ModelWeights::open(&dir)?;
+    use_checkpoint(&weights)
 }
 
 /// Token ids through [`Tokenizer::decode`] and the streaming [`IncrementalDecoder`]: the input
@@ -88,8 +89,8 @@ pub fn tokenizer_decode(tok: &Tokenizer, data: &[u8]) {
 pub fn default_tokenizer() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
     TOK.get_or_init(|| {
-        let ckpt = Checkpoint::open(&default_model_path()).expect("the default model loads");
-        Tokenizer::from_checkpoint(&ckpt).expect("the default model's tokenizer builds")
+        let weights = ModelWeights::open(&default_model_path()).expect("the default model loads");
+        Tokenizer::from_checkpoint(&weights.checkpoint).expect("the default model's tokenizer builds")
     })
 }
 
@@ -103,7 +104,8 @@ pub fn default_model_path() -> PathBuf {
 
 /// What a server does with a checkpoint after reading it: touch every tensor, build the
 /// tokenizer and decode a few ids, build the model.
-fn use_checkpoint(ckpt: &Checkpoint) -> Result<(), LoadError> {
+fn use_checkpoint(weights: &ModelWeights) -> Result<(), LoadError> {
+    let ckpt = &weights.checkpoint;
     for t in ckpt.tensors.values() {
         std::hint::black_box((t.data.bytes().len(), t.matrix_dims()));
     }
@@ -112,7 +114,7 @@ fn use_checkpoint(ckpt: &Checkpoint) -> Result<(), LoadError> {
     std::hint::black_box(tok.decode(&[0, 1, n.saturating_sub(1), n, u32::MAX]));
     let _ = tok.encode("Hello, world! 123 <|im_start|>");
     static CAPS: OnceLock<CpuCaps> = OnceLock::new();
-    LlamaModel::load(ckpt, CAPS.get_or_init(CpuCaps::detect), LinearPolicy::DEFAULT)?;
+    LlamaModel::load(weights, CAPS.get_or_init(CpuCaps::detect), LinearPolicy::DEFAULT)?;
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! Tessera engine: checkpoint loaders, tokenizer, model forward pass, KV cache, sampling.
 //!
-//! - [`checkpoint`]: GGUF and Hugging Face loaders producing one [`checkpoint::Checkpoint`];
+//! - [`checkpoint`]: GGUF and Hugging Face readers producing one [`checkpoint::Checkpoint`];
 //! - [`tokenizer`]: the checkpoint's tokenizer and streaming detokenization;
 //! - [`quant`]: checkpoint quantization schemes (compressed-tensors, Quark, FP8, GPTQ, AWQ);
+//! - [`weights`]: a checkpoint opened for a model, its quantized layers and KV cache decoded;
 //! - [`device`]: `--device cpu | cuda[:N]`;
 //! - [`model`]: architectures (Llama and its MoE relatives) built from a checkpoint with a kernel per layer;
 //! - [`kv`]: the per-sequence KV cache seam;
@@ -11,6 +12,15 @@
 //! - [`generate`]: single-sequence generation used by the CLI;
 //! - [`perplexity`]: llama.cpp-compatible perplexity evaluation;
 //! - [`convert`], [`upcycle`], [`quantize`]: checkpoint writers (GGUF to HF, dense to MoE, quantization).
+//!
+//! The modules form layers: each imports only modules below it (`scripts/check-module-cycles.py`
+//! fails on any import cycle). `a <- b`: `b` imports `a`.
+//!
+//! ```text
+//! checkpoint <- tokenizer, quant, kv, convert (<- upcycle), synthetic
+//! checkpoint, quant, kv <- weights <- model <- parallel <- loaded (LoadedModel)
+//! model <- generate, perplexity, fuzzing (<- structured <- sample);  loaded <- quantize, serve
+//! ```
 
 pub mod checkpoint;
 pub mod convert;
@@ -32,5 +42,6 @@ pub mod structured;
 pub mod synthetic;
 pub mod tokenizer;
 pub mod upcycle;
+pub mod weights;
 
 pub use loaded::LoadedModel;

@@ -1,12 +1,13 @@
 //! A checkpoint loaded and ready to run: tokenizer plus model (whole, or sharded over
 //! tensor-parallel ranks).
 
-use crate::checkpoint::{Checkpoint, LoadError};
-use crate::kv::key_calibration::CALIBRATION_TEXT;
+use crate::checkpoint::LoadError;
 use crate::kv::{KvLayout, KvLayoutError, KvRequest};
+use crate::model::key_calibration::CALIBRATION_TEXT;
 use crate::model::LlamaModel;
 use crate::parallel::{Ranks, TpOptions};
 use crate::tokenizer::Tokenizer;
+use crate::weights::ModelWeights;
 use std::path::Path;
 use std::sync::Arc;
 use tessera_kernels::cpu::CpuCaps;
@@ -14,8 +15,8 @@ use tessera_kernels::linear::LinearPolicy;
 
 /// Everything needed to run a model.
 pub struct LoadedModel {
-    /// The checkpoint (metadata and mapped tensors).
-    pub checkpoint: Checkpoint,
+    /// The checkpoint (metadata, mapped tensors, decoded quantized layers).
+    pub weights: ModelWeights,
     /// Its tokenizer.
     pub tokenizer: Tokenizer,
     /// The model with kernels chosen; under tensor parallelism, rank 0's shard, which runs
@@ -35,16 +36,16 @@ impl LoadedModel {
 
     /// [`Self::load`], sharded over `tp.size` tensor-parallel ranks when it is above 1.
     pub fn load_parallel(path: &Path, policy: LinearPolicy, tp: &TpOptions) -> Result<Self, LoadError> {
-        let checkpoint = Checkpoint::open(path)?;
-        let tokenizer = Tokenizer::from_checkpoint(&checkpoint)?;
+        let weights = ModelWeights::open(path)?;
+        let tokenizer = Tokenizer::from_checkpoint(&weights.checkpoint)?;
         let caps = CpuCaps::detect();
         let (model, ranks) = if tp.size > 1 {
-            let (first, ranks) = Ranks::load(&checkpoint, &caps, policy, tp)?;
+            let (first, ranks) = Ranks::load(&weights, &caps, policy, tp)?;
             (first, Some(ranks))
         } else {
-            (LlamaModel::load(&checkpoint, &caps, policy)?, None)
+            (LlamaModel::load(&weights, &caps, policy)?, None)
         };
-        Ok(LoadedModel { checkpoint, tokenizer, model, caps, ranks })
+        Ok(LoadedModel { weights, tokenizer, model, caps, ranks })
     }
 
     /// Tensor-parallel ranks (1: the whole model in one).
@@ -103,6 +104,6 @@ impl LoadedModel {
 
     /// Token ids that end generation (the checkpoint's EOS set).
     pub fn eos_ids(&self) -> Vec<u32> {
-        self.checkpoint.special.eos.clone()
+        self.weights.checkpoint.special.eos.clone()
     }
 }

@@ -11,9 +11,10 @@
 //! Scheduling, the prefix cache and HTTP stay one: the engine thread asks the ranks to step and
 //! takes rank 0's logits (every rank has the same).
 
-use crate::checkpoint::{Checkpoint, LoadError};
+use crate::checkpoint::LoadError;
 use crate::model::shard::Shard;
 use crate::model::LlamaModel;
+use crate::weights::ModelWeights;
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Sender};
@@ -153,21 +154,21 @@ pub struct Ranks {
 }
 
 impl Ranks {
-    /// Loads every rank's shard of `ckpt` on its own thread (so its weights are first touched
+    /// Loads every rank's shard of `weights` on its own thread (so its weights are first touched
     /// on its cores' memory); returns rank 0's shard and the group.
-    pub fn load(ckpt: &Checkpoint, caps: &CpuCaps, policy: LinearPolicy, opts: &TpOptions) -> Result<(LlamaModel, Ranks), LoadError> {
+    pub fn load(weights: &ModelWeights, caps: &CpuCaps, policy: LinearPolicy, opts: &TpOptions) -> Result<(LlamaModel, Ranks), LoadError> {
         let world = opts.size;
         let cpus = opts.cpu_sets().map_err(|msg| LoadError::Config { key: "cpu_bind".into(), msg })?;
         for (r, set) in cpus.iter().enumerate() {
             tracing::info!(rank = r, cpus = ?set, "tensor-parallel rank");
         }
-        let shards = (0..world).map(|r| Shard::new(&ckpt.config, r, world)).collect::<Result<Vec<_>, _>>()?;
+        let shards = (0..world).map(|r| Shard::new(&weights.checkpoint.config, r, world)).collect::<Result<Vec<_>, _>>()?;
         let comms: Vec<Arc<LocalComm>> = LocalComm::group(world).into_iter().map(Arc::new).collect();
         let workers = Workers::start(cpus, comms.clone());
         let loaded: Vec<Mutex<Option<Result<LlamaModel, LoadError>>>> = (0..world).map(|_| Mutex::new(None)).collect();
         workers.run(&|r| {
             let comm: Arc<dyn Communicator> = comms[r].clone();
-            let m = LlamaModel::load_rank(ckpt, caps, policy, Some((shards[r].clone(), comm)));
+            let m = LlamaModel::load_rank(weights, caps, policy, Some((shards[r].clone(), comm)));
             *loaded[r].lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
         });
         let mut models = loaded

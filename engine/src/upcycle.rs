@@ -168,8 +168,8 @@ pub fn upcycle(ck: &Checkpoint, output: &Path, o: &UpcycleOptions) -> Result<Con
         return Err(bad(format!("the input is {:?}, not a dense Llama model", c.arch)));
     }
     let (groups, kept) = if o.family == MoeFamily::Deepseek { o.groups } else { (1, 1) };
-    let routing = crate::model::routing::Routing {
-        scoring: crate::model::routing::Scoring::Softmax,
+    let routing = crate::checkpoint::routing::Routing {
+        scoring: crate::checkpoint::routing::Scoring::Softmax,
         n_experts: o.experts,
         top_k: o.top_k,
         norm_topk: true,
@@ -363,9 +363,6 @@ pub fn random_dense(like: &Checkpoint, dims: RandomDims, seed: u64) -> Checkpoin
         name: format!("random-{}x{}", dims.layers, dims.hidden),
         config,
         tensors,
-        quantized: BTreeMap::new(),
-        quantization: None,
-        kv_cache: None,
         tokenizer: like.tokenizer.clone(),
         special: like.special.clone(),
     }

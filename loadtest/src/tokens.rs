@@ -4,7 +4,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use tessera_engine::checkpoint::Checkpoint;
+use tessera_engine::weights::ModelWeights;
 
 /// File name of the project's default model (fetched by `scripts/fetch-default-model.sh`).
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -28,8 +28,8 @@ impl Tokens {
             Some(p) => p.to_path_buf(),
             None => default_model()?,
         };
-        let ckpt = Checkpoint::open(&path).with_context(|| format!("opening {}", path.display()))?;
-        let tok = tessera_engine::tokenizer::Tokenizer::from_checkpoint(&ckpt)
+        let weights = ModelWeights::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let tok = tessera_engine::tokenizer::Tokenizer::from_checkpoint(&weights.checkpoint)
             .with_context(|| format!("tokenizer of {}", path.display()))?;
         Ok(Self::new(tok.inner().clone()))
     }

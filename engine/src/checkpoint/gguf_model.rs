@@ -7,7 +7,7 @@ use super::{
     split_experts, unpermute_qk_rows, Architecture, Checkpoint, CheckpointFormat, LoadError, ModelConfig, MoeConfig,
     SpecialTokens, TensorBytes, TensorEntry, TokenizerSource,
 };
-use crate::model::routing::{Routing, Scoring};
+use super::routing::{Routing, Scoring};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -227,9 +227,6 @@ pub(crate) fn from_file(f: GgufFile, path: &Path) -> Result<Checkpoint, LoadErro
         name,
         config,
         tensors,
-        quantized: Default::default(),
-        quantization: None,
-        kv_cache: None,
         tokenizer: TokenizerSource::Gguf(Box::new(vocab)),
         special,
     })

@@ -7,7 +7,7 @@
 //! tensor names (`num_key_value_heads`, `head_dim`).
 
 use super::{Architecture, LoadError, ModelConfig, MoeConfig};
-use crate::model::routing::{Routing, Scoring};
+use super::routing::{Routing, Scoring};
 use serde_json::Value;
 
 fn config_err(key: &str, msg: impl Into<String>) -> LoadError {

@@ -1,14 +1,14 @@
 //! Hugging Face directory -> [`Checkpoint`]: config.json, `*.safetensors` (single file or
 //! sharded via `model.safetensors.index.json`), tokenizer.json, tokenizer_config.json and
 //! generation_config.json. Weights are F32/F16/BF16, or quantized as the config's
-//! `quantization_config` says (decoded by the scheme in [`crate::quant`]).
+//! `quantization_config` says: the scheme (decoded above this module) takes its layers'
+//! tensors from the [`TensorSet`] before [`HfDir::finish`] resolves the rest.
 
 use super::hf_config::model_config;
-use super::names::{canonical_name, is_linear, stacked_experts, Stacked};
-use crate::quant::tensors::TensorSet;
-use crate::quant::{self, QuantScheme, QuantizedWeight};
+use super::names::{canonical_name, stacked_experts, Stacked};
+use super::tensor_set::TensorSet;
 use super::{
-    split_experts, Checkpoint, CheckpointFormat, LoadError, SpecialTokens, TensorEntry, TokenizerSource,
+    split_experts, Checkpoint, CheckpointFormat, LoadError, ModelConfig, SpecialTokens, TensorEntry, TokenizerSource,
 };
 use safetensors::Dtype;
 use serde_json::Value;
@@ -68,25 +68,19 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     Err(io(dir, "no model.safetensors or model.safetensors.index.json"))
 }
 
-/// Quantized linear layers (by canonical name) as the scheme decodes them, then every
-/// remaining tensor under its canonical name. A tensor neither the scheme nor the model
-/// uses is an error.
-type Tensors = (BTreeMap<String, TensorEntry>, BTreeMap<String, QuantizedWeight>);
+/// The linear layers a checkpoint's quantization scheme decoded (taking their tensors from the
+/// [`TensorSet`]), as [`HfDir::finish`] resolves the other tensors around them.
+#[derive(Debug)]
+pub struct QuantizedLayers<'a> {
+    /// The scheme's `quant_method` (for messages).
+    pub method: &'a str,
+    /// Hugging Face module name of each decoded layer, by canonical weight name.
+    pub modules: BTreeMap<&'a str, &'a str>,
+}
 
-fn resolve_tensors(set: &TensorSet, scheme: Option<&dyn QuantScheme>) -> Result<Tensors, LoadError> {
-    let mut quantized = BTreeMap::new();
-    if let Some(scheme) = scheme {
-        let modules: BTreeSet<&str> = set.names().filter_map(|n| n.rsplit_once('.').map(|(m, _)| m)).collect();
-        for module in modules {
-            let Ok(Some(canon)) = canonical_name(&format!("{module}.weight")) else { continue };
-            if !is_linear(&canon) {
-                continue;
-            }
-            if let Some(q) = scheme.load_linear(module, set)? {
-                quantized.insert(canon, q);
-            }
-        }
-    }
+/// Every tensor the quantization scheme (if any) has not taken, under its canonical name. A
+/// tensor neither the scheme nor the model uses is an error.
+fn resolve_tensors(set: &TensorSet, scheme: Option<&QuantizedLayers>) -> Result<BTreeMap<String, TensorEntry>, LoadError> {
     let mut tensors = BTreeMap::new();
     for t in set.untaken() {
         if let Some((layer, kind)) = stacked_experts(&t.name) {
@@ -100,21 +94,21 @@ fn resolve_tensors(set: &TensorSet, scheme: Option<&dyn QuantScheme>) -> Result<
             continue;
         }
         let Some(canon) = canonical_name(&t.name).map_err(|e| match scheme {
-            Some(s) if quantized.values().any(|q: &QuantizedWeight| t.name.starts_with(&format!("{}.", q.module))) => {
-                LoadError::Tensor { name: t.name.clone(), msg: format!("not used by the {} scheme of its layer", s.method()) }
+            Some(s) if s.modules.values().any(|module| t.name.starts_with(&format!("{module}."))) => {
+                LoadError::Tensor { name: t.name.clone(), msg: format!("not used by the {} scheme of its layer", s.method) }
             }
             _ => e,
         })?
         else {
             continue;
         };
-        if quantized.contains_key(&canon) {
+        if scheme.is_some_and(|s| s.modules.contains_key(canon.as_str())) {
             return Err(LoadError::Tensor { name: t.name.clone(), msg: "plain weight next to quantized tensors of the same layer".into() });
         }
         let ty = storage_type(&t.name, t.dtype, scheme.is_some())?;
         tensors.insert(canon, TensorEntry { source_name: t.name.clone(), ty, shape: t.shape.clone(), data: t.data.clone() });
     }
-    Ok((tensors, quantized))
+    Ok(tensors)
 }
 
 /// Resolves a token given as a string or `{"content": ...}` to its id.
@@ -135,19 +129,48 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
     }
 }
 
-/// Loads a Hugging Face model directory.
-pub fn load(dir: &Path) -> Result<Checkpoint, LoadError> {
-    let cfg = read_json(&dir.join("config.json"))?;
-    let config = model_config(&cfg)?;
-    let qc = cfg.get("quantization_config").filter(|q| !q.is_null());
-    let scheme = qc.map(quant::from_config).transpose()?;
-    let set = TensorSet::open(&shard_files(dir)?)?;
-    let kv_cache = match qc.map(quant::kv_cache::parse_scheme).transpose()?.flatten() {
-        Some(format) => Some(quant::kv_cache::load_scales(format, &set, config.num_layers)?),
-        None => None,
-    };
-    let (tensors, quantized) = resolve_tensors(&set, scheme.as_deref())?;
+/// A Hugging Face model directory being read, in the order its parts depend on:
+/// [`HfDir::open`] reads config.json, [`HfDir::tensors`] maps the safetensors shards (from
+/// which a quantization scheme takes its layers' tensors), and [`HfDir::finish`] resolves the
+/// other tensors and reads the tokenizer files.
+#[derive(Debug)]
+pub struct HfDir {
+    dir: PathBuf,
+    cfg: Value,
+    /// Hyper-parameters from config.json.
+    pub config: ModelConfig,
+}
 
+impl HfDir {
+    /// Reads the directory's config.json.
+    pub fn open(dir: &Path) -> Result<Self, LoadError> {
+        let cfg = read_json(&dir.join("config.json"))?;
+        let config = model_config(&cfg)?;
+        Ok(HfDir { dir: dir.into(), cfg, config })
+    }
+
+    /// The config's `quantization_config` (`None` when absent or null).
+    pub fn quantization_config(&self) -> Option<&Value> {
+        self.cfg.get("quantization_config").filter(|q| !q.is_null())
+    }
+
+    /// Maps the safetensors shards and indexes their tensors by name.
+    pub fn tensors(&self) -> Result<TensorSet, LoadError> {
+        TensorSet::open(&shard_files(&self.dir)?)
+    }
+
+    /// The checkpoint: every tensor of `set` that `quantized` (the layers the config's
+    /// quantization scheme decoded; `None` without `quantization_config`) did not take, under
+    /// its canonical name, and the tokenizer files.
+    pub fn finish(self, set: &TensorSet, quantized: Option<&QuantizedLayers>) -> Result<Checkpoint, LoadError> {
+        let tensors = resolve_tensors(set, quantized)?;
+        with_tokenizer(&self.dir, &self.cfg, self.config, tensors)
+    }
+}
+
+/// The checkpoint of directory `dir` (config.json `cfg`, hyper-parameters `config`) holding
+/// `tensors`, with the tokenizer, special tokens and chat template its files give.
+fn with_tokenizer(dir: &Path, cfg: &Value, config: ModelConfig, tensors: BTreeMap<String, TensorEntry>) -> Result<Checkpoint, LoadError> {
     let tok_path = dir.join("tokenizer.json");
     let tok = tokenizers::Tokenizer::from_file(&tok_path).map_err(|e| LoadError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
     let tcfg = read_json_opt(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
@@ -185,9 +208,6 @@ pub fn load(dir: &Path) -> Result<Checkpoint, LoadError> {
         name,
         config,
         tensors,
-        quantized,
-        quantization: scheme.map(|s| s.summary()),
-        kv_cache,
         tokenizer: TokenizerSource::HfJson(Box::new(tok)),
         special,
     })

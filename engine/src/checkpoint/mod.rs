@@ -1,9 +1,13 @@
-//! Checkpoint loading: GGUF files and Hugging Face directories, both turned into one
+//! Checkpoint reading: GGUF files and Hugging Face directories, both turned into one
 //! in-memory [`Checkpoint`]: architecture hyper-parameters, named tensors in their storage
 //! type (still memory-mapped where possible), and the tokenizer's source.
 //!
 //! Tensor names are canonicalised to GGUF's short form (`blk.3.attn_q.weight`) whatever the
 //! source, and Q/K rows are in Hugging Face order (the GGUF converter's permutation undone).
+//!
+//! The readers know no quantization scheme: a Hugging Face directory's `quantization_config`
+//! is decoded above this module (`crate::weights`), which takes the quantized layers' tensors
+//! from the [`TensorSet`] before [`HfDir::finish`] resolves the rest.
 
 pub mod gguf;
 pub mod gguf_write;
@@ -11,19 +15,22 @@ mod gguf_model;
 mod hf_config;
 mod hf_dir;
 pub mod names;
+pub mod routing;
+mod tensor_set;
 
 use memmap2::Mmap;
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use crate::model::routing::Routing;
-use crate::quant::QuantizedWeight;
+use routing::Routing;
 use tessera_kernels::ggml::GgmlType;
 
 pub use gguf::{GgufError, GgufFile, MetaValue};
 pub use gguf_model::GgufVocab;
-pub(crate) use gguf_model::from_file as gguf_from_file;
+pub(crate) use gguf_model::{from_file as gguf_from_file, load as load_gguf};
+pub(crate) use hf_dir::{HfDir, QuantizedLayers};
+pub use tensor_set::{RawTensor, TensorSet};
 
 /// Errors while loading a checkpoint. Messages name the file, key or tensor at fault.
 #[derive(Debug, thiserror::Error)]
@@ -320,14 +327,9 @@ pub struct Checkpoint {
     pub name: String,
     /// Hyper-parameters.
     pub config: ModelConfig,
-    /// Tensors by canonical name (plain and GGML-quantized weights, norms, embeddings).
+    /// Tensors by canonical name (plain and GGML-quantized weights, norms, embeddings; not the
+    /// layers a quantization scheme decodes).
     pub tensors: BTreeMap<String, TensorEntry>,
-    /// Linear layers a checkpoint quantization scheme decoded, by canonical weight name.
-    pub quantized: BTreeMap<String, QuantizedWeight>,
-    /// The checkpoint's quantization scheme, summarized (`None` without `quantization_config`).
-    pub quantization: Option<String>,
-    /// The quantized KV cache its metadata asks for (`kv_cache_scheme` and per-layer scales).
-    pub kv_cache: Option<crate::kv::KvCacheScheme>,
     /// Tokenizer source.
     pub tokenizer: TokenizerSource,
     /// Special tokens.
@@ -335,17 +337,6 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Loads a GGUF file or a Hugging Face directory.
-    pub fn open(path: &Path) -> Result<Self, LoadError> {
-        if path.is_dir() {
-            hf_dir::load(path)
-        } else if path.is_file() {
-            gguf_model::load(path)
-        } else {
-            Err(LoadError::Io { path: path.into(), msg: "no such file or directory".into() })
-        }
-    }
-
     /// A tensor by canonical name, or an error naming it.
     pub fn tensor(&self, name: &str) -> Result<&TensorEntry, LoadError> {
         self.tensors.get(name).ok_or_else(|| LoadError::Tensor { name: name.into(), msg: "missing".into() })

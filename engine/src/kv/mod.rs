@@ -6,8 +6,8 @@
 //! ([`BlockPool`]) behind the [`SequenceKv`] trait, in any format of [`KvLayout`].
 
 mod block_manager;
+pub mod checkpoint_scheme;
 mod exact_keys;
-pub mod key_calibration;
 mod block_pool;
 mod layout;
 

@@ -13,10 +13,11 @@
 //! Not yet here (see issue 8's notes): MoE layers, Q/K norms and biases, act-order
 //! permutations, CUDA graphs and preallocated step buffers.
 
-use crate::checkpoint::{Checkpoint, LoadError, ModelConfig};
+use crate::checkpoint::{LoadError, ModelConfig};
 use crate::kv::{KvError, KvLayout};
 use crate::model::linear::CheckpointWeight;
 use crate::model::{ForwardError, PlanEntry};
+use crate::weights::ModelWeights;
 use std::cell::RefCell;
 use std::sync::Arc;
 use tessera_kernels::cuda::attention::{self as attn, AttnWorkspace, KvLayerDesc, KvSide, PagedBatch};
@@ -97,9 +98,10 @@ pub struct CudaStep<'a> {
 }
 
 impl CudaLlama {
-    /// Uploads `ckpt`'s weights to `dev` and allocates a KV pool of `kv_blocks` blocks of
+    /// Uploads `weights` to `dev` and allocates a KV pool of `kv_blocks` blocks of
     /// `layout`.
-    pub fn load(ckpt: &Checkpoint, dev: Arc<CudaDevice>, layout: Arc<KvLayout>, kv_blocks: usize) -> Result<Self, CudaModelError> {
+    pub fn load(weights: &ModelWeights, dev: Arc<CudaDevice>, layout: Arc<KvLayout>, kv_blocks: usize) -> Result<Self, CudaModelError> {
+        let ckpt = &weights.checkpoint;
         let c = ckpt.config.clone();
         if layout.key_center(0).is_some() {
             return Err(CudaModelError::Unsupported("KV layouts with centered or balanced keys (the GPU KV append stores keys as they are)".into()));
@@ -114,7 +116,7 @@ impl CudaLlama {
             plan.borrow_mut().push(PlanEntry { tensor: name.to_string(), scheme, storage, activations, shape: [w.rows(), w.cols()], kernel, note, shard: None });
         };
         let weight = |name: &str, rows: usize, cols: usize| -> Result<DeviceWeight, CudaModelError> {
-            let cw = CheckpointWeight::get(ckpt, name, rows, cols)?;
+            let cw = CheckpointWeight::get(weights, name, rows, cols)?;
             if cw.perm.is_some() {
                 return Err(CudaModelError::Unsupported(format!("{name}: act-order (g_idx) input permutation")));
             }

@@ -6,8 +6,9 @@
 //! once here, and [`PlanEntry`] records what was picked. Nothing here knows a storage format.
 
 use super::shard::Cut;
-use crate::checkpoint::{Checkpoint, LoadError, TensorBytes};
+use crate::checkpoint::{LoadError, TensorBytes};
 use crate::quant::SharedMatrix;
+use crate::weights::ModelWeights;
 use std::ops::Range;
 use std::sync::Arc;
 use tessera_kernels::cpu::CpuCaps;
@@ -58,7 +59,7 @@ pub struct CheckpointWeight {
 impl CheckpointWeight {
     /// The weight `name` (`[rows, cols]`): its quantized form if the checkpoint's scheme
     /// decoded one, else its tensor in its GGML type.
-    pub fn get(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Self, LoadError> {
+    pub fn get(ck: &ModelWeights, name: &str, rows: usize, cols: usize) -> Result<Self, LoadError> {
         if let Some(q) = ck.quantized.get(name) {
             if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
                 let msg = format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols());
@@ -73,7 +74,7 @@ impl CheckpointWeight {
                 note: q.note.clone(),
             });
         }
-        let t = ck.tensor(name)?;
+        let t = ck.checkpoint.tensor(name)?;
         let err = |msg: String| LoadError::Tensor { name: t.source_name.clone(), msg };
         if t.shape != [rows, cols] {
             return Err(err(format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
@@ -136,14 +137,14 @@ pub struct Linear {
 impl Linear {
     /// Builds the linear layer `name` (`[rows, cols]`) from a checkpoint: its quantized form if
     /// the checkpoint's scheme decoded one, else its tensor.
-    pub fn load(ck: &Checkpoint, name: &str, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    pub fn load(ck: &ModelWeights, name: &str, rows: usize, cols: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         Self::load_cut(ck, name, rows, cols, Cut::Whole, caps, policy)
     }
 
     /// [`Self::load`] for the part `cut` of the `[rows, cols]` weight (a tensor-parallel
     /// shard): blocks, groups and scales are copied, never re-quantized, and a cut that would
     /// split one is refused with the tensor's name and the reason.
-    pub fn load_cut(ck: &Checkpoint, name: &str, rows: usize, cols: usize, cut: Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    pub fn load_cut(ck: &ModelWeights, name: &str, rows: usize, cols: usize, cut: Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let w = CheckpointWeight::get(ck, name, rows, cols)?;
         let err = |msg: String| LoadError::Tensor { name: w.source_name.clone(), msg };
         let (matrix, perm) = w.cut(&cut).map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(&cut, [rows, cols]))))?;

@@ -10,8 +10,9 @@ use super::linear::{Linear, PlanEntry};
 use super::mlp::Mlp;
 use super::moe::MoeLayer;
 use super::shard::{row_align, Cut, Shard};
-use crate::checkpoint::{Checkpoint, LoadError, ModelConfig, TensorEntry};
+use crate::checkpoint::{LoadError, ModelConfig, TensorEntry};
 use crate::kv::{KvCacheScheme, KvDtype, KvError, KvLayout, KvLayoutError, KvRequest, LocalKv, SequenceKv, DEFAULT_BLOCK_SIZE};
+use crate::weights::ModelWeights;
 use std::sync::Arc;
 use tessera_kernels::attention::{attention_batch, AttnJob, AttnShape};
 use tessera_kernels::comm::Communicator;
@@ -136,15 +137,16 @@ fn norm_weights(t: &TensorEntry, n: usize) -> Result<Vec<f32>, LoadError> {
 
 impl LlamaModel {
     /// Builds the model from a checkpoint, choosing a kernel for every linear layer.
-    pub fn load(ckpt: &Checkpoint, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
-        Self::load_rank(ckpt, caps, policy, None)
+    pub fn load(weights: &ModelWeights, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+        Self::load_rank(weights, caps, policy, None)
     }
 
     /// [`Self::load`] for one rank of a tensor-parallel group when `rank` is given: the rank's
     /// [`Shard`] of every layer (see [`super::shard`]), summing partial outputs and gathering
     /// logits through `comm`. Every rank of the group must then make the same calls in the same
     /// order (forward passes, KV calibration), each on its own thread.
-    pub fn load_rank(ckpt: &Checkpoint, caps: &CpuCaps, policy: LinearPolicy, rank: Option<(Shard, Arc<dyn Communicator>)>) -> Result<Self, LoadError> {
+    pub fn load_rank(weights: &ModelWeights, caps: &CpuCaps, policy: LinearPolicy, rank: Option<(Shard, Arc<dyn Communicator>)>) -> Result<Self, LoadError> {
+        let ckpt = &weights.checkpoint;
         let c = ckpt.config.clone();
         let (h, hd, ffn) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qw, kw) = (c.num_heads * hd, c.num_kv_heads * hd);
@@ -155,7 +157,7 @@ impl LlamaModel {
             None => (0..qw, 0..kw),
         };
         let column = |ch: &std::ops::Range<usize>| if shard.is_some() { Cut::Rows(ch.clone()) } else { Cut::Whole };
-        let lin = |name: &str, rows, cols, cut| Linear::load_cut(ckpt, name, rows, cols, cut, caps, policy);
+        let lin = |name: &str, rows, cols, cut| Linear::load_cut(weights, name, rows, cols, cut, caps, policy);
         let embed = ckpt.tensor("token_embd.weight")?.clone();
         if embed.shape != [c.vocab_size, h] || embed.ty.row_bytes(h).is_none() {
             return Err(LoadError::Tensor {
@@ -180,8 +182,8 @@ impl LlamaModel {
                 None
             };
             let ffn = match &c.moe {
-                Some(moe) if moe.layers[i] => Ffn::Moe(Box::new(MoeLayer::load(ckpt, i, &c, moe, shard, caps, policy)?)),
-                _ => Ffn::Dense(Box::new(Mlp::load_shard(ckpt, [&p("ffn_gate"), &p("ffn_up"), &p("ffn_down")], h, ffn, shard, caps, policy)?)),
+                Some(moe) if moe.layers[i] => Ffn::Moe(Box::new(MoeLayer::load(weights, i, &c, moe, shard, caps, policy)?)),
+                _ => Ffn::Dense(Box::new(Mlp::load_shard(weights, [&p("ffn_gate"), &p("ffn_up"), &p("ffn_down")], h, ffn, shard, caps, policy)?)),
             };
             let output = if shard.is_some() { Cut::Cols(qc.clone()) } else { Cut::Whole };
             blocks.push(Block {
@@ -199,7 +201,7 @@ impl LlamaModel {
         let head_name = if c.tie_word_embeddings { "token_embd.weight" } else { "output.weight" };
         let parallel = match rank {
             Some((shard, comm)) => {
-                let vocab = shard.row_cuts(head_name, c.vocab_size, row_align(ckpt, head_name))?;
+                let vocab = shard.row_cuts(head_name, c.vocab_size, row_align(weights, head_name))?;
                 Some(Parallel { shard, comm, vocab })
             }
             None => None,
@@ -210,13 +212,13 @@ impl LlamaModel {
             lm_head: lin(head_name, c.vocab_size, h, head_cut)?,
             rope: Rope::new(c.head_dim, c.rope_theta),
             shape: AttnShape { n_heads: qc.len() / hd, n_kv_heads: kc.len() / hd, head_dim: hd },
-            kv_cache: ckpt.kv_cache.clone(),
+            kv_cache: weights.kv_cache.clone(),
             parallel,
             embed,
             blocks,
             config: c,
         };
-        if let Some(q) = &ckpt.quantization {
+        if let Some(q) = &weights.quantization {
             tracing::info!(quantization = %q, "checkpoint quantization");
         }
         model.log_plan();
@@ -292,15 +294,15 @@ impl LlamaModel {
     /// sequence is `prefix` then `text` once for balanced keys, [`CENTERING_PASSES`] times for
     /// keys that are only centered.
     ///
-    /// [`CENTERING_PASSES`]: crate::kv::key_calibration::CENTERING_PASSES
+    /// [`CENTERING_PASSES`]: super::key_calibration::CENTERING_PASSES
     pub fn kv_layout_calibrated(&self, req: impl Into<KvRequest>, block_size: usize, seed: u64, prefix: &[u32], text: &[u32]) -> Result<Arc<KvLayout>, KvLayoutError> {
         let mut layout = self.kv_layout(req, block_size, seed)?;
         if layout.wants_key_centers() {
-            let passes = if layout.wants_key_balance() { 1 } else { crate::kv::key_calibration::CENTERING_PASSES };
+            let passes = if layout.wants_key_balance() { 1 } else { super::key_calibration::CENTERING_PASSES };
             let mut calibration = prefix.to_vec();
             (0..passes).for_each(|_| calibration.extend_from_slice(text));
             let calibration = &calibration[..calibration.len().min(self.config.max_position_embeddings)];
-            let t = crate::kv::key_calibration::measure(self, &layout, calibration).map_err(|e| KvLayoutError::Calibration(e.to_string()))?;
+            let t = super::key_calibration::measure(self, &layout, calibration).map_err(|e| KvLayoutError::Calibration(e.to_string()))?;
             Arc::get_mut(&mut layout).expect("a fresh layout has one owner").set_key_transform(t).map_err(KvLayoutError::Calibration)?;
         }
         Ok(layout)

@@ -3,7 +3,8 @@
 
 use super::linear::{Linear, PlanEntry};
 use super::shard::{col_align, Cut, Shard};
-use crate::checkpoint::{Checkpoint, LoadError};
+use crate::checkpoint::LoadError;
+use crate::weights::ModelWeights;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::LinearPolicy;
 use tessera_kernels::ops::silu_mul;
@@ -18,14 +19,14 @@ pub struct Mlp {
 
 impl Mlp {
     /// Loads the three canonical weights `[gate, up, down]` for hidden width `hidden`, inner `ffn`.
-    pub fn load(ck: &Checkpoint, names: [&str; 3], hidden: usize, ffn: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    pub fn load(ck: &ModelWeights, names: [&str; 3], hidden: usize, ffn: usize, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         Self::load_shard(ck, names, hidden, ffn, None, caps, policy)
     }
 
     /// [`Self::load`], holding only `shard`'s part of the inner width when given: gate and up
     /// column-parallel, down row-parallel, the cut on down's column granularity (its output is
     /// a partial sum the caller all-reduces).
-    pub fn load_shard(ck: &Checkpoint, names: [&str; 3], hidden: usize, ffn: usize, shard: Option<&Shard>, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    pub fn load_shard(ck: &ModelWeights, names: [&str; 3], hidden: usize, ffn: usize, shard: Option<&Shard>, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let (rows, cols) = match shard {
             Some(s) => {
                 let inner = s.inner(names[2], ffn, col_align(ck, names[2])?)?;

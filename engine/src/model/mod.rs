@@ -1,6 +1,7 @@
 //! Model architectures and their layers ([`cuda`]: the Llama decoder on an NVIDIA GPU).
 
 pub mod cuda;
+pub mod key_calibration;
 pub mod linear;
 pub mod llama;
 pub mod mlp;

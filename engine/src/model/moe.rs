@@ -12,9 +12,10 @@
 
 use super::linear::{Linear, PlanEntry};
 use super::mlp::Mlp;
-use super::routing::Routing;
+use crate::checkpoint::routing::Routing;
 use super::shard::Shard;
-use crate::checkpoint::{names, Checkpoint, LoadError, ModelConfig, MoeConfig};
+use crate::checkpoint::{names, LoadError, ModelConfig, MoeConfig};
+use crate::weights::ModelWeights;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::dequantize_row;
 use tessera_kernels::linear::LinearPolicy;
@@ -48,13 +49,13 @@ impl MoeLayer {
     /// Loads layer `layer`'s MoE tensors (canonical names) for `cfg`; with `shard`, each routed
     /// and shared expert holds that rank's part of its inner width (tensor parallelism inside
     /// every expert: the router and gates are replicated, the output is a partial sum).
-    pub fn load(ck: &Checkpoint, layer: usize, cfg: &ModelConfig, moe: &MoeConfig, shard: Option<&Shard>, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
+    pub fn load(ck: &ModelWeights, layer: usize, cfg: &ModelConfig, moe: &MoeConfig, shard: Option<&Shard>, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let h = cfg.hidden_size;
         let n = moe.routing.n_experts;
         let blk = |s: &str| format!("blk.{layer}.{s}");
         let router = Linear::load(ck, &blk("ffn_gate_inp.weight"), n, h, caps, policy)?;
         let bias = if moe.correction_bias {
-            let t = ck.tensor(&blk("exp_probs_b.bias"))?;
+            let t = ck.checkpoint.tensor(&blk("exp_probs_b.bias"))?;
             if t.shape != [n] || !t.ty.is_float() {
                 return Err(LoadError::Tensor { name: t.source_name.clone(), msg: format!("{} {:?}, expected a float vector of {n}", t.ty, t.shape) });
             }

@@ -10,7 +10,8 @@
 //! Ranges are as even as the cut points allow; a cut that would split a quantization group or
 //! block is refused at load with the tensor's name (see [`super::Linear::load_cut`]).
 
-use crate::checkpoint::{Checkpoint, LoadError, ModelConfig};
+use crate::checkpoint::{LoadError, ModelConfig};
+use crate::weights::ModelWeights;
 use std::ops::Range;
 
 thread_local! {
@@ -167,15 +168,15 @@ impl Shard {
 
 /// The granularity of `name`'s input columns: a cut between ranks must fall on a multiple of
 /// it (a GGUF block, an int4 group, an FP8 scale block; 32 for the integer kernels' runs).
-pub fn col_align(ck: &Checkpoint, name: &str) -> Result<usize, LoadError> {
+pub fn col_align(ck: &ModelWeights, name: &str) -> Result<usize, LoadError> {
     match ck.quantized.get(name) {
         Some(q) => Ok(q.matrix.col_align()),
-        None => Ok(ck.tensor(name)?.ty.block_size()),
+        None => Ok(ck.checkpoint.tensor(name)?.ty.block_size()),
     }
 }
 
 /// The granularity of `name`'s output rows (an FP8 scale block's height; 1 otherwise).
-pub fn row_align(ck: &Checkpoint, name: &str) -> usize {
+pub fn row_align(ck: &ModelWeights, name: &str) -> usize {
     ck.quantized.get(name).map_or(1, |q| q.matrix.row_align())
 }
 

@@ -13,9 +13,8 @@
 
 use super::int4_packing::{int4_matrix, unpack_first_axis, unpack_last_axis, NibbleOrder};
 use super::pattern::{parse_list, NamePattern};
-use super::tensors::{RawTensor, TensorSet};
 use super::{config_err, dims2, fp8_matrix, get_usize, tensor_err, QuantScheme, QuantizedWeight};
-use crate::checkpoint::LoadError;
+use crate::checkpoint::{LoadError, RawTensor, TensorSet};
 use safetensors::Dtype;
 use serde_json::Value;
 use super::{shared, SharedMatrix};

@@ -6,9 +6,8 @@
 //! `ignored_layers` / `modules_to_not_convert` (or for the output head).
 
 use super::pattern::{parse_list, NamePattern};
-use super::tensors::TensorSet;
 use super::{config_err, dims2, fp8_matrix, tensor_err, QuantScheme, QuantizedWeight};
-use crate::checkpoint::LoadError;
+use crate::checkpoint::{LoadError, TensorSet};
 use safetensors::Dtype;
 use serde_json::Value;
 use tessera_kernels::linear::ActQuant;

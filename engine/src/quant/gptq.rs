@@ -15,9 +15,8 @@
 
 use super::int4_packing::{int4_matrix, transpose, unpack_first_axis, unpack_last_axis, NibbleOrder};
 use super::pattern::{parse_list, NamePattern};
-use super::tensors::TensorSet;
 use super::{config_err, dims2, get_usize, tensor_err, QuantScheme, QuantizedWeight};
-use crate::checkpoint::LoadError;
+use crate::checkpoint::{LoadError, TensorSet};
 use safetensors::Dtype;
 use serde_json::Value;
 use tessera_kernels::linear::ActQuant;

@@ -16,17 +16,14 @@ pub mod compressed_tensors;
 pub mod fp8;
 pub mod gptq;
 mod int4_packing;
-pub mod kv_cache;
 pub mod pattern;
 pub mod quark;
-pub mod tensors;
 
-use crate::checkpoint::LoadError;
+use crate::checkpoint::{LoadError, RawTensor, TensorSet};
 use serde_json::Value;
 use std::fmt::Debug;
 use std::sync::Arc;
 use tessera_kernels::linear::{ActQuant, Fp8Matrix, WeightMatrix};
-use tensors::TensorSet;
 
 /// A linear layer's weights as a scheme decoded them, ready for a kernel.
 #[derive(Clone, Debug)]
@@ -95,7 +92,7 @@ pub(crate) fn tensor_err(name: &str, msg: impl Into<String>) -> LoadError {
 }
 
 /// `(rows, cols)` of a module's `[rows, cols]` tensor `t`.
-pub(crate) fn dims2(t: &tensors::RawTensor) -> Result<(usize, usize), LoadError> {
+pub(crate) fn dims2(t: &RawTensor) -> Result<(usize, usize), LoadError> {
     match t.shape.as_slice() {
         [r, c] => Ok((*r, *c)),
         s => Err(tensor_err(&t.name, format!("shape {s:?}, expected 2 dimensions"))),

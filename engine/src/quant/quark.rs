@@ -18,9 +18,8 @@
 
 use super::int4_packing::{int4_matrix, transpose, twos_complement, unpack_last_axis, NibbleOrder};
 use super::pattern::{fnmatch, parse_list, NamePattern};
-use super::tensors::TensorSet;
 use super::{config_err, dims2, tensor_err, QuantScheme, QuantizedWeight};
-use crate::checkpoint::LoadError;
+use crate::checkpoint::{LoadError, TensorSet};
 use safetensors::Dtype;
 use serde_json::Value;
 use super::{shared, SharedMatrix};

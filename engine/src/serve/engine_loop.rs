@@ -251,7 +251,7 @@ impl EngineLoop {
         if s.generated() < s.req.min_tokens {
             banned.extend(&s.req.stop_token_ids);
             if !s.req.ignore_eos {
-                banned.extend(&self.model.checkpoint.special.eos);
+                banned.extend(&self.model.weights.checkpoint.special.eos);
             }
         }
         let allowed = match mask.or_else(|| s.guide.as_mut().map(Guide::allowed)).transpose() {
@@ -276,7 +276,7 @@ impl EngineLoop {
         self.metrics.generation_tokens.inc();
 
         let info = token_info(s.req.sampling.logprobs.is_some(), tok, &sampled);
-        let stop_token = s.req.stop_token_ids.contains(&id) || (!s.req.ignore_eos && self.model.checkpoint.special.eos.contains(&id));
+        let stop_token = s.req.stop_token_ids.contains(&id) || (!s.req.ignore_eos && self.model.weights.checkpoint.special.eos.contains(&id));
         let check_stop = s.generated() >= s.req.min_tokens;
         let (text, finish) = if stop_token {
             (s.output.finish(tok, false).0, Some((FinishReason::Stop, Some(StopReason::Token(id)))))

@@ -134,7 +134,7 @@ impl Engine {
             Device::Cuda(ordinal) => {
                 let dev = CudaDevice::open(ordinal).map_err(|e| e.to_string())?;
                 tracing::info!(device = %dev.describe(), "CUDA device");
-                let gpu = CudaLlama::load(&model.checkpoint, dev, layout.clone(), num_blocks).map_err(|e| e.to_string())?;
+                let gpu = CudaLlama::load(&model.weights, dev, layout.clone(), num_blocks).map_err(|e| e.to_string())?;
                 Box::new(CudaBackend::new(gpu))
             }
         };
@@ -146,12 +146,12 @@ impl Engine {
             block_size: c.block_size,
             num_blocks,
             quantization: quantization_summary(&model),
-            quantization_config: model.checkpoint.quantization.clone(),
+            quantization_config: model.weights.quantization.clone(),
             plan: backend.plan(),
             tensor_parallel_size: model.tensor_parallel_size(),
             config: config.clone(),
         };
-        let model_name = model.checkpoint.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let model_name = model.weights.checkpoint.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let metrics = Arc::new(
             Metrics::new(&[("model", &model_name), ("quantization", &info.quantization), ("kv_cache_type", &info.kv_cache_type)], &info.plan, info.kv_bytes_per_token)
                 .map_err(|e| format!("metrics: {e}"))?,

@@ -10,7 +10,6 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::model::{ActivationObserver, LinearSite, SeqInput};
@@ -18,6 +17,7 @@ use tessera_engine::quantize::calibrate::{calibrate_sequential, sequences, Calib
 use tessera_engine::quantize::gptq::Hessian;
 use tessera_engine::quantize::QuantizeError;
 use tessera_engine::quantize::{quantize_dir, Calibrated, QuantizeOptions, QuantizeSummary, Recipe, Scheme};
+use tessera_engine::weights::ModelWeights;
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
@@ -31,7 +31,7 @@ fn converted(dtype: FloatDtype) -> PathBuf {
     let _g = DIRS.get_or_init(Default::default).lock().unwrap();
     let dir = base().join(format!("{dtype:?}"));
     if !dir.join("config.json").exists() {
-        let ck = Checkpoint::open(&common::default_model_path()).unwrap();
+        let ck = ModelWeights::open(&common::default_model_path()).unwrap().checkpoint;
         to_hf_dir(&ck, &dir, &ConvertOptions { dtype, max_shard_bytes: None }).unwrap();
     }
     dir
@@ -125,7 +125,7 @@ fn smoothing_alone_keeps_the_model_function() {
     // f32 rounding of rescaled weights through 30 blocks; a wrong fold moves log-probs by > 0.1.
     assert!(worst < 2e-3, "smoothing changed log-probs by {worst}");
     // And it did rewrite something: the first norm differs from the input's.
-    let norm = |d: &Path| Checkpoint::open(d).unwrap().tensor("blk.0.attn_norm.weight").unwrap().data.bytes().to_vec();
+    let norm = |d: &Path| ModelWeights::open(d).unwrap().checkpoint.tensor("blk.0.attn_norm.weight").unwrap().data.bytes().to_vec();
     assert_ne!(norm(&f32_dir), norm(&out));
 }
 

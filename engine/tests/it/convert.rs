@@ -10,11 +10,11 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
+use tessera_engine::weights::ModelWeights;
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
@@ -26,7 +26,7 @@ fn converted(dtype: FloatDtype) -> &'static Path {
     cell.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("convert-{}", dtype.torch_name()));
         let _ = std::fs::remove_dir_all(&dir);
-        let ck = Checkpoint::open(&default_model_path()).unwrap();
+        let ck = ModelWeights::open(&default_model_path()).unwrap().checkpoint;
         let s = to_hf_dir(&ck, &dir, &ConvertOptions { dtype, max_shard_bytes: None }).unwrap();
         assert_eq!(s.shards, vec!["model.safetensors"]);
         dir
@@ -94,16 +94,16 @@ fn bf16_conversion_stays_close() {
 fn config_and_tokenizer_round_trip() {
     let dir = converted(FloatDtype::BF16);
     let gguf = LoadedModel::load(&default_model_path(), LinearPolicy::DEFAULT).unwrap();
-    let hf = Checkpoint::open(dir).unwrap();
-    assert_eq!(hf.config, gguf.checkpoint.config);
-    assert_eq!(hf.special.bos, gguf.checkpoint.special.bos);
-    assert_eq!(hf.special.eos, gguf.checkpoint.special.eos);
-    assert_eq!(hf.special.add_bos, gguf.checkpoint.special.add_bos);
-    assert_eq!(hf.special.chat_template, gguf.checkpoint.special.chat_template);
+    let hf = ModelWeights::open(dir).unwrap().checkpoint;
+    assert_eq!(hf.config, gguf.weights.checkpoint.config);
+    assert_eq!(hf.special.bos, gguf.weights.checkpoint.special.bos);
+    assert_eq!(hf.special.eos, gguf.weights.checkpoint.special.eos);
+    assert_eq!(hf.special.add_bos, gguf.weights.checkpoint.special.add_bos);
+    assert_eq!(hf.special.chat_template, gguf.weights.checkpoint.special.chat_template);
     assert!(hf.special.chat_template.is_some());
 
     let cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let c = &gguf.checkpoint.config;
+    let c = &gguf.weights.checkpoint.config;
     assert_eq!(cfg["architectures"], serde_json::json!(["LlamaForCausalLM"]));
     assert_eq!(cfg["model_type"], "llama");
     assert_eq!(cfg["torch_dtype"], "bfloat16");
@@ -181,15 +181,15 @@ fn values_match_python_gguf_dequantization() {
 #[test]
 fn sharded_output_has_an_index() {
     let dir = tempfile::tempdir().unwrap();
-    let ck = Checkpoint::open(&default_model_path()).unwrap();
+    let ck = ModelWeights::open(&default_model_path()).unwrap().checkpoint;
     let s = to_hf_dir(&ck, dir.path(), &ConvertOptions { dtype: FloatDtype::BF16, max_shard_bytes: Some(100 << 20) }).unwrap();
     assert_eq!(s.shards.len(), 3, "{:?}", s.shards);
     assert_eq!(s.shards[0], "model-00001-of-00003.safetensors");
     let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
     assert_eq!(index["weight_map"].as_object().unwrap().len(), ck.tensors.len());
     assert_eq!(index["metadata"]["total_size"].as_u64(), Some(s.bytes));
-    let hf = Checkpoint::open(dir.path()).unwrap();
-    let single = Checkpoint::open(converted(FloatDtype::BF16)).unwrap();
+    let hf = ModelWeights::open(dir.path()).unwrap().checkpoint;
+    let single = ModelWeights::open(converted(FloatDtype::BF16)).unwrap().checkpoint;
     assert_eq!(hf.tensors.len(), single.tensors.len());
     for (name, t) in &hf.tensors {
         assert_eq!(t.data.bytes(), single.tensors[name].data.bytes(), "{name}");

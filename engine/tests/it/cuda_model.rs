@@ -61,7 +61,7 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
     let mut errors = Vec::new();
     for (fmt, tol) in [(KvFormat::F32, 1e-3), (KvFormat::Bf16, 1e-2), (KvFormat::Fp8E4m3, 3e-2), (KvFormat::Int8, 2e-2)] {
         let layout = lm.model.kv_layout(KvDtype::both(fmt), DEFAULT_BLOCK_SIZE, 0).unwrap();
-        let mut gpu = CudaLlama::load(&lm.checkpoint, dev.clone(), layout.clone(), 512).unwrap();
+        let mut gpu = CudaLlama::load(&lm.weights, dev.clone(), layout.clone(), 512).unwrap();
         // Non-contiguous, out-of-order blocks.
         let blocks: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 512).collect();
         for prompt in PROMPTS {
@@ -113,7 +113,7 @@ fn a_batch_equals_its_sequences_alone() {
     // An f32 cache: with a compressed one, K/V rounding flips (see the module docs) would add
     // to the summation-order difference this test bounds.
     let layout = lm.model.kv_layout(KvDtype::both(KvFormat::F32), DEFAULT_BLOCK_SIZE, 0).unwrap();
-    let mut gpu = CudaLlama::load(&lm.checkpoint, dev, layout, 96).unwrap();
+    let mut gpu = CudaLlama::load(&lm.weights, dev, layout, 96).unwrap();
     let ids: Vec<Vec<u32>> = PROMPTS.iter().map(|p| lm.tokenizer.encode(p).unwrap()).collect();
     let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (0..8).map(|i| 95 - (i * 3 + s)).collect()).collect();
     let alone: Vec<Vec<f32>> = (0..3).map(|i| gpu_logits(&mut gpu, &tables[i], &[&ids[i]])).collect();
@@ -144,7 +144,7 @@ fn bad_tokens_and_short_block_tables_are_errors() {
     let Some(dev) = test_device() else { return };
     let lm = model_with(LinearPolicy::ALWAYS_GEMM);
     let layout = lm.model.kv_layout(KvDtype::default(), DEFAULT_BLOCK_SIZE, 0).unwrap();
-    let mut gpu = CudaLlama::load(&lm.checkpoint, dev, layout, 4).unwrap();
+    let mut gpu = CudaLlama::load(&lm.weights, dev, layout, 4).unwrap();
     let step = |tokens, blocks| CudaStep { tokens, blocks, cached: 0, logits_from: Some(0) };
     let err = gpu.forward(&[step(&[1, 999_999], &[0])]).unwrap_err().to_string();
     assert!(err.contains("999999"), "{err}");

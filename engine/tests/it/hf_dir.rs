@@ -18,6 +18,7 @@ use tessera_engine::kv::{KvCacheScheme, KvDtype, KvRequest};
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
 use tessera_engine::tokenizer::Tokenizer;
+use tessera_engine::weights::ModelWeights;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::dequantize_row;
 use tessera_kernels::kv::KvFormat;
@@ -73,7 +74,7 @@ type Exported = (String, Dtype, Vec<usize>, Vec<u8>);
 
 /// Writes the export; returns the GGUF checkpoint cut to `LAYERS` layers.
 fn export(dir: &Path) -> Checkpoint {
-    let mut ck = Checkpoint::open(&default_model_path()).unwrap();
+    let mut ck = ModelWeights::open(&default_model_path()).unwrap().checkpoint;
     ck.config.num_layers = LAYERS;
     let c = &ck.config;
     let mut shards: [Vec<Exported>; 2] = [Vec::new(), Vec::new()];
@@ -129,17 +130,18 @@ fn logits(m: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
 #[test]
 fn hf_directory_runs_like_the_gguf_it_came_from() {
     let dir = tempfile::tempdir().unwrap();
-    let gguf = export(dir.path());
-    let hf = Checkpoint::open(dir.path()).unwrap();
-    assert_eq!(hf.config, gguf.config);
-    assert_eq!(hf.special.eos, vec![2], "eos from generation_config.json (and <|im_end|> is id 2)");
-    assert_eq!(hf.special.bos, Some(1));
-    assert!(!hf.special.add_bos);
-    assert_eq!(hf.special.chat_template.as_deref(), Some("{{ messages }}"));
-    assert_eq!(hf.tensors["blk.1.ffn_down.weight"].source_name, "model.layers.1.mlp.down_proj.weight");
+    let gguf = ModelWeights::from(export(dir.path()));
+    let hf = ModelWeights::open(dir.path()).unwrap();
+    let (gguf_ck, hf_ck) = (&gguf.checkpoint, &hf.checkpoint);
+    assert_eq!(hf_ck.config, gguf_ck.config);
+    assert_eq!(hf_ck.special.eos, vec![2], "eos from generation_config.json (and <|im_end|> is id 2)");
+    assert_eq!(hf_ck.special.bos, Some(1));
+    assert!(!hf_ck.special.add_bos);
+    assert_eq!(hf_ck.special.chat_template.as_deref(), Some("{{ messages }}"));
+    assert_eq!(hf_ck.tensors["blk.1.ffn_down.weight"].source_name, "model.layers.1.mlp.down_proj.weight");
 
     let text = "It is a truth universally acknowledged, that a single man";
-    let (tg, th) = (Tokenizer::from_checkpoint(&gguf).unwrap(), Tokenizer::from_checkpoint(&hf).unwrap());
+    let (tg, th) = (Tokenizer::from_checkpoint(gguf_ck).unwrap(), Tokenizer::from_checkpoint(hf_ck).unwrap());
     let tokens = tg.encode(text).unwrap();
     assert_eq!(th.encode(text).unwrap(), tokens, "tokenizer.json round trip");
 
@@ -148,7 +150,7 @@ fn hf_directory_runs_like_the_gguf_it_came_from() {
     let b = logits(&LlamaModel::load(&hf, &caps, LinearPolicy::ALWAYS_GEMM).unwrap(), &tokens);
     // Only the F16 embedding and BF16 norms round the weights (2^-11 and 2^-8 relative);
     // measured max |diff| <= 3e-4 of the logit spread, bound 1e-2.
-    let vocab = gguf.config.vocab_size;
+    let vocab = gguf_ck.config.vocab_size;
     for (ra, rb) in a.chunks(vocab).zip(b.chunks(vocab)) {
         let spread = ra.iter().cloned().fold(f32::MIN, f32::max) - ra.iter().cloned().fold(f32::MAX, f32::min);
         let err = ra.iter().zip(rb).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / spread;
@@ -168,7 +170,7 @@ fn malformed_directories_name_what_is_wrong() {
         let mut c = good_cfg.clone();
         f(&mut c);
         std::fs::write(&cfg_path, c.to_string()).unwrap();
-        Checkpoint::open(dir.path()).err().map(|e| e.to_string()).unwrap_or_default()
+        ModelWeights::open(dir.path()).err().map(|e| e.to_string()).unwrap_or_default()
     };
     // Metadata that says quantized over plain weights: the first quantized layer is named.
     assert!(with_cfg(&|c| c["quantization_config"] = json!({"quant_method": "gptq"})).contains("qweight: missing: quant_method gptq quantizes this layer"));
@@ -185,7 +187,7 @@ fn malformed_directories_name_what_is_wrong() {
     assert!(with_cfg(&|c| c["rope_scaling"] = json!({"type": "yarn"})).contains("rope_scaling"));
     // A layer count beyond the exported tensors: the missing tensor is named at model load.
     with_cfg(&|c| c["num_hidden_layers"] = json!(3));
-    let ck = Checkpoint::open(dir.path()).unwrap();
+    let ck = ModelWeights::open(dir.path()).unwrap();
     let e = LlamaModel::load(&ck, &CpuCaps::detect(), LinearPolicy::DEFAULT).err().unwrap().to_string();
     assert!(e.starts_with("tensor blk.2.") && e.contains("missing"), "{e}");
     std::fs::write(&cfg_path, good_cfg.to_string()).unwrap();
@@ -195,14 +197,14 @@ fn malformed_directories_name_what_is_wrong() {
     let bytes = vec![1u8; 16];
     let views = vec![("model.layers.1.mlp.up_proj.weight".to_string(), TensorView::new(Dtype::I8, vec![4, 4], &bytes).unwrap())];
     safetensors::serialize_to_file(views, &None, &bad).unwrap();
-    let e = Checkpoint::open(dir.path()).unwrap_err().to_string();
+    let e = ModelWeights::open(dir.path()).unwrap_err().to_string();
     assert!(e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("I8"), "{e}");
     let views = vec![("model.layers.1.mlp.experts.0.w1".to_string(), TensorView::new(Dtype::F32, vec![2, 2], &bytes).unwrap())];
     safetensors::serialize_to_file(views, &None, &bad).unwrap();
-    let e = Checkpoint::open(dir.path()).unwrap_err().to_string();
+    let e = ModelWeights::open(dir.path()).unwrap_err().to_string();
     assert!(e.contains("model.layers.1.mlp.experts.0.w1") && e.contains("not a tensor name of a supported architecture"), "{e}");
     std::fs::write(&bad, b"not safetensors").unwrap();
-    assert!(Checkpoint::open(dir.path()).unwrap_err().to_string().contains("invalid safetensors"));
+    assert!(ModelWeights::open(dir.path()).unwrap_err().to_string().contains("invalid safetensors"));
 }
 
 /// Adds `tensors` (scalar f32 scales by name) as one more shard of the export in `dir`.
@@ -236,7 +238,7 @@ fn kv_cache_scheme_scales_choose_the_cache_format() {
     let tensors: Vec<(String, f32)> = scales.iter().enumerate().flat_map(|(i, &(k, v))| [(names(i, "k"), k), (names(i, "v"), v)]).collect();
     add_scale_shard(dir.path(), &tensors);
 
-    let ck = Checkpoint::open(dir.path()).unwrap();
+    let ck = ModelWeights::open(dir.path()).unwrap();
     assert_eq!(ck.kv_cache, Some(KvCacheScheme { format: KvFormat::Fp8E4m3, scales: scales.to_vec() }));
     let m = LlamaModel::load(&ck, &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
     // auto takes the checkpoint's format with its static scales: one byte per element, no stored scale.
@@ -244,7 +246,7 @@ fn kv_cache_scheme_scales_choose_the_cache_format() {
     assert_eq!(auto.dtype(), KvDtype::both(KvFormat::Fp8E4m3));
     assert_eq!(auto.codecs(1).0.name(), "fp8_e4m3 (static scale)");
     assert_eq!(auto.static_scales(1), (Some(0.045), Some(0.012)));
-    let c = &ck.config;
+    let c = &ck.checkpoint.config;
     assert_eq!(auto.bytes_per_token(), (LAYERS * 2 * c.num_kv_heads * c.head_dim) as f64);
     // An explicit format wins; only a side in the checkpoint's format uses its scales.
     let mixed = m.kv_layout(KvRequest { k: Some(KvFormat::Fp8E4m3), v: Some(KvFormat::Int8) }, 16, 0).unwrap();
@@ -254,7 +256,7 @@ fn kv_cache_scheme_scales_choose_the_cache_format() {
     // these two layers inside E4M3's range). E4M3 rounds each element by up to 2^-4 relative;
     // over two layers this measured 8e-3 of the logit spread; bound 0.1, and not 0 (the scales
     // are used).
-    let tokens = Tokenizer::from_checkpoint(&ck).unwrap().encode("It is a truth universally acknowledged").unwrap();
+    let tokens = Tokenizer::from_checkpoint(&ck.checkpoint).unwrap().encode("It is a truth universally acknowledged").unwrap();
     let run = |layout| {
         let mut kv = tessera_engine::kv::LocalKv::new(layout, 64);
         m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0)
@@ -267,7 +269,7 @@ fn kv_cache_scheme_scales_choose_the_cache_format() {
     // A missing, zero or non-scalar scale names the tensor.
     let broken = |tensors: &[(String, f32)]| {
         add_scale_shard(dir.path(), tensors);
-        Checkpoint::open(dir.path()).err().map(|e| e.to_string()).unwrap_or_default()
+        ModelWeights::open(dir.path()).err().map(|e| e.to_string()).unwrap_or_default()
     };
     let e = broken(&tensors[..3]);
     assert!(e.contains("model.layers.1.self_attn.v_scale") && e.contains("kv_cache_scheme"), "{e}");

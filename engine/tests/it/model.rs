@@ -295,7 +295,8 @@ fn key_transform_is_invisible_to_attention() {
 /// come with the formats that spread their error over a head (tq3_0, qjl1), not with HQMQ.
 #[test]
 fn key_calibration_centers_are_the_cached_keys_mean() {
-    use tessera_engine::kv::{key_calibration, KvDtype};
+    use tessera_engine::kv::KvDtype;
+    use tessera_engine::model::key_calibration;
     let lm = model();
     let m = &lm.model;
     let tokens = lm.tokenizer.encode(key_calibration::CALIBRATION_TEXT).unwrap();
@@ -340,7 +341,8 @@ fn key_calibration_centers_are_the_cached_keys_mean() {
 /// 0.127 centered only; the bound asks for a 10% gain.
 #[test]
 fn balanced_tq3_keys_track_the_float_cache_better() {
-    use tessera_engine::kv::{key_calibration, KvDtype};
+    use tessera_engine::kv::KvDtype;
+    use tessera_engine::model::key_calibration;
     use tessera_kernels::kv::KvFormat;
     let lm = model();
     let m = &lm.model;

@@ -13,14 +13,15 @@ use crate::common;
 use common::{default_model_path, max_rel_err};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use tessera_engine::checkpoint::routing::Scoring;
 use tessera_engine::checkpoint::{Checkpoint, MoeConfig};
 use tessera_engine::convert::{dequantize, to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::kv::LocalKv;
 use tessera_engine::model::moe::MoeLayer;
-use tessera_engine::model::routing::Scoring;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::upcycle::{random_dense, upcycle, MoeFamily, RandomDims, UpcycleOptions};
+use tessera_engine::weights::ModelWeights;
 use tessera_engine::LoadedModel;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::LinearPolicy;
@@ -37,7 +38,7 @@ fn options(family: MoeFamily, experts: usize, top_k: usize, perturb: f32, stacke
 
 fn default_ckpt() -> &'static Checkpoint {
     static C: OnceLock<Checkpoint> = OnceLock::new();
-    C.get_or_init(|| Checkpoint::open(&default_model_path()).unwrap())
+    C.get_or_init(|| ModelWeights::open(&default_model_path()).unwrap().checkpoint)
 }
 
 fn logits(m: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
@@ -86,7 +87,7 @@ fn random_moe(family: MoeFamily, stacked: bool) -> PathBuf {
 
 /// f64 scalar reference forward pass over a checkpoint's tensors (canonical names).
 struct Reference<'a> {
-    ck: &'a Checkpoint,
+    ck: &'a ModelWeights,
 }
 
 impl Reference<'_> {
@@ -102,11 +103,11 @@ impl Reference<'_> {
             }
             return out.into_iter().map(f64::from).collect();
         }
-        dequantize(name, self.ck.tensor(name).unwrap()).unwrap().into_iter().map(f64::from).collect()
+        dequantize(name, self.ck.checkpoint.tensor(name).unwrap()).unwrap().into_iter().map(f64::from).collect()
     }
 
     fn t_opt(&self, name: &str) -> Option<Vec<f64>> {
-        (self.ck.tensors.contains_key(name) || self.ck.quantized.contains_key(name)).then(|| self.t(name))
+        (self.ck.checkpoint.tensors.contains_key(name) || self.ck.quantized.contains_key(name)).then(|| self.t(name))
     }
 
     fn matvec(w: &[f64], x: &[f64]) -> Vec<f64> {
@@ -156,7 +157,7 @@ impl Reference<'_> {
     }
 
     fn ffn(&self, l: usize, x: &[f64]) -> Vec<f64> {
-        let c = &self.ck.config;
+        let c = &self.ck.checkpoint.config;
         let names = |kinds: [&str; 3]| kinds.map(|k| format!("blk.{l}.{k}.weight"));
         let Some(moe) = c.moe.as_ref().filter(|m| m.layers[l]) else { return self.mlp(names(["ffn_gate", "ffn_up", "ffn_down"]), x) };
         let logits = Self::matvec(&self.t(&format!("blk.{l}.ffn_gate_inp.weight")), x);
@@ -178,7 +179,7 @@ impl Reference<'_> {
     }
 
     fn logits(&self, tokens: &[u32]) -> Vec<f64> {
-        let c = &self.ck.config;
+        let c = &self.ck.checkpoint.config;
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
         let eps = c.rms_norm_eps as f64;
         let embed = self.t("token_embd.weight");
@@ -262,11 +263,11 @@ impl Reference<'_> {
 fn random_models_of_every_family_match_the_scalar_reference() {
     for (family, stacked) in [(MoeFamily::Mixtral, false), (MoeFamily::QwenMoe, false), (MoeFamily::Qwen3Moe, true), (MoeFamily::Deepseek, false)] {
         let dir = random_moe(family, stacked);
-        let ck = Checkpoint::open(&dir).unwrap();
+        let ck = ModelWeights::open(&dir).unwrap();
         let model = LlamaModel::load(&ck, &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
         let got = logits(&model, &PROMPT[..7]);
         let want: Vec<f32> = Reference { ck: &ck }.logits(&PROMPT[..7]).into_iter().map(|v| v as f32).collect();
-        let e = max_rel_err(&got, &want, ck.config.vocab_size);
+        let e = max_rel_err(&got, &want, ck.checkpoint.config.vocab_size);
         eprintln!("random {family:?} (stacked {stacked}): max |engine - f64 reference| / spread = {e:.2e}");
         assert!(e < 1e-4, "{family:?}: {e}");
     }
@@ -281,12 +282,12 @@ fn moe_models_shard_inside_every_expert() {
     let caps = CpuCaps::detect();
     for family in [MoeFamily::Mixtral, MoeFamily::QwenMoe, MoeFamily::Qwen3Moe, MoeFamily::Deepseek] {
         let dir = random_moe(family, false);
-        let ck = Checkpoint::open(&dir).unwrap();
+        let ck = ModelWeights::open(&dir).unwrap();
         let (first, ranks) = Ranks::load(&ck, &caps, LinearPolicy::DEFAULT, &TpOptions { size: 2, cpu_bind: None }).unwrap();
         assert!(first.plan().iter().any(|e| e.tensor.contains("_exps.") && e.shard.as_deref() == Some("rows 0..48 of 96")), "{family:?}");
         let got = ranks.run(&first, |m| logits(m, &PROMPT[..7])).swap_remove(0);
         let want: Vec<f32> = Reference { ck: &ck }.logits(&PROMPT[..7]).into_iter().map(|v| v as f32).collect();
-        let e = max_rel_err(&got, &want, ck.config.vocab_size);
+        let e = max_rel_err(&got, &want, ck.checkpoint.config.vocab_size);
         eprintln!("random {family:?} over 2 ranks: max |engine - f64 reference| / spread = {e:.2e}");
         assert!(e < 1e-4, "{family:?}: {e}");
     }
@@ -299,10 +300,11 @@ fn moe_models_shard_inside_every_expert() {
 #[test]
 fn grouped_execution_equals_the_per_token_loop() {
     let dir = random_moe(MoeFamily::Deepseek, false);
-    let ck = Checkpoint::open(&dir).unwrap();
-    let moe = ck.config.moe.clone().unwrap();
-    let layer = MoeLayer::load(&ck, 1, &ck.config, &moe, None, &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
-    let h = ck.config.hidden_size;
+    let ck = ModelWeights::open(&dir).unwrap();
+    let c = &ck.checkpoint.config;
+    let moe = c.moe.clone().unwrap();
+    let layer = MoeLayer::load(&ck, 1, c, &moe, None, &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
+    let h = c.hidden_size;
     let m = 40;
     let x: Vec<f32> = (0..m * h).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 1.3).collect();
     let (mut grouped, mut looped) = (vec![f32::NAN; m * h], vec![f32::NAN; m * h]);
@@ -348,7 +350,7 @@ fn experts_only_quantization_runs_as_planned() {
             let recipe = recipe.unwrap();
             let out = tmp(&format!("moe-quant-{family:?}"));
             quantize_dir(&QuantizeOptions { input: input.clone(), output: out.clone(), recipe, exclude: vec![], experts_only: true, calibrated: None, mse_observer: false, head: None }).unwrap();
-            let ck = Checkpoint::open(&out).unwrap();
+            let ck = ModelWeights::open(&out).unwrap();
             let model = LlamaModel::load(&ck, &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
             let plan = model.plan();
             let is_expert = |t: &str| t.contains("_exps.");
@@ -357,7 +359,7 @@ fn experts_only_quantization_runs_as_planned() {
                 assert_eq!(is_expert(&e.tensor), e.storage.starts_with("int4"), "{recipe:?}: {e:?}");
             }
             let want: Vec<f32> = Reference { ck: &ck }.logits(&PROMPT[..6]).into_iter().map(|v| v as f32).collect();
-            let e = max_rel_err(&logits(&model, &PROMPT[..6]), &want, ck.config.vocab_size);
+            let e = max_rel_err(&logits(&model, &PROMPT[..6]), &want, ck.checkpoint.config.vocab_size);
             eprintln!("{family:?} experts-only {recipe:?}: max |engine - f64 reference on dequantized weights| / spread = {e:.2e}");
             assert!(e < bound, "{family:?} {recipe:?}: {e}");
         }
@@ -427,8 +429,8 @@ fn permute_qk(w: &[f32], rows: usize, head_dim: usize) -> Vec<f32> {
 fn mixtral_gguf_with_stacked_experts_runs_like_the_hf_model() {
     use tessera_engine::checkpoint::{GgufFile, MetaValue};
     let hf_dir = random_moe(MoeFamily::Mixtral, false);
-    let hf = Checkpoint::open(&hf_dir).unwrap();
-    let c = &hf.config;
+    let hf = ModelWeights::open(&hf_dir).unwrap();
+    let c = &hf.checkpoint.config;
     let moe = c.moe.as_ref().unwrap();
     let src = GgufFile::open(&default_model_path()).unwrap();
     let mut meta: Vec<(String, MetaValue)> = src.metadata.iter().filter(|(k, _)| k.starts_with("tokenizer.")).map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -448,9 +450,9 @@ fn mixtral_gguf_with_stacked_experts_runs_like_the_hf_model() {
         meta.push((k.into(), v));
     }
     // Tensors in GGUF form: experts stacked per layer and projection, Q/K permuted.
-    let f = |name: &str| dequantize(name, hf.tensor(name).unwrap()).unwrap();
+    let f = |name: &str| dequantize(name, hf.checkpoint.tensor(name).unwrap()).unwrap();
     let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    for (name, t) in &hf.tensors {
+    for (name, t) in &hf.checkpoint.tensors {
         if name.contains("_exps.") {
             continue;
         }
@@ -463,7 +465,7 @@ fn mixtral_gguf_with_stacked_experts_runs_like_the_hf_model() {
     for l in 0..c.num_layers {
         for kind in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
             let parts: Vec<Vec<f32>> = (0..moe.routing.n_experts).map(|e| f(&format!("blk.{l}.{kind}.{e}.weight"))).collect();
-            let shape = hf.tensor(&format!("blk.{l}.{kind}.0.weight")).unwrap().shape.clone();
+            let shape = hf.checkpoint.tensor(&format!("blk.{l}.{kind}.0.weight")).unwrap().shape.clone();
             tensors.push((format!("blk.{l}.{kind}.weight"), vec![moe.routing.n_experts, shape[0], shape[1]], parts.concat()));
         }
     }
@@ -496,8 +498,8 @@ fn mixtral_gguf_with_stacked_experts_runs_like_the_hf_model() {
     let path = tmp("moe-mixtral.gguf");
     std::fs::write(&path, out).unwrap();
 
-    let gguf = Checkpoint::open(&path).unwrap();
-    assert_eq!(gguf.config.moe.as_ref().unwrap().routing, moe.routing);
+    let gguf = ModelWeights::open(&path).unwrap();
+    assert_eq!(gguf.checkpoint.config.moe.as_ref().unwrap().routing, moe.routing);
     let caps = CpuCaps::detect();
     let a = LlamaModel::load(&gguf, &caps, LinearPolicy::DEFAULT).unwrap();
     let b = LlamaModel::load(&hf, &caps, LinearPolicy::DEFAULT).unwrap();

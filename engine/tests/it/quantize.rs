@@ -16,11 +16,11 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
-use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::quantize::report::TensorStats;
 use tessera_engine::quantize::{quantize_dir, Format, QuantizeOptions, QuantizeSummary, Recipe, Scheme};
+use tessera_engine::weights::ModelWeights;
 
 /// A tensor as stored: dtype, shape, bytes.
 type Stored = (Dtype, Vec<usize>, Vec<u8>);
@@ -680,7 +680,7 @@ fn bad_input_is_an_error_naming_what_is_wrong() {
     let out = tempfile::tempdir().unwrap();
     run(dir.path(), out.path(), w4a16(64), &[], false).unwrap();
     let files: Vec<_> = std::fs::read_dir(out.path()).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "safetensors")).collect();
-    let set = tessera_engine::quant::tensors::TensorSet::open(&files).unwrap();
+    let set = tessera_engine::checkpoint::TensorSet::open(&files).unwrap();
     let scale = set.take("model.layers.0.mlp.down_proj.weight_scale", "test").unwrap();
     assert_eq!(scale.shape[1], 2, "ceil(96 / 64) groups per row");
 
@@ -738,7 +738,8 @@ fn bad_input_is_an_error_naming_what_is_wrong() {
 /// dequantizing the checkpoint to exactly those values.
 #[test]
 fn asymmetric_int4_matches_the_doc_and_the_loader() {
-    use tessera_engine::quant::{from_config, tensors::TensorSet};
+    use tessera_engine::checkpoint::TensorSet;
+    use tessera_engine::quant::from_config;
     use tessera_kernels::cpu::CpuCaps;
     use tessera_kernels::linear::LinearPolicy;
 
@@ -789,7 +790,7 @@ fn default_model_all_schemes() {
     let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join("quantize-default");
     let _ = std::fs::remove_dir_all(&base);
     let hf = base.join("bf16");
-    let ck = Checkpoint::open(&common::default_model_path()).unwrap();
+    let ck = ModelWeights::open(&common::default_model_path()).unwrap().checkpoint;
     // Three shards, so the run exercises shard-by-shard processing on a real model.
     to_hf_dir(&ck, &hf, &ConvertOptions { dtype: FloatDtype::BF16, max_shard_bytes: Some(100 << 20) }).unwrap();
     drop(ck);

@@ -464,7 +464,7 @@ fn held_back_text_is_released_when_no_stop_follows() {
 fn min_tokens_and_stop_token_ids() {
     let e = engine(no_cache());
     let lm = model();
-    let eos = lm.checkpoint.special.eos[0];
+    let eos = lm.weights.checkpoint.special.eos[0];
     // A chat-formatted question the model answers briefly and ends with EOS.
     let prompt = tokens("<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n");
     let mut r = GenRequest::new("a", prompt.clone(), SamplingParams::greedy(), 200);

@@ -20,7 +20,6 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::generate::{generate, GenerateOptions};
@@ -31,6 +30,7 @@ use tessera_engine::parallel::{Ranks, TpOptions};
 use tessera_engine::perplexity::{perplexity, PerplexityOptions};
 use tessera_engine::quantize::{quantize_dir, Format, QuantizeOptions, Recipe, Scheme};
 use tessera_engine::sample::{SamplingParams, Sampler};
+use tessera_engine::weights::ModelWeights;
 use tessera_engine::LoadedModel;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::LinearPolicy;
@@ -213,7 +213,7 @@ fn converted() -> PathBuf {
     DIR.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tp-default-bf16");
         if !dir.join("config.json").exists() {
-            let ck = Checkpoint::open(&common::default_model_path()).unwrap();
+            let ck = ModelWeights::open(&common::default_model_path()).unwrap().checkpoint;
             to_hf_dir(&ck, &dir, &ConvertOptions { dtype: FloatDtype::BF16, max_shard_bytes: None }).unwrap();
         }
         dir
@@ -248,7 +248,7 @@ fn quantized_checkpoints_shard_without_requantizing() {
         ("w4a16", Recipe::resolve(Scheme::W4A16, None, Some(128), true).unwrap(), FLOAT, Some(1e-4)),
         ("w4a8-g128", Recipe::resolve(Scheme::W4A8, Some(Format::CompressedTensors), Some(128), false).unwrap(), LinearPolicy::DEFAULT, None),
     ] {
-        let ck = Checkpoint::open(&quantized(name, recipe)).unwrap();
+        let ck = ModelWeights::open(&quantized(name, recipe)).unwrap();
         let whole = LlamaModel::load(&ck, &caps, policy).unwrap();
         let (first, ranks) = Ranks::load(&ck, &caps, policy, &two()).unwrap();
         let run = |m: &LlamaModel| {
@@ -264,7 +264,7 @@ fn quantized_checkpoints_shard_without_requantizing() {
         match bound {
             Some(bound) => assert!(err < bound, "{name}: {err}"),
             None => {
-                let float = LlamaModel::load(&Checkpoint::open(&converted()).unwrap(), &caps, FLOAT).unwrap();
+                let float = LlamaModel::load(&ModelWeights::open(&converted()).unwrap(), &caps, FLOAT).unwrap();
                 assert_as_faithful(name, &run(&float), &a, &b, vocab);
             }
         }
@@ -279,15 +279,15 @@ fn quantized_checkpoints_shard_without_requantizing() {
 #[test]
 fn impossible_shardings_are_refused_by_name() {
     let caps = CpuCaps::detect();
-    let load = |ck: &Checkpoint, size: usize, cpu_bind: Option<&str>| {
+    let load = |ck: &ModelWeights, size: usize, cpu_bind: Option<&str>| {
         Ranks::load(ck, &caps, LinearPolicy::DEFAULT, &TpOptions { size, cpu_bind: cpu_bind.map(Into::into) }).err().expect("refused").to_string()
     };
-    let ck = Checkpoint::open(&common::default_model_path()).unwrap();
+    let ck = ModelWeights::open(&common::default_model_path()).unwrap();
     let e = load(&ck, 4, None);
     assert!(e.contains("tensor_parallel_size") && e.contains("3 KV heads"), "{e}");
     let e = load(&ck, 2, Some("0|1|2"));
     assert!(e.contains("3 ranks") && e.contains("size of 2"), "{e}");
-    let ck = Checkpoint::open(&quantized("w4a16", Recipe::resolve(Scheme::W4A16, None, Some(128), true).unwrap())).unwrap();
+    let ck = ModelWeights::open(&quantized("w4a16", Recipe::resolve(Scheme::W4A16, None, Some(128), true).unwrap())).unwrap();
     let e = load(&ck, 3, None);
     assert!(e.contains("model.layers.0.self_attn.o_proj") && e.contains("inside a group of 128"), "{e}");
 }

@@ -4,11 +4,11 @@
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
-use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions, ConvertSummary};
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::synthetic::{write_random_llama, LlamaShape, QuantMix, RandomLlamaOptions};
 use tessera_engine::upcycle::{upcycle, MoeFamily, UpcycleOptions};
+use tessera_engine::weights::ModelWeights;
 use tessera_kernels::ggml::GgmlType;
 
 /// Arguments of `tessera convert`.
@@ -198,13 +198,13 @@ struct GgufToHfArgs {
 pub fn run(args: ConvertArgs) -> Result<()> {
     match args.command {
         ConvertCommand::GgufToHf(a) => {
-            let ck = Checkpoint::open(&a.input)?;
+            let ck = ModelWeights::open(&a.input)?.checkpoint;
             let opts = ConvertOptions { dtype: a.dtype.dtype(), max_shard_bytes: a.max_shard_mib.map(|m| m << 20) };
             let s = to_hf_dir(&ck, &a.output, &opts).with_context(|| format!("converting {}", a.input.display()))?;
             report(&a.output, &s, opts.dtype);
         }
         ConvertCommand::UpcycleMoe(a) => {
-            let ck = Checkpoint::open(&a.input)?;
+            let ck = ModelWeights::open(&a.input)?.checkpoint;
             let family = match a.family {
                 FamilyArg::Mixtral => MoeFamily::Mixtral,
                 FamilyArg::QwenMoe => MoeFamily::QwenMoe,

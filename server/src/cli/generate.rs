@@ -7,7 +7,6 @@ use super::SamplingArgs;
 use anyhow::{anyhow, Result};
 use clap::Args;
 use std::io::Write;
-use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::device::Device;
 use tessera_engine::generate::{generate, generate_with, GenerateOptions, Generation};
 use tessera_engine::kv::KvLayout;
@@ -15,6 +14,7 @@ use tessera_engine::model::cuda::{CudaLlama, CudaStep};
 use tessera_engine::tokenizer::Tokenizer;
 use tessera_engine::kv::DEFAULT_BLOCK_SIZE;
 use tessera_engine::sample::Sampler;
+use tessera_engine::weights::ModelWeights;
 use tessera_kernels::cuda::CudaDevice;
 use tessera_kernels::linear::LinearPolicy;
 use std::sync::Arc;
@@ -84,14 +84,15 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Device::Cuda(ordinal) => {
             let dev = CudaDevice::open(ordinal)?;
             eprintln!("device: {}", dev.describe());
-            let ckpt = Checkpoint::open(&args.model.path()?)?;
-            let tok = Tokenizer::from_checkpoint(&ckpt)?;
+            let weights = ModelWeights::open(&args.model.path()?)?;
+            let ckpt = &weights.checkpoint;
+            let tok = Tokenizer::from_checkpoint(ckpt)?;
             let prompt = encode(&tok, &args.prompt)?;
             let c = &ckpt.config;
-            let layout = KvLayout::for_model(c, ckpt.kv_cache.as_ref(), args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
+            let layout = KvLayout::for_model(c, weights.kv_cache.as_ref(), args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
             let blocks = c.max_position_embeddings.div_ceil(DEFAULT_BLOCK_SIZE);
             let opts = options(&args, ckpt.special.eos.clone(), layout.clone());
-            let mut model = CudaLlama::load(&ckpt, dev, layout, blocks)?;
+            let mut model = CudaLlama::load(&weights, dev, layout, blocks)?;
             // The one sequence owns the whole pool, blocks in order.
             let table: Vec<u32> = (0..blocks as u32).collect();
             let mut cached = 0;

@@ -25,7 +25,8 @@ pub struct InspectArgs {
 /// Runs the command.
 pub fn run(args: InspectArgs) -> Result<()> {
     let lm = args.model.load_parallel(LinearPolicy::DEFAULT, &args.tp)?;
-    let ck = &lm.checkpoint;
+    let weights = &lm.weights;
+    let ck = &weights.checkpoint;
     let c = &ck.config;
     println!("model: {} ({:?}, {})", ck.name, ck.format, ck.path.display());
     println!(
@@ -43,18 +44,18 @@ pub fn run(args: InspectArgs) -> Result<()> {
         *counts.entry(t.ty.name().to_string()).or_insert(0) += 1;
         bytes += t.data.bytes().len();
     }
-    for q in ck.quantized.values() {
+    for q in weights.quantized.values() {
         *counts.entry(q.matrix.storage()).or_insert(0) += 1;
         bytes += q.matrix.bytes();
     }
-    println!("tensors: {} ({:.1} MiB): {:?}", ck.tensors.len() + ck.quantized.len(), bytes as f64 / (1 << 20) as f64, counts);
+    println!("tensors: {} ({:.1} MiB): {:?}", ck.tensors.len() + weights.quantized.len(), bytes as f64 / (1 << 20) as f64, counts);
     if !args.brief {
         for (name, t) in &ck.tensors {
             println!("  {name:<28} {:<5} {:?}", t.ty.name(), t.shape);
         }
     }
     println!("embedding lookup: token_embd.weight ({}), dequantized row by row", lm.model.embedding_type());
-    println!("quantization: {}", ck.quantization.as_deref().unwrap_or("none (weights as stored)"));
+    println!("quantization: {}", weights.quantization.as_deref().unwrap_or("none (weights as stored)"));
     let layouts = lm.kv_layouts(args.kv.dtype()?, DEFAULT_BLOCK_SIZE, 0)?;
     let per_token: f64 = layouts.iter().map(|l| l.bytes_per_token()).sum();
     println!("kv cache: {}, {:.0} tokens per GiB", layouts[0].describe(), (1u64 << 30) as f64 / per_token);
@@ -62,7 +63,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         let heads: Vec<usize> = layouts.iter().map(|l| l.geometry().n_kv_heads).collect();
         println!("tensor-parallel ranks: {} (KV heads per rank {heads:?}; the GiB above is all ranks together)", layouts.len());
     }
-    if let Some(s) = &ck.kv_cache {
+    if let Some(s) = &weights.kv_cache {
         println!("checkpoint kv_cache_scheme: {} with static per-layer k_scale/v_scale (used by auto and by sides given as {})", s.format, s.format);
     }
     let ranks = lm.tensor_parallel_size();

@@ -131,7 +131,7 @@ impl AppState {
 
 fn chat_template_of(engine: &Engine) -> Result<ChatTemplate, String> {
     let model = engine.model();
-    let special = &model.checkpoint.special;
+    let special = &model.weights.checkpoint.special;
     let source = special.chat_template.as_deref().ok_or("the model has no chat template; use /v1/completions")?;
     let text = |id: Option<u32>| id.and_then(|id| model.tokenizer.id_to_token(id)).unwrap_or_default();
     ChatTemplate::new(source, &text(special.bos), &text(special.eos.first().copied()))

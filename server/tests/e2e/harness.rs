@@ -8,8 +8,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
-use tessera_engine::checkpoint::Checkpoint;
 use tessera_engine::tokenizer::Tokenizer;
+use tessera_engine::weights::ModelWeights;
 
 /// Options every test server gets unless the test passes them itself.
 const DEFAULTS: &[(&str, &str)] = &[("--port", "0"), ("--kv-cache-memory", "512MiB")];
@@ -44,7 +44,7 @@ pub fn model_path() -> PathBuf {
 /// The model's tokenizer, for checking token counts independently of the server.
 pub fn tokenizer() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| Tokenizer::from_checkpoint(&Checkpoint::open(&model_path()).unwrap()).unwrap())
+    T.get_or_init(|| Tokenizer::from_checkpoint(&ModelWeights::open(&model_path()).unwrap().checkpoint).unwrap())
 }
 
 /// Spawns from one thread that lives as long as the process: PR_SET_PDEATHSIG fires when the

@@ -13,8 +13,8 @@
 //! energy in different channels. The statistics here come from a short text, not the one
 //! served, and half that exponent ([`BALANCE_EXPONENT`]) does better.
 
-use super::{KeyTransform, KvLayout};
-use crate::model::{ActivationObserver, ForwardError, LinearSite, LlamaModel, SeqInput};
+use super::{ActivationObserver, ForwardError, LinearSite, LlamaModel, SeqInput};
+use crate::kv::{KeyTransform, KvLayout};
 
 /// The calibration text: varied prose, dialogue, numbers and code, so that the mean is not
 /// one genre's. It is not taken from the perplexity corpus.

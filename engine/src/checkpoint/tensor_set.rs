@@ -2,7 +2,7 @@
 //! read them: typed accessors that check dtype and shape and name the tensor when they fail,
 //! and a record of which tensors a scheme consumed (so none is silently left unused).
 
-use crate::checkpoint::{LoadError, TensorBytes};
+use super::{LoadError, TensorBytes};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};

@@ -6,12 +6,15 @@
 //! `type: int` (int8). Anything else is a config error naming the key; a missing, non-scalar
 //! or non-positive scale is a tensor error naming the tensor.
 
-use super::config_err;
-use super::tensors::{RawTensor, TensorSet};
-use crate::checkpoint::LoadError;
-use crate::kv::KvCacheScheme;
+use super::KvCacheScheme;
+use crate::checkpoint::{LoadError, RawTensor, TensorSet};
 use serde_json::Value;
 use tessera_kernels::kv::KvFormat;
+
+/// A config error under `quantization_config.<key>`.
+fn config_err(key: &str, msg: impl Into<String>) -> LoadError {
+    LoadError::Config { key: format!("quantization_config.{key}"), msg: msg.into() }
+}
 
 /// The KV format `qc.kv_cache_scheme` asks for, `None` when absent or null.
 pub fn parse_scheme(qc: &Value) -> Result<Option<KvFormat>, LoadError> {

@@ -1,0 +1,83 @@
+//! Opening a checkpoint for a model: the reader's [`Checkpoint`] plus what its quantization
+//! metadata decodes to, the linear layers of its `quantization_config` scheme ([`crate::quant`])
+//! and its quantized KV cache ([`crate::kv::checkpoint_scheme`]).
+
+use crate::checkpoint::names::{canonical_name, is_linear};
+use crate::checkpoint::{load_gguf, Checkpoint, HfDir, LoadError, QuantizedLayers, TensorSet};
+use crate::kv::{checkpoint_scheme, KvCacheScheme};
+use crate::quant::{self, QuantScheme, QuantizedWeight};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// A checkpoint with its quantization schemes decoded: what a model is built from.
+#[derive(Debug)]
+pub struct ModelWeights {
+    /// Hyper-parameters, tensors in their storage types, tokenizer, special tokens.
+    pub checkpoint: Checkpoint,
+    /// Linear layers a checkpoint quantization scheme decoded, by canonical weight name.
+    pub quantized: BTreeMap<String, QuantizedWeight>,
+    /// The checkpoint's quantization scheme, summarized (`None` without `quantization_config`).
+    pub quantization: Option<String>,
+    /// The quantized KV cache its metadata asks for (`kv_cache_scheme` and per-layer scales).
+    pub kv_cache: Option<KvCacheScheme>,
+}
+
+impl From<Checkpoint> for ModelWeights {
+    /// A checkpoint without quantization metadata (GGUF, or made in memory).
+    fn from(checkpoint: Checkpoint) -> Self {
+        ModelWeights { checkpoint, quantized: BTreeMap::new(), quantization: None, kv_cache: None }
+    }
+}
+
+impl ModelWeights {
+    /// Loads a GGUF file or a Hugging Face directory.
+    pub fn open(path: &Path) -> Result<Self, LoadError> {
+        if path.is_dir() {
+            Self::open_hf_dir(path)
+        } else if path.is_file() {
+            load_gguf(path).map(Self::from)
+        } else {
+            Err(LoadError::Io { path: path.into(), msg: "no such file or directory".into() })
+        }
+    }
+
+    /// Loads a Hugging Face directory, decoding its `quantization_config` (weights and KV
+    /// cache) before the rest of its tensors are resolved.
+    fn open_hf_dir(dir: &Path) -> Result<Self, LoadError> {
+        let hf = HfDir::open(dir)?;
+        let qc = hf.quantization_config();
+        let scheme = qc.map(quant::from_config).transpose()?;
+        let set = hf.tensors()?;
+        let kv_cache = match qc.map(checkpoint_scheme::parse_scheme).transpose()?.flatten() {
+            Some(format) => Some(checkpoint_scheme::load_scales(format, &set, hf.config.num_layers)?),
+            None => None,
+        };
+        let quantized = match &scheme {
+            Some(scheme) => decode_linears(&set, scheme.as_ref())?,
+            None => BTreeMap::new(),
+        };
+        let layers = scheme.as_ref().map(|s| QuantizedLayers {
+            method: s.method(),
+            modules: quantized.iter().map(|(canon, q)| (canon.as_str(), q.module.as_str())).collect(),
+        });
+        let checkpoint = hf.finish(&set, layers.as_ref())?;
+        Ok(ModelWeights { checkpoint, quantized, quantization: scheme.map(|s| s.summary()), kv_cache })
+    }
+}
+
+/// The linear layers (by canonical weight name) that `scheme` decodes, taking their tensors
+/// from `set`.
+fn decode_linears(set: &TensorSet, scheme: &dyn QuantScheme) -> Result<BTreeMap<String, QuantizedWeight>, LoadError> {
+    let mut quantized = BTreeMap::new();
+    let modules: BTreeSet<&str> = set.names().filter_map(|n| n.rsplit_once('.').map(|(m, _)| m)).collect();
+    for module in modules {
+        let Ok(Some(canon)) = canonical_name(&format!("{module}.weight")) else { continue };
+        if !is_linear(&canon) {
+            continue;
+        }
+        if let Some(q) = scheme.load_linear(module, set)? {
+            quantized.insert(canon, q);
+        }
+    }
+    Ok(quantized)
+}
