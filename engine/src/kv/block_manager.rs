@@ -9,12 +9,15 @@
 //! Blocks no sequence references are free. Free blocks that hold a registered prefix stay
 //! findable until they are needed: allocation takes never-registered blocks first, then
 //! evicts registered ones least-recently-freed first.
+//!
+//! Only the [`super::KvCacheManager`] uses this pool-level bookkeeping: it keeps the sequences'
+//! block tables on top of it.
 
 use super::SinkKeys;
 use std::collections::{BTreeMap, HashMap};
 
 /// The root of every prefix chain.
-const ROOT: u64 = 0;
+pub(super) const ROOT: u64 = 0;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct BlockKey {

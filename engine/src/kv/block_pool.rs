@@ -4,7 +4,7 @@
 //!
 //! Layout of a block: per layer, a key region then a value region ([`KvLayout::regions`]),
 //! each one page per KV head in the codec's own format. A (block, layer) pair hands attention
-//! one [`KvTile`]. Blocks are allocated and shared by the [`super::BlockManager`]; this module
+//! one [`KvTile`]. Blocks are allocated and shared by the [`super::KvCacheManager`]; this module
 //! only stores their contents.
 
 use super::{ExactKeyStore, KvError, KvLayout, SequenceKv};

@@ -5,7 +5,8 @@
 //! noise costs most. The QJL reference keeps its most recent keys unquantized (its
 //! `buffer_size`); Tessera keeps, per sequence, the keys of the first `sink` positions and of
 //! the last `window` positions in f32, beside the paged 1-bit pages, and attention scores those
-//! exactly ([`ExactKeys`]). The store lives with the sequence, not in the block pool: the
+//! exactly ([`ExactKeys`]). The store lives with the sequence's block table (in the
+//! [`super::KvCacheManager`], which drops it with the blocks), not in the block pool: the
 //! window moves with the sequence, and its size does not grow with the context.
 //!
 //! With prefix caching, the sink's keys travel with the first cached block ([`SinkKeys`]),
@@ -151,14 +152,6 @@ impl ExactKeyStore {
             l.sink.clone_from(k);
         }
     }
-
-    /// Forgets everything and frees the memory (the sequence is recomputed from the start).
-    pub fn reset(&mut self) {
-        for l in &mut self.layers {
-            l.sink.iter_mut().chain(l.recent.iter_mut()).for_each(|v| *v = Vec::new());
-            l.recent_start = 0;
-        }
-    }
 }
 
 /// Stale recent rows that [`ExactKeyStore::advance`] lets gather before it drops them.
@@ -236,8 +229,9 @@ mod tests {
         // Truncating forgets the later positions of every layer.
         s.truncate(7);
         assert_eq!((positions(&s.view(1).sink[0]), positions(&s.view(1).recent[1]).len()), (vec![0, 1, 2, 3], 7));
-        // A prefix hit of 12 positions: the sink comes from the cache, the window starts at 12.
-        s.reset();
+        // A prefix hit of 12 positions on a new store: the sink comes from the cache, the window
+        // starts at 12.
+        let mut s = store(8, 4);
         s.restore_sink(&sink);
         s.write(0, 12, &rows(12, 3));
         let v = s.view(0);

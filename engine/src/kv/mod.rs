@@ -6,12 +6,13 @@
 //! ([`BlockPool`]) behind the [`SequenceKv`] trait, in any format of [`KvLayout`].
 
 mod block_manager;
+mod cache_manager;
 pub mod checkpoint_scheme;
 mod exact_keys;
 mod block_pool;
 mod layout;
 
-pub use block_manager::{BlockManager, PrefixHit};
+pub use cache_manager::{Fork, KvCacheManager, OutOfBlocks, StepCache};
 pub use block_pool::{BlockPool, PagedSeqKv};
 pub use exact_keys::{ExactKeyStore, SinkKeys};
 pub use layout::{KeyTransform, KvCacheScheme, KvDtype, KvLayout, KvLayoutError, KvRequest, DEFAULT_BLOCK_SIZE};

@@ -10,7 +10,7 @@ use crate::sample::{logsumexp, top_n, Sampled};
 use crate::structured::{Guide, TokenSet};
 use crate::tokenizer::Tokenizer;
 use crate::LoadedModel;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
@@ -101,7 +101,7 @@ impl EngineLoop {
         let m = &self.metrics;
         m.running.set(self.sched.running.len() as i64);
         m.waiting.set(self.sched.waiting.len() as i64);
-        m.set_kv(self.sched.blocks.num_used(), self.sched.blocks.num_blocks());
+        m.set_kv(self.sched.kv.num_used(), self.sched.kv.num_blocks());
     }
 
     /// One iteration: schedule, forward, sample, stream.
@@ -120,13 +120,14 @@ impl EngineLoop {
         let t_fwd = Instant::now();
         let mut guides = self.take_sampling_guides(&work);
         let (result, masks) = {
-            // Each scheduled sequence once, mutably (its exact keys are written in the pass).
-            let keys: HashSet<u64> = work.iter().map(|w| w.key).collect();
-            let mut scheduled: HashMap<u64, &mut Sequence> = self.seqs.iter_mut().filter(|(k, _)| keys.contains(k)).map(|(k, s)| (*k, s)).collect();
+            // Each scheduled sequence's block table, and its exact keys to write in the pass.
+            let keys: Vec<u64> = work.iter().map(|w| w.key).collect();
+            let caches = self.sched.kv.step_caches(&keys);
             let mut batch: Vec<StepSeq<'_>> = work
                 .iter()
-                .map(|w| {
-                    let s = scheduled.remove(&w.key).expect("scheduled sequences exist once");
+                .zip(caches)
+                .map(|(w, c)| {
+                    let s = &self.seqs[&w.key];
                     let end = s.computed + w.tokens == s.tokens.len();
                     let logits_from = if s.wants_prompt_logprobs() {
                         Some(0)
@@ -134,7 +135,7 @@ impl EngineLoop {
                         end.then(|| w.tokens - 1)
                     };
                     let tokens = &s.tokens[s.computed..s.computed + w.tokens];
-                    StepSeq { tokens, blocks: &s.blocks, cached: s.computed, shared: s.shared, logits_from, exact: s.exact.as_mut() }
+                    StepSeq { tokens, blocks: c.blocks, cached: s.computed, shared: s.shared, logits_from, exact: c.exact }
                 })
                 .collect();
             let backend = &mut self.backend;

@@ -7,7 +7,7 @@ use super::sequence::Sequence;
 use super::{EngineConfig, EngineInfo, Event, FinishReason, GenRequest, Usage};
 use super::backend::{Backend, CpuBackend, CudaBackend, TpBackend};
 use crate::device::Device;
-use crate::kv::{BlockManager, ExactKeyStore};
+use crate::kv::{ExactKeyStore, KvCacheManager};
 use crate::model::cuda::CudaLlama;
 use crate::structured::Grammars;
 use crate::LoadedModel;
@@ -159,8 +159,8 @@ impl Engine {
         metrics.set_kv(0, num_blocks);
         let queued = Arc::new(AtomicUsize::new(0));
         let limits = Limits { max_seqs: c.max_num_seqs, max_tokens: c.max_num_batched_tokens, chunk: c.max_num_batched_tokens - c.max_num_seqs };
-        let sched = Scheduler::new(limits, BlockManager::new(num_blocks, c.block_size, c.prefix_caching), queued.clone())
-            .with_exact_keys(ExactKeyStore::for_layout(&layout));
+        let kv = KvCacheManager::new(num_blocks, c.block_size, c.prefix_caching).with_exact_keys(ExactKeyStore::for_layout(&layout));
+        let sched = Scheduler::new(limits, kv, queued.clone());
         let (tx, rx) = channel();
         let engine_loop = EngineLoop {
             model: model.clone(),

@@ -4,7 +4,9 @@
 //! decode, one prefill chunk for a prompt), then waiting sequences in arrival order while
 //! the token budget, the sequence cap and the free blocks allow. When blocks run out, the
 //! newest running sequence is preempted: its blocks are freed and it goes back to the front
-//! of the queue to be recomputed later.
+//! of the queue to be recomputed later. Blocks are asked of the [`KvCacheManager`] by sequence
+//! key (a cached prefix, slots for more tokens, a fork, a free); the scheduler keeps only each
+//! sequence's progress (`computed`, `shared`).
 //!
 //! Prefill chunks have a fixed size (`chunk`) that never depends on what else runs, and every
 //! kernel computes a sequence's rows independently of the rest of the batch, so batching
@@ -12,7 +14,7 @@
 
 use super::metrics::Metrics;
 use super::sequence::Sequence;
-use crate::kv::{BlockManager, ExactKeyStore, PrefixHit};
+use crate::kv::KvCacheManager;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -28,20 +30,17 @@ pub(crate) struct Limits {
     pub chunk: usize,
 }
 
-/// Queue state plus the block manager.
+/// Queue state plus the KV cache manager.
 pub(crate) struct Scheduler {
     limits: Limits,
-    /// Allocation and prefix caching.
-    pub blocks: BlockManager,
+    /// Every sequence's blocks, prefix caching and exact keys.
+    pub kv: KvCacheManager,
     /// Waiting sequences, front first.
     pub waiting: VecDeque<u64>,
     /// Running sequences, oldest admission first.
     pub running: Vec<u64>,
     /// New requests not yet admitted (shared with the handle, which caps it).
     queued: Arc<AtomicUsize>,
-    /// The empty exact-key store each admitted sequence gets a copy of (`None`: the key
-    /// format keeps none).
-    exact_keys: Option<ExactKeyStore>,
 }
 
 /// One sequence's work in a step.
@@ -54,16 +53,9 @@ pub(crate) struct Work {
 }
 
 impl Scheduler {
-    /// A scheduler over `blocks`.
-    pub fn new(limits: Limits, blocks: BlockManager, queued: Arc<AtomicUsize>) -> Self {
-        Scheduler { limits, blocks, waiting: VecDeque::new(), running: Vec::new(), queued, exact_keys: None }
-    }
-
-    /// Gives every admitted sequence an (empty) copy of `store` for the keys its format keeps
-    /// exactly.
-    pub fn with_exact_keys(mut self, store: Option<ExactKeyStore>) -> Self {
-        self.exact_keys = store;
-        self
+    /// A scheduler over the blocks of `kv`.
+    pub fn new(limits: Limits, kv: KvCacheManager, queued: Arc<AtomicUsize>) -> Self {
+        Scheduler { limits, kv, waiting: VecDeque::new(), running: Vec::new(), queued }
     }
 
     /// Whether anything is queued or running.
@@ -78,8 +70,14 @@ impl Scheduler {
         }
         self.waiting.retain(|&k| k != seq.key);
         self.running.retain(|&k| k != seq.key);
-        let blocks = seq.reset_cache_state();
-        self.blocks.release(&blocks);
+        self.evict(seq);
+    }
+
+    /// Frees `s`'s blocks: its tokens are computed again when it runs next.
+    fn evict(&mut self, s: &mut Sequence) {
+        self.kv.free(s.key);
+        s.computed = 0;
+        s.shared = 0;
     }
 
     /// Tokens a sequence computes next: the rest of its prompt in fixed chunks, else one.
@@ -91,18 +89,8 @@ impl Scheduler {
     }
 
     /// Makes sure `s` has blocks for `n` more tokens.
-    fn grow(&mut self, s: &mut Sequence, n: usize) -> bool {
-        let need = self.blocks.blocks_for(s.computed + n).saturating_sub(s.blocks.len());
-        if need == 0 {
-            return true;
-        }
-        match self.blocks.allocate(need) {
-            Some(b) => {
-                s.blocks.extend(b);
-                true
-            }
-            None => false,
-        }
+    fn grow(&mut self, s: &Sequence, n: usize) -> bool {
+        self.kv.allocate_slots(s.key, s.computed + n).is_ok()
     }
 
     /// Plans one step.
@@ -120,11 +108,10 @@ impl Scheduler {
                 continue;
             }
             // Free blocks by preempting the newest sequences until this one fits.
-            let mut fits = self.grow(seqs.get_mut(&key).expect("running sequences exist"), n);
+            let mut fits = self.grow(&seqs[&key], n);
             while !fits {
                 let victim = self.running.pop().expect("this sequence is running");
-                let blocks = seqs.get_mut(&victim).expect("running sequences exist").reset_cache_state();
-                self.blocks.release(&blocks);
+                self.evict(seqs.get_mut(&victim).expect("running sequences exist"));
                 self.waiting.push_front(victim);
                 metrics.preemptions.inc();
                 preempted = true;
@@ -132,7 +119,7 @@ impl Scheduler {
                 if victim == key {
                     break;
                 }
-                fits = self.grow(seqs.get_mut(&key).expect("running sequences exist"), n);
+                fits = self.grow(&seqs[&key], n);
             }
             if !fits {
                 break;
@@ -144,39 +131,18 @@ impl Scheduler {
         while !preempted && budget > 0 && self.running.len() < self.limits.max_seqs {
             let Some(&key) = self.waiting.front() else { break };
             let s = seqs.get_mut(&key).expect("waiting sequences exist");
-            if s.exact.is_none() {
-                s.exact.clone_from(&self.exact_keys);
-            }
             let looked_up = s.computed == 0 && s.req.prompt_logprobs.is_none();
             if looked_up {
-                // A key format with an exact window computes at least a window of the prompt,
-                // so that its last token scores its whole window exactly.
-                let window = s.exact.as_ref().map_or(1, |e| e.window().max(1));
-                let mut hit = self.blocks.lookup(&s.tokens[..s.tokens.len().saturating_sub(window - 1)]);
-                if let Some(e) = s.exact.as_mut().filter(|e| e.sink() > 0 && !hit.blocks.is_empty()) {
-                    // The sink's exact keys come with the first block, or the hit is not used.
-                    match &hit.sink {
-                        Some(keys) => e.restore_sink(keys),
-                        None => {
-                            self.blocks.release(&hit.blocks);
-                            hit = PrefixHit::default();
-                        }
-                    }
-                }
-                let hit_tokens = hit.blocks.len() * self.blocks.block_size();
-                s.registered = hit.blocks.len();
-                s.blocks = hit.blocks;
-                s.chain = hit.chain;
-                s.computed = hit_tokens;
-                s.shared = hit_tokens;
+                let hit = self.kv.lookup_prefix(key, &s.tokens);
+                s.computed = hit;
+                s.shared = hit;
             }
             let n = self.next_tokens(s);
             if n > budget || !self.grow(s, n) {
-                let blocks = s.reset_cache_state();
-                self.blocks.release(&blocks);
+                self.evict(s);
                 break;
             }
-            if looked_up && self.blocks.prefix_caching() {
+            if looked_up && self.kv.prefix_caching() {
                 metrics.prefix_queries.inc_by(s.tokens.len() as u64);
                 metrics.prefix_hits.inc_by(s.shared as u64);
             }
@@ -195,19 +161,11 @@ impl Scheduler {
         work
     }
 
-    /// Commits `n` tokens of `s` just computed and registers its newly full blocks in the
-    /// prefix cache (the first with its exact sink keys, for key formats that keep them).
+    /// Commits `n` tokens of `s` just computed (the KV cache manager registers its newly full
+    /// blocks in the prefix cache).
     pub fn commit(&mut self, s: &mut Sequence, n: usize) {
-        let bs = self.blocks.block_size();
         s.computed += n;
-        while (s.registered + 1) * bs <= s.computed {
-            let b = s.registered;
-            s.chain = self.blocks.register(s.blocks[b], s.chain, &s.tokens[b * bs..(b + 1) * bs]);
-            if let Some(keys) = s.exact.as_ref().filter(|_| b == 0).and_then(|e| e.sink_keys()) {
-                self.blocks.attach_sink(s.blocks[0], keys);
-            }
-            s.registered += 1;
-        }
+        self.kv.commit(s.key, &s.tokens, s.computed);
     }
 
     /// Admits `f`, another choice of `parent`'s prompt, as a fork of `parent`, which has just
@@ -218,7 +176,7 @@ impl Scheduler {
     /// compute its tokens itself, as a preempted sequence does.
     pub fn fork(&mut self, parent: &Sequence, f: &mut Sequence, metrics: &Metrics) -> Option<(u32, u32)> {
         debug_assert!(parent.computed == parent.req.prompt.len() && parent.tokens.len() == parent.computed);
-        debug_assert!(f.req.prompt == parent.req.prompt && f.computed == 0 && f.blocks.is_empty());
+        debug_assert!(f.req.prompt == parent.req.prompt && f.computed == 0 && self.kv.block_table(f.key).is_empty());
         if !f.admitted {
             f.admitted = true;
             self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -226,23 +184,14 @@ impl Scheduler {
         }
         f.cached_tokens = parent.cached_tokens;
         f.prompt_logprobs.clone_from(&parent.prompt_logprobs);
-        let bs = self.blocks.block_size();
-        let full = parent.computed / bs;
-        let partial = !parent.computed.is_multiple_of(bs);
-        let Some(private) = self.blocks.allocate(usize::from(partial)) else {
+        let Some(fork) = self.kv.fork(parent.key, f.key, parent.computed) else {
             self.waiting.push_front(f.key);
             return None;
         };
-        self.blocks.share(&parent.blocks[..full]);
-        f.blocks = parent.blocks[..full].to_vec();
-        f.blocks.extend(&private);
         f.computed = parent.computed;
-        f.shared = full * bs;
-        f.registered = parent.registered;
-        f.chain = parent.chain;
-        f.exact.clone_from(&parent.exact);
+        f.shared = fork.shared;
         self.running.push(f.key);
-        private.first().map(|&dst| (parent.blocks[full], dst))
+        fork.copy
     }
 
     /// Removes a sequence (finished, aborted or failed) from the queues and frees its blocks.
@@ -307,7 +256,7 @@ mod tests {
             let limits = Limits { max_seqs, max_tokens, chunk: max_tokens - max_seqs };
             Sim {
                 rng: ChaCha8Rng::seed_from_u64(seed),
-                sched: Scheduler::new(limits, BlockManager::new(NUM_BLOCKS, BS, prefix_caching), queued.clone()),
+                sched: Scheduler::new(limits, KvCacheManager::new(NUM_BLOCKS, BS, prefix_caching), queued.clone()),
                 seqs: HashMap::new(),
                 metrics: Metrics::new(&[], &[], 0.0).unwrap(),
                 queued,
@@ -375,8 +324,9 @@ mod tests {
 
         /// The blocks a sequence's cached positions live in hold its tokens.
         fn check_contents(&self, s: &Sequence) {
+            let table = self.sched.kv.block_table(s.key);
             for p in 0..s.computed {
-                let b = s.blocks[p / BS] as usize;
+                let b = table[p / BS] as usize;
                 assert_eq!(self.shadow[b][p % BS], Some(s.tokens[p]), "seq {} position {p} in block {b}", s.key);
             }
         }
@@ -400,12 +350,13 @@ mod tests {
                 assert!(self.sched.running.contains(&w.key));
                 let s = &self.seqs[&w.key];
                 assert!(w.tokens > 0 && s.computed + w.tokens <= s.tokens.len());
-                assert!(s.blocks.len() * BS >= s.computed + w.tokens, "seq {} lacks blocks", s.key);
+                let table = self.sched.kv.block_table(s.key);
+                assert!(table.len() * BS >= s.computed + w.tokens, "seq {} lacks blocks", s.key);
                 self.check_contents(s);
                 for p in s.computed..s.computed + w.tokens {
-                    let b = s.blocks[p / BS];
+                    let b = table[p / BS];
                     assert!(p >= s.shared, "seq {} writes shared position {p}", s.key);
-                    assert_eq!(self.sched.blocks.refs(b), 1, "seq {} writes block {b} that others hold", s.key);
+                    assert_eq!(self.sched.kv.refs(b), 1, "seq {} writes block {b} that others hold", s.key);
                     self.shadow[b as usize][p % BS] = Some(s.tokens[p]);
                 }
             }
@@ -423,10 +374,10 @@ mod tests {
                 for &f in &followers {
                     let Some(fs) = self.seqs.get_mut(&f) else { continue };
                     if let Some((src, dst)) = self.sched.fork(&s, fs, &self.metrics) {
-                        assert_eq!(src, s.blocks[s.computed / BS]);
+                        assert_eq!(src, self.sched.kv.block_table(s.key)[s.computed / BS]);
                         self.shadow[dst as usize] = self.shadow[src as usize].clone();
                     }
-                    if !self.seqs[&f].blocks.is_empty() {
+                    if !self.sched.kv.block_table(f).is_empty() {
                         self.forks += 1;
                         self.check_contents(&self.seqs[&f]);
                     }
@@ -445,21 +396,27 @@ mod tests {
             }
         }
 
-        /// The bookkeeping agrees with the sequences: every reference is a sequence's, every
-        /// sequence is in exactly one place, the queue count is the unadmitted sequences.
+        /// The bookkeeping agrees with the sequences: every reference is a live sequence's,
+        /// exactly the running sequences hold cache state, every sequence is in exactly one
+        /// place, the queue count is the unadmitted sequences.
         fn check(&self) {
-            let bm = &self.sched.blocks;
-            bm.check_invariants();
+            let kv = &self.sched.kv;
+            kv.check_invariants();
             let mut refs = [0u32; NUM_BLOCKS];
             for s in self.seqs.values() {
-                for &b in &s.blocks {
+                for &b in kv.block_table(s.key) {
                     refs[b as usize] += 1;
                 }
             }
             for (b, &r) in refs.iter().enumerate() {
-                assert_eq!(bm.refs(b as u32), r, "block {b}: refcount vs block tables");
+                assert_eq!(kv.refs(b as u32), r, "block {b}: refcount vs live sequences' tables");
             }
-            assert_eq!(bm.num_used(), refs.iter().filter(|&&r| r > 0).count());
+            assert_eq!(kv.num_used(), refs.iter().filter(|&&r| r > 0).count());
+            let mut holders: Vec<u64> = kv.sequences().collect();
+            let mut running = self.sched.running.clone();
+            holders.sort_unstable();
+            running.sort_unstable();
+            assert_eq!(holders, running, "cache state held by other than the running sequences");
             let mut place: HashMap<u64, usize> = HashMap::new();
             for &k in self.sched.waiting.iter().chain(&self.sched.running) {
                 *place.entry(k).or_default() += 1;
@@ -475,7 +432,7 @@ mod tests {
             for (k, s) in &self.seqs {
                 assert_eq!(place.get(k), Some(&1), "seq {k} is in {:?} places", place.get(k));
                 if self.sched.waiting.contains(k) {
-                    assert!(s.blocks.is_empty() && s.computed == 0, "waiting seq {k} holds blocks");
+                    assert!(s.computed == 0 && s.shared == 0, "waiting seq {k} keeps cache progress");
                 }
                 if self.sched.running.contains(k) {
                     self.check_contents(s);
@@ -509,7 +466,7 @@ mod tests {
         }
         assert!(sim.ends.values().all(Option::is_some), "seed {seed}: a request never ended");
         assert!(!sim.ends.values().any(|e| *e == Some(End::Failed)), "seed {seed}: every request fits the pool alone");
-        assert_eq!(sim.sched.blocks.num_used(), 0, "seed {seed}: blocks leaked");
+        assert_eq!(sim.sched.kv.num_used(), 0, "seed {seed}: blocks leaked");
         assert_eq!(sim.queued.load(Ordering::Relaxed), 0);
         sim
     }

@@ -2,13 +2,13 @@
 
 use super::output::OutputText;
 use super::{Event, GenRequest, TokenLogprob};
-use crate::kv::ExactKeyStore;
 use crate::sample::Sampler;
 use crate::structured::Guide;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
-/// A request being served: its tokens, its place in the KV cache and its output state.
+/// A request being served: its tokens, how many are in the KV cache (whose blocks the
+/// scheduler's [`crate::kv::KvCacheManager`] keeps under `key`) and its output state.
 pub(crate) struct Sequence {
     /// Engine-wide id.
     pub key: u64,
@@ -20,14 +20,6 @@ pub(crate) struct Sequence {
     pub computed: usize,
     /// Tokens in prefix-cache blocks shared with others (never written).
     pub shared: usize,
-    /// Block table.
-    pub blocks: Vec<u32>,
-    /// Full blocks registered in (or matched from) the prefix cache.
-    pub registered: usize,
-    /// Prefix-chain id of the last registered block.
-    pub chain: u64,
-    /// Keys kept exactly beside the cache (key formats that keep some; set at admission).
-    pub exact: Option<ExactKeyStore>,
     /// Sampling state.
     pub sampler: Sampler,
     /// Visible-text state.
@@ -60,10 +52,6 @@ impl Sequence {
             tokens: req.prompt.clone(),
             computed: 0,
             shared: 0,
-            blocks: Vec::new(),
-            registered: 0,
-            chain: 0,
-            exact: None,
             sampler: Sampler::new(req.sampling.clone(), &req.prompt),
             output: OutputText::new(&req.stop),
             prompt_logprobs: Vec::new(),
@@ -85,17 +73,5 @@ impl Sequence {
     /// Whether this sequence wants prompt logprobs it has not reported yet.
     pub fn wants_prompt_logprobs(&self) -> bool {
         self.req.prompt_logprobs.is_some() && self.prompt_logprobs.len() < self.req.prompt.len()
-    }
-
-    /// Forgets the cache state (after preemption); the tokens are recomputed later.
-    pub fn reset_cache_state(&mut self) -> Vec<u32> {
-        self.computed = 0;
-        self.shared = 0;
-        self.registered = 0;
-        self.chain = 0;
-        if let Some(e) = &mut self.exact {
-            e.reset();
-        }
-        std::mem::take(&mut self.blocks)
     }
 }
