@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use tessera_kernels::cuda::attention::{paged_decode_attention, AttnWorkspace, KvLayerDesc, KvSide, PagedBatch};
 use tessera_kernels::cuda::blas::gemm_bf16;
-use tessera_kernels::cuda::linear::{matmul_dequant_gemm, matmul_direct, DeviceWeight};
+use tessera_kernels::linear::cuda::{matmul_dequant_gemm, matmul_direct, DeviceWeight};
 use tessera_kernels::cuda::{test_device, CudaDevice};
 use tessera_kernels::ggml::quantize::quantize_row;
 use tessera_kernels::ggml::GgmlType;

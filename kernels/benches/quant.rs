@@ -17,7 +17,7 @@ use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::ggml::interleaved::Interleaved;
 use tessera_kernels::linear::ggml::{LinearKernel, Weight, WeightView};
 use tessera_kernels::linear::LinearPolicy;
-use tessera_kernels::linear::fp8::e4m3::e4m3_is_nan;
+use tessera_kernels::e4m3::e4m3_is_nan;
 use tessera_kernels::linear::{ActQuant, RowKernel, Fp8Matrix, Int4Matrix, Int8Matrix, RowwiseLinear};
 use std::sync::Arc;
 

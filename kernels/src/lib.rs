@@ -8,6 +8,7 @@
 //! - [`attention`]: causal GQA attention over cached K/V pages;
 //! - [`kv`]: KV-cache storage formats (plain, fp8/int8, QJL, TQ3_0, HQMQ);
 //! - [`ops`]: RMSNorm, RoPE, SwiGLU;
+//! - [`e4m3`]: FP8 E4M3 conversions (the FP8 weight format and the fp8 KV cache);
 //! - [`cuda`]: the CUDA backend (NVRTC-compiled sources, launched through `cudarc`);
 //! - [`comm`]: collectives between tensor-parallel ranks (in-process shared memory, NCCL);
 //! - [`reference`](mod@reference): scalar references the optimized kernels are tested against.
@@ -17,6 +18,7 @@ pub mod kv;
 pub mod comm;
 pub mod cpu;
 pub mod cuda;
+pub mod e4m3;
 pub mod ggml;
 pub mod linear;
 pub mod ops;

@@ -7,7 +7,7 @@
 //!
 //! The readers know no quantization scheme: a Hugging Face directory's `quantization_config`
 //! is decoded above this module (`crate::weights`), which takes the quantized layers' tensors
-//! from the [`TensorSet`] before [`HfDir::finish`] resolves the rest.
+//! from the [`TensorSet`] before `HfDir::finish` resolves the rest.
 
 pub mod gguf;
 pub mod gguf_write;

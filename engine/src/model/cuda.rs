@@ -21,7 +21,7 @@ use crate::weights::ModelWeights;
 use std::cell::RefCell;
 use std::sync::Arc;
 use tessera_kernels::cuda::attention::{self as attn, AttnWorkspace, KvLayerDesc, KvSide, PagedBatch};
-use tessera_kernels::cuda::linear::{self as lin, ActScratch, DeviceWeight};
+use tessera_kernels::linear::cuda::{self as lin, ActScratch, DeviceWeight};
 use tessera_kernels::cuda::{ops, CudaDevice, CudaError, CudaSlice};
 use tessera_kernels::ggml::dequantize_row;
 use tessera_kernels::ops::Rope;

@@ -17,7 +17,7 @@ use super::{find, OutTensor};
 use crate::float_dtype::FloatDtype;
 use safetensors::Dtype;
 use serde_json::{json, Value};
-use tessera_kernels::linear::fp8::e4m3::e4m3_to_f32;
+use tessera_kernels::e4m3::e4m3_to_f32;
 
 /// Packs int4 values (`[rows, cols]`, cols a multiple of 8) into little-endian I32 words:
 /// `q + 8` of column `8w + j` in bits `4j..4j+3` of word `w`.

@@ -14,7 +14,7 @@
 
 use crate::float_dtype::FloatDtype;
 use rayon::prelude::*;
-use tessera_kernels::linear::fp8::e4m3::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
+use tessera_kernels::e4m3::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 
 /// A symmetric integer grid: `[qmin, qmax]` and the divisor that turns an absmax into a scale.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -15,7 +15,7 @@ use super::{find, OutTensor};
 use crate::float_dtype::FloatDtype;
 use safetensors::Dtype;
 use serde_json::{json, Value};
-use tessera_kernels::linear::fp8::e4m3::e4m3_to_f32;
+use tessera_kernels::e4m3::e4m3_to_f32;
 
 /// Nibble that holds element `k` of a group of 8 under `pack_method: "reorder"`.
 const REORDER_NIBBLE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];

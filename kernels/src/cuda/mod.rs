@@ -10,7 +10,8 @@
 //! - [`ops`]: typed launchers for each kernel;
 //! - [`blas`]: dense f32 / bf16 GEMMs through cuBLAS, row-major;
 //! - [`attention`]: paged decode attention and KV append over the engine's KV byte pool;
-//! - [`linear`]: weights uploaded in their storage type, matmul and embedding gather over them.
+//! - `linear::cuda` (in the linear module, beside the formats that upload to it): weights in
+//!   their storage type, matmul and embedding gather over them.
 //!
 //! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/it/cuda_compile.rs`); the kernel
 //! tests (`tests/cuda_*.rs`) run on a GPU and skip, saying so, elsewhere.
@@ -19,7 +20,6 @@ pub mod attention;
 pub mod blas;
 pub mod compile;
 pub mod device;
-pub mod linear;
 pub mod ops;
 pub mod source;
 

@@ -11,7 +11,7 @@
 //!
 //! An all-zero row gets scale 0 and zero codes.
 
-use super::fp8::e4m3::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
+use crate::e4m3::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 
 /// How activations enter a linear layer at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

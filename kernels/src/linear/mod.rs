@@ -21,6 +21,7 @@
 //! a sequence's results are bit-identical whatever it is batched with.
 
 pub mod act;
+pub mod cuda;
 pub mod fp8;
 pub mod ggml;
 pub mod int4;
@@ -37,7 +38,7 @@ pub use rowwise::{Prepared, RowKernel, RowwiseLinear};
 use crate::cpu::caps::CpuCaps;
 use crate::cuda::device::CudaDevice;
 use crate::cuda::CudaError;
-use crate::cuda::linear::DeviceWeight;
+use cuda::DeviceWeight;
 use std::any::Any;
 use std::fmt;
 use std::ops::Range;

@@ -21,7 +21,7 @@ use super::{downcast_group, rows_per_task, LinearOp, LinearPolicy, OpPlan, Weigh
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::{pool, SyncPtr};
 use crate::cuda::device::CudaDevice;
-use crate::cuda::linear::DeviceWeight;
+use crate::linear::cuda::DeviceWeight;
 use crate::cuda::CudaError;
 use std::any::Any;
 use std::fmt;

@@ -21,11 +21,11 @@ use common::{int4, randn, random_weights, rng, scale};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
-use tessera_kernels::cuda::linear::{embedding, matmul, matmul_dequant_gemm, matmul_direct, matmul_with, quantize_fp8_rows, quantize_int8_rows, ActScratch, DeviceWeight};
+use tessera_kernels::linear::cuda::{embedding, matmul, matmul_dequant_gemm, matmul_direct, matmul_with, quantize_fp8_rows, quantize_int8_rows, ActScratch, DeviceWeight};
 use tessera_kernels::cuda::{test_device, CudaDevice};
 use tessera_kernels::ggml::{dequantize_row, GgmlType};
 use tessera_kernels::linear::act::{quantize_fp8_row, quantize_int8_row_scalar};
-use tessera_kernels::linear::fp8::e4m3::e4m3_to_f32;
+use tessera_kernels::e4m3::e4m3_to_f32;
 use tessera_kernels::linear::{ActQuant, RowKernel, Fp8Matrix, Int8Matrix, RowwiseLinear};
 use std::sync::Arc;
 

@@ -23,7 +23,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::linear::act::quantize_fp8_row;
-use tessera_kernels::linear::fp8::e4m3::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
+use tessera_kernels::e4m3::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 use tessera_kernels::linear::{ActQuant, RowKernel, Fp8Matrix, RowwiseLinear};
 use std::sync::Arc;
 

@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use tessera_kernels::cpu::{CpuCaps, Isa};
 use tessera_kernels::cuda::device::CudaDevice;
-use tessera_kernels::cuda::linear::DeviceWeight;
+use tessera_kernels::linear::cuda::DeviceWeight;
 use tessera_kernels::cuda::CudaError;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::ggml::GgmlMatrix;

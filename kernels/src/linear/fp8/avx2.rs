@@ -201,7 +201,7 @@ pub(crate) unsafe fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32]
         let mut lanes = [0f32; 8];
         // SAFETY: 8 floats in lanes.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), amax) };
-        *s = lanes.iter().fold(0f32, |m, &v| m.max(v)) / super::e4m3::E4M3_MAX;
+        *s = lanes.iter().fold(0f32, |m, &v| m.max(v)) / crate::e4m3::E4M3_MAX;
         if *s == 0.0 {
             cs.fill(0.0);
             continue;
@@ -210,7 +210,7 @@ pub(crate) unsafe fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32]
         for (v, c) in xs.chunks_exact(8).zip(cs.chunks_exact_mut(8)) {
             // SAFETY: 8 floats in v.
             let v = _mm256_div_ps(unsafe { _mm256_loadu_ps(v.as_ptr()) }, sv);
-            let a = _mm256_min_ps(_mm256_andnot_ps(signbit, v), _mm256_set1_ps(super::e4m3::E4M3_MAX));
+            let a = _mm256_min_ps(_mm256_andnot_ps(signbit, v), _mm256_set1_ps(crate::e4m3::E4M3_MAX));
             let bits = _mm256_castps_si256(a);
             let odd = _mm256_and_si256(_mm256_srli_epi32(bits, 20), _mm256_set1_epi32(1));
             let up = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7_FFFF)));
@@ -230,7 +230,7 @@ pub(crate) unsafe fn quantize_fp8_row(x: &[f32], group: usize, codes: &mut [f32]
 mod tests {
     use super::*;
     use crate::cpu::Isa;
-    use crate::linear::fp8::e4m3::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3};
+    use crate::e4m3::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3};
 
     /// The SIMD activation quantizer gives the scalar formula's codes bit for bit, on groups
     /// at many magnitudes (E4M3 subnormals, ties), with NaN, infinities and zero groups.

@@ -2,12 +2,10 @@
 //! `[bh, bw]` block (DeepSeek's 128x128 `weight_scale_inv`).
 
 pub(crate) mod avx2;
-pub mod e4m3;
-
-use e4m3::{e4m3_is_nan, e4m3_to_f32};
+use crate::e4m3::{e4m3_is_nan, e4m3_to_f32};
 use crate::cpu::Isa;
 use crate::cuda::device::CudaDevice;
-use crate::cuda::linear::{DeviceWeight, Format, QuantPlanes};
+use crate::linear::cuda::{DeviceWeight, Format, QuantPlanes};
 use crate::cuda::CudaError;
 use crate::linear::rowwise::{Prepared, RowKernel};
 use crate::linear::ActQuant;

@@ -6,7 +6,7 @@ use super::interleaved::Interleaved;
 use super::{forward_group, LinearKernel, Weight, WeightView};
 use crate::cpu::caps::CpuCaps;
 use crate::cuda::device::CudaDevice;
-use crate::cuda::linear::DeviceWeight;
+use crate::linear::cuda::DeviceWeight;
 use crate::cuda::CudaError;
 use crate::ggml::{dequantize_row, GgmlType};
 use crate::linear::{downcast_group, ActQuant, LinearOp, LinearPolicy, OpPlan, WeightMatrix};

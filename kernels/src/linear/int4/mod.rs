@@ -13,7 +13,7 @@ use crate::cpu::GemmLevel;
 use crate::cpu::Isa;
 use crate::cpu::caps::CpuCaps;
 use crate::cuda::device::CudaDevice;
-use crate::cuda::linear::{DeviceWeight, Format, QuantPlanes};
+use crate::linear::cuda::{DeviceWeight, Format, QuantPlanes};
 use crate::cuda::CudaError;
 use crate::linear::rowwise::{Prepared, RowKernel};
 use crate::linear::{ActQuant, LinearPolicy};

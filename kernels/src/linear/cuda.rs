@@ -22,10 +22,10 @@
 //!
 //! Launches are asynchronous on the device's stream; [`CudaDevice::synchronize`] surfaces faults.
 
-use super::blas::gemm_f32;
-use super::device::CudaDevice;
-use super::source::{ACT_QUANT, LINEAR_GGML, LINEAR_QUANT};
-use super::CudaError;
+use crate::cuda::blas::gemm_f32;
+use crate::cuda::device::CudaDevice;
+use crate::cuda::source::{ACT_QUANT, LINEAR_GGML, LINEAR_QUANT};
+use crate::cuda::CudaError;
 use crate::ggml::GgmlType;
 use crate::linear::ggml::WeightView;
 use crate::linear::ActQuant;
