@@ -27,7 +27,7 @@ pub struct GenerateOptions {
     /// Prompt tokens per prefill forward pass.
     pub prefill_chunk: usize,
     /// KV-cache storage (`None`: the compute type, f32).
-    pub kv: Option<std::sync::Arc<crate::kv::KvLayout>>,
+    pub kv: Option<std::sync::Arc<crate::kv_cache::KvLayout>>,
 }
 
 /// The result of a generation.
@@ -58,7 +58,7 @@ pub fn generate(
 ) -> Result<Generation, ForwardError> {
     let cfg = model.config();
     let mut kv = match &opts.kv {
-        Some(layout) => crate::kv::LocalKv::new(layout.clone(), cfg.max_position_embeddings),
+        Some(layout) => crate::kv_cache::LocalKv::new(layout.clone(), cfg.max_position_embeddings),
         None => model.local_kv(cfg.max_position_embeddings),
     };
     let step = |tokens: &[u32], logits_from: Option<usize>| {

@@ -2,11 +2,13 @@
 //!
 //! - [`checkpoint`]: GGUF and Hugging Face readers producing one [`checkpoint::Checkpoint`];
 //! - [`tokenizer`]: the checkpoint's tokenizer and streaming detokenization;
-//! - [`quant`]: checkpoint quantization schemes (compressed-tensors, Quark, FP8, GPTQ, AWQ);
+//! - [`schemes`]: reading checkpoint quantization schemes (compressed-tensors, Quark, FP8, GPTQ, AWQ)
+//!   into kernel matrices ([`quantize`] writes them);
 //! - [`weights`]: a checkpoint opened for a model, its quantized layers and KV cache decoded;
 //! - [`device`]: `--device cpu | cuda[:N]`;
 //! - [`model`]: architectures (Llama and its MoE relatives) built from a checkpoint with a kernel per layer;
-//! - [`kv`]: the per-sequence KV cache seam;
+//! - [`kv_cache`]: the paged KV cache (per-layer formats from `tessera_kernels::kv`, block pool,
+//!   cache manager with prefix caching) and the per-sequence KV seam;
 //! - [`sample`]: logits processors, samplers and logprobs;
 //! - [`structured`]: structured outputs (JSON schema, regex, choice, Lark) with llguidance;
 //! - [`generate`]: single-sequence generation used by the CLI;
@@ -17,8 +19,8 @@
 //! fails on any import cycle). `a <- b`: `b` imports `a`.
 //!
 //! ```text
-//! checkpoint <- tokenizer, quant, kv, convert (<- upcycle), synthetic
-//! checkpoint, quant, kv <- weights <- model <- parallel <- loaded (LoadedModel)
+//! checkpoint <- tokenizer, schemes, kv_cache, convert (<- upcycle), synthetic
+//! checkpoint, schemes, kv_cache <- weights <- model <- parallel <- loaded (LoadedModel)
 //! model <- generate, perplexity, fuzzing (<- structured <- sample);  loaded <- quantize, serve
 //! ```
 
@@ -29,13 +31,13 @@ pub mod float_dtype;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod generate;
-pub mod kv;
+pub mod kv_cache;
 mod loaded;
 pub mod model;
 pub mod parallel;
 pub mod perplexity;
-pub mod quant;
 pub mod quantize;
+pub mod schemes;
 pub mod sample;
 pub mod serve;
 pub mod structured;

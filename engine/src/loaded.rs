@@ -2,7 +2,7 @@
 //! tensor-parallel ranks).
 
 use crate::checkpoint::LoadError;
-use crate::kv::{KvLayout, KvLayoutError, KvRequest};
+use crate::kv_cache::{KvLayout, KvLayoutError, KvRequest};
 use crate::model::key_calibration::CALIBRATION_TEXT;
 use crate::model::LlamaModel;
 use crate::parallel::{Ranks, TpOptions};

@@ -4,7 +4,7 @@
 //! scored (logits at position `j` predict token `j + 1`, for `ctx/2 <= j < ctx - 1`).
 //! The error estimate is llama.cpp's: `ppl * sqrt((E[nll²] - E[nll]²) / (n - 1))`.
 
-use crate::kv::{KvLayout, LocalKv};
+use crate::kv_cache::{KvLayout, LocalKv};
 use std::sync::Arc;
 use crate::model::{ForwardError, LlamaModel, SeqInput};
 use crate::sample::logsumexp;

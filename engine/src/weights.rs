@@ -1,11 +1,11 @@
 //! Opening a checkpoint for a model: the reader's [`Checkpoint`] plus what its quantization
-//! metadata decodes to, the linear layers of its `quantization_config` scheme ([`crate::quant`])
-//! and its quantized KV cache ([`crate::kv::checkpoint_scheme`]).
+//! metadata decodes to, the linear layers of its `quantization_config` scheme ([`crate::schemes`])
+//! and its quantized KV cache ([`crate::kv_cache::checkpoint_scheme`]).
 
 use crate::checkpoint::names::{canonical_name, is_linear};
 use crate::checkpoint::{load_gguf, Checkpoint, HfDir, LoadError, QuantizedLayers, TensorSet};
-use crate::kv::{checkpoint_scheme, KvCacheScheme};
-use crate::quant::{self, QuantScheme, QuantizedWeight};
+use crate::kv_cache::{checkpoint_scheme, KvCacheScheme};
+use crate::schemes::{self, QuantScheme, QuantizedWeight};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -46,7 +46,7 @@ impl ModelWeights {
     fn open_hf_dir(dir: &Path) -> Result<Self, LoadError> {
         let hf = HfDir::open(dir)?;
         let qc = hf.quantization_config();
-        let scheme = qc.map(quant::from_config).transpose()?;
+        let scheme = qc.map(schemes::from_config).transpose()?;
         let set = hf.tensors()?;
         let kv_cache = match qc.map(checkpoint_scheme::parse_scheme).transpose()?.flatten() {
             Some(format) => Some(checkpoint_scheme::load_scales(format, &set, hf.config.num_layers)?),

@@ -14,7 +14,7 @@
 //! permutations, CUDA graphs and preallocated step buffers.
 
 use crate::checkpoint::{LoadError, ModelConfig};
-use crate::kv::{KvError, KvLayout};
+use crate::kv_cache::{KvError, KvLayout};
 use crate::model::linear::CheckpointWeight;
 use crate::model::{ForwardError, PlanEntry};
 use crate::weights::ModelWeights;

@@ -14,7 +14,7 @@
 //! served, and half that exponent ([`BALANCE_EXPONENT`]) does better.
 
 use super::{ActivationObserver, ForwardError, LinearSite, LlamaModel, SeqInput};
-use crate::kv::{KeyTransform, KvLayout};
+use crate::kv_cache::{KeyTransform, KvLayout};
 
 /// The calibration text: varied prose, dialogue, numbers and code, so that the mean is not
 /// one genre's. It is not taken from the perplexity corpus.

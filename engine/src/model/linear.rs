@@ -7,7 +7,7 @@
 
 use super::shard::Cut;
 use crate::checkpoint::{LoadError, TensorBytes};
-use crate::quant::SharedMatrix;
+use crate::schemes::SharedMatrix;
 use crate::weights::ModelWeights;
 use std::ops::Range;
 use std::sync::Arc;

@@ -11,7 +11,7 @@ use super::mlp::Mlp;
 use super::moe::MoeLayer;
 use super::shard::{row_align, Cut, Shard};
 use crate::checkpoint::{LoadError, ModelConfig, TensorEntry};
-use crate::kv::{KvCacheScheme, KvDtype, KvError, KvLayout, KvLayoutError, KvRequest, LocalKv, SequenceKv, DEFAULT_BLOCK_SIZE};
+use crate::kv_cache::{KvCacheScheme, KvDtype, KvError, KvLayout, KvLayoutError, KvRequest, LocalKv, SequenceKv, DEFAULT_BLOCK_SIZE};
 use crate::weights::ModelWeights;
 use std::sync::Arc;
 use tessera_kernels::attention::{attention_batch, AttnJob, AttnShape};

@@ -35,7 +35,7 @@ pub mod report;
 pub mod smooth;
 
 use crate::float_dtype::FloatDtype;
-use crate::quant::pattern::fnmatch;
+use crate::schemes::pattern::fnmatch;
 use calibrate::{calibrate, calibrate_sequential, CalibrationOptions};
 use gptq::Factor;
 use math::{column_absmax_into, Grid, INT4, INT8};

@@ -1,7 +1,7 @@
 //! Where the engine's forward passes run: the scheduler hands out KV block ids and token spans;
 //! a [`Backend`] owns the model and the pool those ids index, on the CPU or on a GPU.
 
-use crate::kv::{BlockPool, ExactKeyStore, KvLayout, PagedSeqKv};
+use crate::kv_cache::{BlockPool, ExactKeyStore, KvLayout, PagedSeqKv};
 use crate::model::cuda::{CudaLlama, CudaStep};
 use crate::model::{PlanEntry, SeqInput};
 use crate::LoadedModel;

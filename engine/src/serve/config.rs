@@ -1,7 +1,7 @@
 //! Engine limits and what the engine reports about itself.
 
 use crate::device::Device;
-use crate::kv::KvRequest;
+use crate::kv_cache::KvRequest;
 use crate::model::PlanEntry;
 
 /// Scheduler and KV-cache settings.

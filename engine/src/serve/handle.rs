@@ -7,7 +7,7 @@ use super::sequence::Sequence;
 use super::{EngineConfig, EngineInfo, Event, FinishReason, GenRequest, Usage};
 use super::backend::{Backend, CpuBackend, CudaBackend, TpBackend};
 use crate::device::Device;
-use crate::kv::{ExactKeyStore, KvCacheManager};
+use crate::kv_cache::{ExactKeyStore, KvCacheManager};
 use crate::model::cuda::CudaLlama;
 use crate::structured::Grammars;
 use crate::LoadedModel;

@@ -14,7 +14,7 @@
 
 use super::metrics::Metrics;
 use super::sequence::Sequence;
-use crate::kv::KvCacheManager;
+use crate::kv_cache::KvCacheManager;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -8,7 +8,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// A request being served: its tokens, how many are in the KV cache (whose blocks the
-/// scheduler's [`crate::kv::KvCacheManager`] keeps under `key`) and its output state.
+/// scheduler's [`crate::kv_cache::KvCacheManager`] keeps under `key`) and its output state.
 pub(crate) struct Sequence {
     /// Engine-wide id.
     pub key: u64,

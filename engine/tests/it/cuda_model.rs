@@ -18,7 +18,7 @@ use crate::common;
 
 use common::{max_rel_err, model_with};
 use std::sync::Arc;
-use tessera_engine::kv::{KvDtype, KvLayout, LocalKv, DEFAULT_BLOCK_SIZE};
+use tessera_engine::kv_cache::{KvDtype, KvLayout, LocalKv, DEFAULT_BLOCK_SIZE};
 use tessera_engine::model::cuda::{CudaLlama, CudaStep};
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;

@@ -14,7 +14,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tessera_engine::checkpoint::{Checkpoint, TensorEntry};
-use tessera_engine::kv::{KvCacheScheme, KvDtype, KvRequest};
+use tessera_engine::kv_cache::{KvCacheScheme, KvDtype, KvRequest};
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
 use tessera_engine::tokenizer::Tokenizer;
@@ -258,7 +258,7 @@ fn kv_cache_scheme_scales_choose_the_cache_format() {
     // are used).
     let tokens = Tokenizer::from_checkpoint(&ck.checkpoint).unwrap().encode("It is a truth universally acknowledged").unwrap();
     let run = |layout| {
-        let mut kv = tessera_engine::kv::LocalKv::new(layout, 64);
+        let mut kv = tessera_engine::kv_cache::LocalKv::new(layout, 64);
         m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0)
     };
     let (f32_logits, fp8_logits) = (run(m.kv_layout(KvDtype::both(KvFormat::F32), 16, 0).unwrap()), run(auto));

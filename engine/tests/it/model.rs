@@ -7,7 +7,7 @@ use crate::common;
 
 use common::{fixture, model, model_with};
 use serde_json::Value;
-use tessera_engine::kv::{LocalKv, SequenceKv};
+use tessera_engine::kv_cache::{LocalKv, SequenceKv};
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::perplexity::{perplexity, PerplexityOptions};
 use tessera_engine::sample::argmax;
@@ -267,14 +267,14 @@ fn key_transform_is_invisible_to_attention() {
     let m = &lm.model;
     let tokens = lm.tokenizer.encode("The quick brown fox jumps over the lazy dog, and then it rests.").unwrap();
     let plain = forward_all(m, &tokens);
-    let mut layout = m.kv_layout(tessera_engine::kv::KvDtype::default(), tessera_engine::kv::DEFAULT_BLOCK_SIZE, 0).unwrap();
+    let mut layout = m.kv_layout(tessera_engine::kv_cache::KvDtype::default(), tessera_engine::kv_cache::DEFAULT_BLOCK_SIZE, 0).unwrap();
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     let mut random = |f: &mut dyn FnMut(&mut rand_chacha::ChaCha8Rng) -> f32| -> Vec<Vec<f32>> {
         (0..m.config().num_layers).map(|_| (0..m.kv_width()).map(|_| f(&mut r)).collect()).collect()
     };
     let centers = random(&mut |r| r.gen_range(-4.0..4.0));
     let scales = random(&mut |r| 2f32.powf(r.gen_range(-2.0..2.0)));
-    let transform = tessera_engine::kv::KeyTransform { centers, scales: Some(scales) };
+    let transform = tessera_engine::kv_cache::KeyTransform { centers, scales: Some(scales) };
     std::sync::Arc::get_mut(&mut layout).unwrap().set_key_transform(transform).unwrap();
     assert!(layout.describe().contains("keys centered and balanced"));
     let n = tokens.len();
@@ -295,7 +295,7 @@ fn key_transform_is_invisible_to_attention() {
 /// come with the formats that spread their error over a head (tq3_0, qjl1), not with HQMQ.
 #[test]
 fn key_calibration_centers_are_the_cached_keys_mean() {
-    use tessera_engine::kv::KvDtype;
+    use tessera_engine::kv_cache::KvDtype;
     use tessera_engine::model::key_calibration;
     let lm = model();
     let m = &lm.model;
@@ -341,7 +341,7 @@ fn key_calibration_centers_are_the_cached_keys_mean() {
 /// 0.127 centered only; the bound asks for a 10% gain.
 #[test]
 fn balanced_tq3_keys_track_the_float_cache_better() {
-    use tessera_engine::kv::KvDtype;
+    use tessera_engine::kv_cache::KvDtype;
     use tessera_engine::model::key_calibration;
     use tessera_kernels::kv::KvFormat;
     let lm = model();

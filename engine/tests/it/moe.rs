@@ -17,7 +17,7 @@ use tessera_engine::checkpoint::routing::Scoring;
 use tessera_engine::checkpoint::{Checkpoint, MoeConfig};
 use tessera_engine::convert::{dequantize, to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
-use tessera_engine::kv::LocalKv;
+use tessera_engine::kv_cache::LocalKv;
 use tessera_engine::model::moe::MoeLayer;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::upcycle::{random_dense, upcycle, MoeFamily, RandomDims, UpcycleOptions};

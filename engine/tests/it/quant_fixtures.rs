@@ -7,7 +7,7 @@ use crate::common;
 
 use std::collections::BTreeSet;
 use tessera_engine::checkpoint::TensorSet;
-use tessera_engine::quant::{from_config, QuantizedWeight};
+use tessera_engine::schemes::{from_config, QuantizedWeight};
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::LinearPolicy;
 

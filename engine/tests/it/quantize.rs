@@ -739,7 +739,7 @@ fn bad_input_is_an_error_naming_what_is_wrong() {
 #[test]
 fn asymmetric_int4_matches_the_doc_and_the_loader() {
     use tessera_engine::checkpoint::TensorSet;
-    use tessera_engine::quant::from_config;
+    use tessera_engine::schemes::from_config;
     use tessera_kernels::cpu::CpuCaps;
     use tessera_kernels::linear::LinearPolicy;
 

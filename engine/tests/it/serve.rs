@@ -7,7 +7,7 @@ use common::{default_model_path, model};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_engine::generate::{generate, GenerateOptions};
-use tessera_engine::kv::{BlockPool, KvDtype, PagedSeqKv, SequenceKv};
+use tessera_engine::kv_cache::{BlockPool, KvDtype, PagedSeqKv, SequenceKv};
 use tessera_engine::model::SeqInput;
 use tessera_engine::sample::{logsumexp, SamplingParams, Sampler};
 use tessera_engine::serve::{Engine, EngineConfig, Event, FinishReason, GenRequest, OutputText, StopReason, SubmitError, Usage};

@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::generate::{generate, GenerateOptions};
-use tessera_engine::kv::{KvDtype, KvRequest, LocalKv};
+use tessera_engine::kv_cache::{KvDtype, KvRequest, LocalKv};
 use tessera_engine::model::shard::Shard;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::parallel::{Ranks, TpOptions};

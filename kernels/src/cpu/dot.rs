@@ -1,7 +1,7 @@
 //! f32 row kernels: dot product and axpy, and their many-row forms for attention (every
 //! query against every key, weighted sums of value rows), each with a scalar reference and
 //! an AVX2 version (tests compare them on random data). The integer kernels of quantized weights live in
-//! [`super::interleaved`].
+//! [`crate::linear::ggml::interleaved`].
 
 use super::caps::Isa;
 

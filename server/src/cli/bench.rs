@@ -12,7 +12,7 @@ use anyhow::Result;
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
-use tessera_engine::kv::LocalKv;
+use tessera_engine::kv_cache::LocalKv;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::sample::argmax;
 use tessera_kernels::linear::LinearPolicy;

@@ -3,7 +3,7 @@
 use super::kv_args::KvCacheArgs;
 use super::model_path::{ModelArg, TpArgs};
 use anyhow::Result;
-use tessera_engine::kv::DEFAULT_BLOCK_SIZE;
+use tessera_engine::kv_cache::DEFAULT_BLOCK_SIZE;
 use clap::Args;
 use tessera_engine::model::PlanEntry;
 use tessera_kernels::linear::LinearPolicy;

@@ -2,7 +2,7 @@
 
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
-use tessera_engine::kv::KvRequest;
+use tessera_engine::kv_cache::KvRequest;
 use tessera_kernels::kv::{KvFormat, KvFormatError};
 
 /// `--kv-cache-dtype`, `--kv-cache-dtype-k`, `--kv-cache-dtype-v`.

@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
-use tessera_engine::kv::DEFAULT_BLOCK_SIZE;
+use tessera_engine::kv_cache::DEFAULT_BLOCK_SIZE;
 use tessera_engine::perplexity::{available_chunks, perplexity, PerplexityOptions};
 use tessera_kernels::linear::LinearPolicy;
 

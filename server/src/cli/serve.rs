@@ -18,7 +18,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_engine::device::Device;
-use tessera_engine::kv::KvRequest;
+use tessera_engine::kv_cache::KvRequest;
 use tessera_engine::serve::{Engine, EngineConfig};
 use tessera_engine::parallel::TpOptions;
 use tessera_engine::LoadedModel;

@@ -169,7 +169,7 @@ pub fn max_rows(window: usize, sink: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::KvDtype;
+    use crate::kv_cache::KvDtype;
     use tessera_kernels::kv::{KvGeometry, QjlParams};
 
     fn store(window: u16, sink: u16) -> ExactKeyStore {

@@ -230,7 +230,7 @@ impl KvCacheManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{KvDtype, KvLayout};
+    use crate::kv_cache::{KvDtype, KvLayout};
     use tessera_kernels::kv::{KvFormat, KvGeometry, QjlParams};
 
     const BS: usize = 4;
