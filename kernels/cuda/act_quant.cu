@@ -1,4 +1,4 @@
-// Dynamic per-token activation quantization, bit-identical to quant/act.rs:
+// Dynamic per-token activation quantization, bit-identical to linear/act.rs:
 // - int8: scale = absmax / 127 (NaN ignored), q = round_half_even(x / scale) clamped to ±127,
 //   NaN quotients to 0; an all-zero row gets scale 0 and zero codes.
 // - FP8 E4M3, per token and block of `bw` columns: scale = absmax / 448, code = e4m3(x / scale)

@@ -52,7 +52,7 @@ __device__ __forceinline__ float ts_e4m3_to_f32(uint32_t b) {
     return (b & 0x80u) ? -v : v;
 }
 
-// Float to E4M3 exactly as the CPU (quant::fp8::f32_to_e4m3): round to nearest even, saturate at
+// Float to E4M3 exactly as the CPU (e4m3::f32_to_e4m3): round to nearest even, saturate at
 // +-448, NaN to 0x7F. Written out rather than cuda_fp8's conversion so the bytes provably match.
 __device__ __forceinline__ uint8_t ts_f32_to_e4m3(float x) {
     if (x != x) return 0x7F;

@@ -22,7 +22,7 @@
 #define TS_MT 8
 #define TS_WARPS 8
 #define TS_BLOCKED (GGML_TYPE == 2 || GGML_TYPE == 3 || GGML_TYPE == 8)
-// Rows per warp: 4 for block types (activation reuse), 1 for float types (cuda/linear.rs
+// Rows per warp: 4 for block types (activation reuse), 1 for float types (linear/cuda.rs
 // sizes the grid to match).
 #if TS_BLOCKED
 #define TS_RW 4

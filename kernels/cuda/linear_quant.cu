@@ -1,4 +1,4 @@
-// Matmul over checkpoint-quantized weights (quant/*.rs layouts, uploaded as stored):
+// Matmul over checkpoint-quantized weights (linear/{int4,int8,fp8} layouts, uploaded as stored):
 //   y[m, N] = x[m, K] · W[N, K]ᵀ, f32 output.
 //
 // Specialized by QKIND:
@@ -30,7 +30,7 @@
 #define TS_WARPS 8
 // Rows per warp: 4 for W4A16 (activation reuse); 1 for the integer-activation kinds, whose
 // activations are a quarter of the bytes and which need every warp for parallelism at batch 1
-// (cuda/linear.rs sizes the grid to match).
+// (linear/cuda.rs sizes the grid to match).
 #if QKIND == 0
 #define TS_RW 4
 #else

@@ -3,7 +3,9 @@
 //! Weights come either as a GGML-typed tensor (GGUF files, plain float checkpoints) or as a
 //! matrix a checkpoint scheme decoded (W4A16, W4A8, W8A8); either way they reach the layer as a
 //! [`WeightMatrix`] ([`CheckpointWeight`]), the matrix picks its op (kernel and activations)
-//! once here, and [`PlanEntry`] records what was picked. Nothing here knows a storage format.
+//! once here, and [`PlanEntry`] records what was picked. No layer branches on a storage format
+//! (GGUF and float tensors are wrapped as a [`GgmlMatrix`], the one format a checkpoint reader
+//! hands over as raw bytes).
 
 use super::shard::Cut;
 use crate::checkpoint::{LoadError, TensorBytes};
@@ -154,7 +156,8 @@ impl Linear {
     }
 
     /// Replaces the weights by `w` (`[rows, cols]` row-major f32, held in memory), with the
-    /// kernel an F32 checkpoint tensor gets; name and shape stay.
+    /// kernel an F32 checkpoint tensor gets; name and shape stay. The file pages of mapped
+    /// weights it replaces are released.
     pub fn set_f32(&mut self, w: &[f32], caps: &CpuCaps, policy: LinearPolicy) -> Result<(), String> {
         let (rows, cols) = (self.rows(), self.cols());
         if w.len() != rows * cols {
@@ -162,7 +165,8 @@ impl Linear {
         }
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let matrix = GgmlMatrix::new(GgmlType::F32, rows, cols, Arc::new(bytes))?;
-        self.op = Arc::new(matrix).op(ActQuant::F32, None, caps, policy)?;
+        let op = Arc::new(matrix).op(ActQuant::F32, None, caps, policy)?;
+        std::mem::replace(&mut self.op, op).release_pages();
         (self.scheme, self.note) = ("float".into(), None);
         Ok(())
     }

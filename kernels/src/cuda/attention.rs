@@ -2,7 +2,7 @@
 //! decode attention reading it in place ([`paged_decode_attention`]).
 //!
 //! The pool is the engine's block pool as one device buffer of bytes, laid out exactly as on the
-//! CPU (`engine/src/kv/layout.rs`): block `b` starts at byte `b * block_bytes`; inside a block each
+//! CPU (`engine/src/kv_cache/layout.rs`): block `b` starts at byte `b * block_bytes`; inside a block each
 //! layer has a K region and a V region, each `n_kv_heads` pages (one per KV head) of
 //! `block_size` token records in the CPU codec's byte layout (`kv::plain`, `kv::scaled8`). A
 //! [`KvLayerDesc`] describes one layer's regions; the engine builds one per layer from its

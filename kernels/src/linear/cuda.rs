@@ -130,6 +130,42 @@ pub struct QuantPlanes {
     pub zeros: Option<Vec<i8>>,
 }
 
+impl QuantPlanes {
+    /// Checks what the kernels read without bounds checks: plane lengths for the shape and
+    /// format, nonzero group and block sizes, and activations the format has a kernel for.
+    pub fn check(&self) -> Result<(), CudaError> {
+        let (rows, cols) = (self.rows, self.cols);
+        if rows == 0 || cols == 0 {
+            return Err(shape(format!("empty {rows}x{cols} quantized weight")));
+        }
+        let (codes, scales, zeros) = match self.format {
+            Format::Ggml(_) => return Err(shape("GGUF weights upload with DeviceWeight::from_ggml")),
+            Format::Int4 { act: ActQuant::Bf16 | ActQuant::Fp8PerToken, .. } => {
+                return Err(shape(format!("no CUDA kernel for {} weights with such activations", self.storage)))
+            }
+            Format::Int4 { group, .. } if group == 0 || !cols.is_multiple_of(32) => {
+                return Err(shape(format!("int4 planes: group {group} over {cols} columns (need a group and whole 32-column runs)")))
+            }
+            Format::Int4 { group, .. } => {
+                let g = rows * cols.div_ceil(group);
+                (rows * cols / 2, g, self.zeros.as_ref().map(|_| g))
+            }
+            Format::Int8 => (rows * cols, rows, None),
+            Format::Fp8 { bh, bw } if bh == 0 || bw == 0 => return Err(shape(format!("fp8 planes: a {bh}x{bw} scale block"))),
+            Format::Fp8 { bh, bw } => (rows * cols, rows.div_ceil(bh) * cols.div_ceil(bw), None),
+        };
+        let got = (self.codes.len(), self.scales.len(), self.zeros.as_ref().map(Vec::len));
+        if got != (codes, scales, zeros) {
+            return Err(shape(format!(
+                "{} planes for a {rows}x{cols} weight: {got:?} (codes, scales, zeros), expected {:?}",
+                self.storage,
+                (codes, scales, zeros)
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Device buffers for quantized activations (int8 or E4M3 codes, and their scales), shareable
 /// by every weight of a model: size it once for the largest batch and widest input.
 pub struct ActScratch {
@@ -245,15 +281,11 @@ impl DeviceWeight {
     }
 
     /// Uploads a checkpoint-quantized matrix laid out by its format (`linear::int4`, `int8`,
-    /// `fp8` build the planes). Refused when the shape is empty or too large for the kernels.
+    /// `fp8` build the planes). Refused ([`QuantPlanes::check`]) when the planes do not match
+    /// the shape and format, or the shape is empty or too large for the kernels.
     pub fn from_planes(dev: &CudaDevice, p: QuantPlanes) -> Result<Self, CudaError> {
+        p.check()?;
         let QuantPlanes { format, storage, rows, cols, codes, scales, zeros } = p;
-        if rows == 0 || cols == 0 {
-            return Err(shape(format!("empty {rows}x{cols} quantized weight")));
-        }
-        if matches!(format, Format::Ggml(_)) {
-            return Err(shape("GGUF weights upload with DeviceWeight::from_ggml"));
-        }
         int(rows)?;
         int(cols)?;
         let stream = dev.stream();
@@ -693,6 +725,38 @@ mod tests {
                     assert_eq!(b.wrapping_sub(zb) as i8, vals[c + i] - z[c / group], "row {row} col {}", c + i);
                 }
             }
+        }
+    }
+
+    /// The planes a format hands over are checked before any kernel reads them unchecked.
+    #[test]
+    fn planes_that_do_not_fit_their_format_are_refused() {
+        let planes = |format, codes: usize, scales: usize, zeros: Option<usize>| QuantPlanes {
+            format,
+            storage: "test".into(),
+            rows: 3,
+            cols: 64,
+            codes: vec![0; codes],
+            scales: vec![1.0; scales],
+            zeros: zeros.map(|n| vec![0; n]),
+        };
+        let int4 = |group, act| Format::Int4 { group, act };
+        assert!(planes(int4(32, ActQuant::F32), 96, 6, Some(6)).check().is_ok());
+        assert!(planes(int4(64, ActQuant::Int8PerToken), 96, 3, None).check().is_ok());
+        assert!(planes(Format::Int8, 192, 3, None).check().is_ok());
+        assert!(planes(Format::Fp8 { bh: 2, bw: 32 }, 192, 4, None).check().is_ok());
+        for bad in [
+            planes(int4(32, ActQuant::F32), 95, 6, Some(6)),
+            planes(int4(32, ActQuant::F32), 96, 6, Some(5)),
+            planes(int4(0, ActQuant::F32), 96, 6, None),
+            planes(int4(32, ActQuant::Bf16), 96, 6, None),
+            planes(Format::Int8, 192, 2, None),
+            planes(Format::Int8, 192, 3, Some(3)),
+            planes(Format::Fp8 { bh: 0, bw: 32 }, 192, 4, None),
+            planes(Format::Fp8 { bh: 2, bw: 32 }, 192, 3, None),
+            planes(Format::Ggml(GgmlType::Q4_0), 0, 0, None),
+        ] {
+            assert!(bad.check().is_err(), "{:?} accepted", (bad.format, bad.codes.len(), bad.scales.len()));
         }
     }
 

@@ -104,12 +104,22 @@ pub trait LinearOp: Send + Sync + fmt::Debug + Any {
     /// same input `x`, each writing `y[i * ldy + col + j]` for its `(op, col)`. `segments` are
     /// the token counts of the sequences whose rows make up `x`, in order.
     fn forward_group(&self, group: &[(&dyn LinearOp, usize)], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize);
+    /// Hands back the pages of weights the op reads in place from a mapped file, when it is
+    /// about to be dropped (nothing for weights held in memory of their own).
+    fn release_pages(&self) {}
 }
 
 /// Runs ops that read the same input `x` and write side by side into `y` (fused Q/K/V or
 /// gate/up): `(op, first output column)` each. Ops of one concrete type run as one group
 /// through [`LinearOp::forward_group`]; each output is what the op alone computes.
+///
+/// # Panics
+/// If two ops' output columns overlap or reach past `ldy` (the groups write in parallel).
 pub fn forward_fused(parts: &[(&dyn LinearOp, usize)], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
+    let mut spans: Vec<(usize, usize)> = parts.iter().map(|&(op, col)| (col, col + op.rows())).collect();
+    spans.sort_unstable();
+    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "fused layers' output columns overlap");
+    assert!(spans.last().is_none_or(|s| s.1 <= ldy), "output columns past the row stride");
     let mut taken = vec![false; parts.len()];
     for i in 0..parts.len() {
         if taken[i] {

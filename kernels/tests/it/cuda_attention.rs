@@ -27,7 +27,7 @@ const RTOL: f32 = 1e-4;
 /// A (format, static scale) side of a layer.
 type Fmt = (KvFormat, Option<f32>);
 
-/// A two-layer cache laid out as `engine/src/kv/layout.rs` does; tests use layer 1.
+/// A two-layer cache laid out as `engine/src/kv_cache/layout.rs` does; tests use layer 1.
 struct Layout {
     shape: AttnShape,
     bs: usize,

@@ -1,4 +1,4 @@
-//! CUDA matmul and embedding kernels (`cuda::linear`) against the CPU. Needs a GPU: every test
+//! CUDA matmul and embedding kernels (`linear::cuda`) against the CPU. Needs a GPU: every test
 //! prints `skipped: ...` and passes where the driver or a device is missing (CI compiles the
 //! kernels in `cuda_compile.rs` instead).
 //!

@@ -168,3 +168,18 @@ fn a_format_added_by_the_recipe_runs_beside_the_built_in_ones() {
     // The driver's own checks apply to any format: cuts off the kernels' 32-column runs.
     assert!(toy.slice(0..24, 16..128).unwrap_err().contains("32-column runs"));
 }
+
+/// Ops of different formats write in parallel into one output: overlapping columns are refused
+/// before any of them runs.
+#[test]
+#[should_panic(expected = "output columns overlap")]
+fn fused_ops_of_any_formats_may_not_overlap() {
+    let mut r = rng(7);
+    let (caps, policy) = (CpuCaps::detect(), LinearPolicy::DEFAULT);
+    let toy = Arc::new(int2(&mut r, 8, 64)).op(ActQuant::F32, None, &caps, policy).unwrap();
+    let f32s: Arc<dyn WeightMatrix> = Arc::new(GgmlMatrix::new(GgmlType::F32, 8, 64, Arc::new(random_weights(&mut r, GgmlType::F32, 8, 64))).unwrap());
+    let dense = f32s.op(ActQuant::F32, None, &caps, policy).unwrap();
+    let x = randn(&mut r, 64);
+    let mut y = vec![0f32; 16];
+    forward_fused(&[(&*toy, 0), (&*dense, 4)], &x, &[1], &mut y, 16);
+}

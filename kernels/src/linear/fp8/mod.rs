@@ -230,7 +230,7 @@ impl RowKernel for Fp8Matrix {
 
     fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError> {
         if act != ActQuant::Fp8PerToken {
-            return Err(CudaError::Shape(format!("no CUDA kernel for fp8 weights with {} activations", act.name())));
+            return Err(CudaError::Shape(format!("no CUDA kernel for {} weights with {} activations", RowKernel::storage(self), act.name())));
         }
         let [bh, bw] = self.block;
         DeviceWeight::from_planes(

@@ -88,7 +88,8 @@ impl WeightMatrix for GgmlMatrix {
     }
 
     /// Whole rows share the bytes (a mapped file stays mapped); a column cut copies whole
-    /// blocks and releases the source's pages.
+    /// blocks, and for types the integer GEMM regroups (which never read the stored rows
+    /// again) releases the source's pages.
     fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<Arc<dyn WeightMatrix>, String> {
         let rb = self.data.bytes().len() / self.rows.max(1);
         let data = if cols == (0..self.cols) {
@@ -98,7 +99,9 @@ impl WeightMatrix for GgmlMatrix {
             self.data.slice(rows.start * rb..rows.end * rb)
         } else {
             let copied = self.ty.slice_matrix(self.cols, self.data.bytes(), rows.clone(), cols.clone())?;
-            self.data.release_pages();
+            if Interleaved::supports(self.ty) {
+                self.data.release_pages();
+            }
             Arc::new(copied)
         };
         Ok(Arc::new(GgmlMatrix::new(self.ty, rows.len(), cols.len(), data)?))
@@ -172,5 +175,11 @@ impl LinearOp for GgmlLinear {
         let ops = downcast_group::<GgmlLinear>(group);
         let parts: Vec<_> = ops.iter().map(|&(op, col)| (&op.kernel, op.weight(), col)).collect();
         forward_group(&parts, x, segments, y, ldy);
+    }
+
+    fn release_pages(&self) {
+        if let GgmlWeights::Rows(m) = &self.w {
+            m.data.release_pages();
+        }
     }
 }

@@ -9,7 +9,7 @@
 //!   on AVX2 these types take this path at every batch size. Other types dequantize each
 //!   weight row and use an f32 dot.
 //! - **the GEMM path (long segments)**: weight rows are dequantized into packed,
-//!   cache-resident f32 slivers and multiplied with a GEMM micro-kernel (`linear::sgemm` on AVX2,
+//!   cache-resident f32 slivers and multiplied with a GEMM micro-kernel (`linear::ggml::sgemm` on AVX2,
 //!   the `gemm` crate's elsewhere); activations stay f32.
 //!
 //! A [`LinearKernel`] is selected once per layer at load and prints as a kernel id, so the

@@ -168,7 +168,7 @@ impl RowKernel for Int8Matrix {
 
     fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError> {
         if act != ActQuant::Int8PerToken {
-            return Err(CudaError::Shape(format!("no CUDA kernel for int8 weights with {} activations", act.name())));
+            return Err(CudaError::Shape(format!("no CUDA kernel for {} weights with {} activations", RowKernel::storage(self), act.name())));
         }
         DeviceWeight::from_planes(
             dev,
