@@ -15,7 +15,7 @@
 
 use crate::checkpoint::{LoadError, ModelConfig};
 use crate::kv_cache::{KvError, KvLayout};
-use crate::model::linear::CheckpointWeight;
+use crate::model::linear::checkpoint_weight;
 use crate::model::{ForwardError, PlanEntry};
 use crate::weights::ModelWeights;
 use std::cell::RefCell;
@@ -116,7 +116,7 @@ impl CudaLlama {
             plan.borrow_mut().push(PlanEntry { tensor: name.to_string(), scheme, storage, activations, shape: [w.rows(), w.cols()], kernel, note, shard: None });
         };
         let weight = |name: &str, rows: usize, cols: usize| -> Result<DeviceWeight, CudaModelError> {
-            let cw = CheckpointWeight::get(weights, name, rows, cols)?;
+            let cw = checkpoint_weight(weights, name, rows, cols)?;
             if cw.perm.is_some() {
                 return Err(CudaModelError::Unsupported(format!("{name}: act-order (g_idx) input permutation")));
             }

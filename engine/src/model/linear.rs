@@ -2,14 +2,14 @@
 //!
 //! Weights come either as a GGML-typed tensor (GGUF files, plain float checkpoints) or as a
 //! matrix a checkpoint scheme decoded (W4A16, W4A8, W8A8); either way they reach the layer as a
-//! [`WeightMatrix`] ([`CheckpointWeight`]), the matrix picks its op (kernel and activations)
+//! [`WeightMatrix`] ([`checkpoint_weight`]), the matrix picks its op (kernel and activations)
 //! once here, and [`PlanEntry`] records what was picked. No layer branches on a storage format
 //! (GGUF and float tensors are wrapped as a [`GgmlMatrix`], the one format a checkpoint reader
 //! hands over as raw bytes).
 
 use super::shard::Cut;
 use crate::checkpoint::{LoadError, TensorBytes};
-use crate::schemes::SharedMatrix;
+use crate::schemes::{QuantizedWeight, SharedMatrix};
 use crate::weights::ModelWeights;
 use std::ops::Range;
 use std::sync::Arc;
@@ -41,70 +41,45 @@ pub struct PlanEntry {
     pub shard: Option<String>,
 }
 
-/// A checkpoint's weight for one linear layer, as the layer (or a GPU upload) takes it.
-#[derive(Clone, Debug)]
-pub struct CheckpointWeight {
-    /// The weight as named in the checkpoint (errors name it).
-    pub source_name: String,
-    /// Scheme that produced it (`gguf`, `float`, or e.g. `compressed-tensors W4A16 (...)`).
-    pub scheme: String,
-    /// Values and scales in their kernel format.
-    pub matrix: SharedMatrix,
-    /// The activations the checkpoint prescribes.
-    pub act: ActQuant,
-    /// Act-order input permutation: column `c` multiplies input `perm[c]`.
-    pub perm: Option<Vec<u32>>,
-    /// Where Tessera runs the layer differently from what the metadata records, why.
-    pub note: Option<String>,
+/// The weight `name` (`[rows, cols]`) as a layer (or a GPU upload) takes it: the matrix its
+/// checkpoint scheme decoded, else its tensor wrapped as GGML rows (scheme `gguf` or `float`,
+/// f32 activations).
+pub fn checkpoint_weight(ck: &ModelWeights, name: &str, rows: usize, cols: usize) -> Result<QuantizedWeight, LoadError> {
+    if let Some(q) = ck.quantized.get(name) {
+        if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
+            let msg = format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols());
+            return Err(LoadError::Tensor { name: q.module.clone(), msg });
+        }
+        return Ok(q.clone());
+    }
+    let t = ck.checkpoint.tensor(name)?;
+    let err = |msg: String| LoadError::Tensor { name: t.source_name.clone(), msg };
+    if t.shape != [rows, cols] {
+        return Err(err(format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
+    }
+    let matrix = GgmlMatrix::new(t.ty, rows, cols, Arc::new(t.data.clone())).map_err(err)?;
+    let scheme = if t.ty.is_float() { "float" } else { "gguf" };
+    Ok(QuantizedWeight { module: t.source_name.clone(), scheme: scheme.into(), matrix: Arc::new(matrix), act: ActQuant::F32, perm: None, note: None })
 }
 
-impl CheckpointWeight {
-    /// The weight `name` (`[rows, cols]`): its quantized form if the checkpoint's scheme
-    /// decoded one, else its tensor in its GGML type.
-    pub fn get(ck: &ModelWeights, name: &str, rows: usize, cols: usize) -> Result<Self, LoadError> {
-        if let Some(q) = ck.quantized.get(name) {
-            if [q.matrix.rows(), q.matrix.cols()] != [rows, cols] {
-                let msg = format!("quantized shape [{}, {}], expected [{rows}, {cols}]", q.matrix.rows(), q.matrix.cols());
-                return Err(LoadError::Tensor { name: q.module.clone(), msg });
+/// The part `cut` of `w` (a tensor-parallel shard) and its input permutation: blocks, groups
+/// and scales are copied or shared, never re-quantized. An act-order permutation survives a
+/// row cut whole; a column cut must select whole stored groups, which holds only when the
+/// permutation keeps the rank's inputs in one contiguous stored range.
+fn cut_weight(w: &QuantizedWeight, cut: &Cut) -> Result<(SharedMatrix, Option<Vec<u32>>), String> {
+    let (m, rows, cols) = (&w.matrix, w.matrix.rows(), w.matrix.cols());
+    match (cut, &w.perm) {
+        (Cut::Whole, p) => Ok((m.clone(), p.clone())),
+        (Cut::Rows(r), p) => Ok((m.slice(r.clone(), 0..cols)?, p.clone())),
+        (Cut::Cols(c), None) => Ok((m.slice(0..rows, c.clone())?, None)),
+        (Cut::Cols(c), Some(p)) => {
+            let stored: Vec<usize> = (0..cols).filter(|&j| c.contains(&(p[j] as usize))).collect();
+            let (j0, j1) = (stored[0], stored[stored.len() - 1] + 1);
+            if j1 - j0 != stored.len() {
+                return Err("the act-order (g_idx) permutation scatters this rank's inputs over the stored groups; it cannot be split without re-quantizing".into());
             }
-            return Ok(CheckpointWeight {
-                source_name: q.module.clone(),
-                scheme: q.scheme.clone(),
-                matrix: q.matrix.clone(),
-                act: q.act,
-                perm: q.perm.clone(),
-                note: q.note.clone(),
-            });
-        }
-        let t = ck.checkpoint.tensor(name)?;
-        let err = |msg: String| LoadError::Tensor { name: t.source_name.clone(), msg };
-        if t.shape != [rows, cols] {
-            return Err(err(format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
-        }
-        let matrix = GgmlMatrix::new(t.ty, rows, cols, Arc::new(t.data.clone())).map_err(err)?;
-        let scheme = if t.ty.is_float() { "float" } else { "gguf" };
-        Ok(CheckpointWeight { source_name: t.source_name.clone(), scheme: scheme.into(), matrix: Arc::new(matrix), act: ActQuant::F32, perm: None, note: None })
-    }
-
-    /// The part `cut` (a tensor-parallel shard) and its input permutation: blocks, groups and
-    /// scales are copied or shared, never re-quantized. An act-order permutation survives a
-    /// row cut whole; a column cut must select whole stored groups, which holds only when the
-    /// permutation keeps the rank's inputs in one contiguous stored range.
-    fn cut(&self, cut: &Cut) -> Result<(SharedMatrix, Option<Vec<u32>>), String> {
-        let (m, rows, cols) = (&self.matrix, self.matrix.rows(), self.matrix.cols());
-        match (cut, &self.perm) {
-            (Cut::Whole, p) => Ok((m.clone(), p.clone())),
-            (Cut::Rows(r), p) => Ok((m.slice(r.clone(), 0..cols)?, p.clone())),
-            (Cut::Cols(c), None) => Ok((m.slice(0..rows, c.clone())?, None)),
-            (Cut::Cols(c), Some(p)) => {
-                let stored: Vec<usize> = (0..cols).filter(|&j| c.contains(&(p[j] as usize))).collect();
-                let (j0, j1) = (stored[0], stored[stored.len() - 1] + 1);
-                if j1 - j0 != stored.len() {
-                    return Err("the act-order (g_idx) permutation scatters this rank's inputs over the stored groups; it cannot be split without re-quantizing".into());
-                }
-                let perm = p[j0..j1].iter().map(|&i| i - c.start as u32).collect();
-                Ok((m.slice(0..rows, j0..j1)?, Some(perm)))
-            }
+            let perm = p[j0..j1].iter().map(|&i| i - c.start as u32).collect();
+            Ok((m.slice(0..rows, j0..j1)?, Some(perm)))
         }
     }
 }
@@ -147,9 +122,9 @@ impl Linear {
     /// shard): blocks, groups and scales are copied, never re-quantized, and a cut that would
     /// split one is refused with the tensor's name and the reason.
     pub fn load_cut(ck: &ModelWeights, name: &str, rows: usize, cols: usize, cut: Cut, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
-        let w = CheckpointWeight::get(ck, name, rows, cols)?;
-        let err = |msg: String| LoadError::Tensor { name: w.source_name.clone(), msg };
-        let (matrix, perm) = w.cut(&cut).map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(&cut, [rows, cols]))))?;
+        let w = checkpoint_weight(ck, name, rows, cols)?;
+        let err = |msg: String| LoadError::Tensor { name: w.module.clone(), msg };
+        let (matrix, perm) = cut_weight(&w, &cut).map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(&cut, [rows, cols]))))?;
         let op = matrix.op(w.act, perm, caps, policy).map_err(err)?;
         let cut = (cut != Cut::Whole).then_some((cut, [rows, cols]));
         Ok(Linear { name: name.into(), scheme: w.scheme, note: w.note, op, cut })

@@ -25,10 +25,12 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use tessera_kernels::linear::{ActQuant, Fp8Matrix, WeightMatrix};
 
-/// A linear layer's weights as a scheme decoded them, ready for a kernel.
+/// A linear layer's weights in their kernel format, ready for a kernel: as a scheme decoded
+/// them, or a GGUF/float tensor as GGML rows (`model::linear::checkpoint_weight`).
 #[derive(Clone, Debug)]
 pub struct QuantizedWeight {
-    /// Hugging Face module name (`model.layers.0.self_attn.q_proj`).
+    /// The name in the checkpoint (the Hugging Face module, `model.layers.0.self_attn.q_proj`,
+    /// or the tensor): errors name it.
     pub module: String,
     /// Scheme label, e.g. `compressed-tensors W4A16`.
     pub scheme: String,
