@@ -11,8 +11,9 @@
 //!   cache manager with prefix caching) and the per-sequence KV seam;
 //! - [`sample`]: logits processors, samplers and logprobs;
 //! - [`structured`]: structured outputs (JSON schema, regex, choice, Lark) with llguidance;
-//! - [`generate`]: single-sequence generation used by the CLI;
-//! - [`perplexity`]: llama.cpp-compatible perplexity evaluation;
+//! - [`serve`]: the engine: continuous batching over a paged KV cache; the server, `tessera
+//!   generate` and `bench` drive it;
+//! - [`perplexity`]: llama.cpp-compatible perplexity evaluation, windows run through [`serve`];
 //! - [`convert`], [`upcycle`], [`quantize`]: checkpoint writers (GGUF to HF, dense to MoE, quantization).
 //!
 //! The modules form layers: each imports only modules below it (`scripts/check-module-cycles.py`
@@ -21,7 +22,7 @@
 //! ```text
 //! checkpoint <- tokenizer, schemes, kv_cache, convert (<- upcycle), synthetic
 //! checkpoint, schemes, kv_cache <- weights <- model <- parallel <- loaded (LoadedModel)
-//! model <- generate, perplexity, fuzzing (<- structured <- sample);  loaded <- quantize, serve
+//! model <- fuzzing (<- structured <- sample);  loaded <- quantize, serve <- perplexity
 //! ```
 
 pub mod checkpoint;
@@ -30,7 +31,6 @@ pub mod device;
 pub mod float_dtype;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod generate;
 pub mod kv_cache;
 mod loaded;
 pub mod model;

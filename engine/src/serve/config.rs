@@ -1,5 +1,6 @@
 //! Engine limits and what the engine reports about itself.
 
+use crate::checkpoint::ModelConfig;
 use crate::device::Device;
 use crate::kv_cache::KvRequest;
 use crate::model::PlanEntry;
@@ -23,6 +24,8 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// KV-cache formats of keys and values as asked for (auto: the checkpoint's scheme, else f32).
     pub kv_dtype: KvRequest,
+    /// Seed of the KV formats' random state (QJL projections, HQMQ codebooks).
+    pub kv_seed: u64,
     /// Where the forward passes run.
     pub device: Device,
 }
@@ -38,8 +41,22 @@ impl Default for EngineConfig {
             max_waiting: 256,
             max_model_len: None,
             kv_dtype: KvRequest::default(),
+            kv_seed: 0,
             device: Device::Cpu,
         }
+    }
+}
+
+impl EngineConfig {
+    /// This configuration with a block pool that holds `seqs` sequences of up to `tokens`
+    /// tokens each in any KV format: sized for f32 records (the largest), with two blocks of
+    /// slack per sequence. For the commands that run a known workload (generate, perplexity,
+    /// bench) rather than a share of memory.
+    pub fn with_pool_for(mut self, c: &ModelConfig, seqs: usize, tokens: usize) -> Self {
+        let f32_bytes_per_token = c.num_layers * c.num_kv_heads * c.head_dim * 2 * 4;
+        let per_seq = tokens.next_multiple_of(self.block_size) + 2 * self.block_size;
+        self.kv_cache_bytes = seqs.max(1) * per_seq * f32_bytes_per_token;
+        self
     }
 }
 

@@ -128,12 +128,7 @@ impl EngineLoop {
                 .zip(caches)
                 .map(|(w, c)| {
                     let s = &self.seqs[&w.key];
-                    let end = s.computed + w.tokens == s.tokens.len();
-                    let logits_from = if s.wants_prompt_logprobs() {
-                        Some(0)
-                    } else {
-                        end.then(|| w.tokens - 1)
-                    };
+                    let logits_from = s.logits_from(w.tokens);
                     let tokens = &s.tokens[s.computed..s.computed + w.tokens];
                     StepSeq { tokens, blocks: c.blocks, cached: s.computed, shared: s.shared, logits_from, exact: c.exact }
                 })
@@ -195,7 +190,8 @@ impl EngineLoop {
         let tok = &self.model.tokenizer;
         let vocab = self.model.model.config().vocab_size;
         let s = self.seqs.get_mut(&w.key).expect("scheduled sequences exist");
-        let start = s.computed;
+        // The position of the first logits row.
+        let start = s.computed + s.logits_from(w.tokens).unwrap_or(w.tokens);
         self.sched.commit(s, w.tokens);
         if s.wants_prompt_logprobs() {
             record_prompt_logprobs(s, tok, logits, vocab, start);
@@ -346,8 +342,10 @@ fn token_info(with_logprobs: bool, tok: &Tokenizer, s: &Sampled) -> TokenLogprob
 fn record_prompt_logprobs(s: &mut Sequence, tok: &Tokenizer, logits: &[f32], vocab: usize, start: usize) {
     let n_top = s.req.prompt_logprobs.unwrap_or(0);
     let prompt = &s.req.prompt;
-    if s.prompt_logprobs.is_empty() {
-        s.prompt_logprobs.push(TokenLogprob { id: prompt[0], text: tok.decode(&prompt[..1]), logprob: None, top: Vec::new() });
+    // The first token (nothing predicts it) and those before `score_from` have no logprob.
+    while s.prompt_logprobs.len() < s.req.score_from.max(1).min(prompt.len()) {
+        let id = prompt[s.prompt_logprobs.len()];
+        s.prompt_logprobs.push(TokenLogprob { id, text: tok.decode(&[id]), logprob: None, top: Vec::new() });
     }
     for (i, row) in logits.chunks_exact(vocab).enumerate() {
         let target = start + i + 1;

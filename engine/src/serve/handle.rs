@@ -117,7 +117,7 @@ impl Engine {
         let mc = model.model.config();
         // One layout per tensor-parallel rank (its KV heads); a block id names a block in every
         // rank's pool, so the budget is shared by the ranks' blocks together.
-        let layouts = model.kv_layouts(c.kv_dtype, c.block_size, 0).map_err(|e| e.to_string())?;
+        let layouts = model.kv_layouts(c.kv_dtype, c.block_size, c.kv_seed).map_err(|e| e.to_string())?;
         let layout = layouts[0].clone();
         let block_bytes: usize = layouts.iter().map(|l| l.block_bytes()).sum();
         let num_blocks = c.kv_cache_bytes / block_bytes;
@@ -274,7 +274,7 @@ impl Engine {
         }
         let mut streams = Vec::with_capacity(reqs.len());
         let mut groups: Vec<(Sequence, Vec<Sequence>)> = Vec::new();
-        let mut by_prompt: HashMap<(Vec<u32>, Option<usize>), usize> = HashMap::new();
+        let mut by_prompt: HashMap<(Vec<u32>, Option<usize>, usize), usize> = HashMap::new();
         for req in reqs {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let key = inner.next_key.fetch_add(1, Ordering::Relaxed);
@@ -286,7 +286,7 @@ impl Engine {
                 continue;
             }
             let seq = Sequence::new(key, req, tx);
-            match by_prompt.entry((seq.req.prompt.clone(), seq.req.prompt_logprobs)) {
+            match by_prompt.entry((seq.req.prompt.clone(), seq.req.prompt_logprobs, seq.req.score_from)) {
                 Entry::Occupied(e) => groups[*e.get()].1.push(seq),
                 Entry::Vacant(e) => {
                     e.insert(groups.len());

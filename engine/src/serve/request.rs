@@ -25,6 +25,10 @@ pub struct GenRequest {
     pub ignore_eos: bool,
     /// `Some(n)`: report every prompt token's logprob and top-n alternatives (echo + logprobs).
     pub prompt_logprobs: Option<usize>,
+    /// With `prompt_logprobs`: the first prompt position whose logprob is computed; earlier
+    /// tokens are reported with `logprob: None` and their logits never computed (perplexity
+    /// scores the second half of each window). 0 (the default): every token after the first.
+    pub score_from: usize,
     /// When the request reached the server (queue time and TTFT are measured from here).
     pub arrival: Instant,
     /// A structured output's guide at its start: only tokens it allows are sampled, and the
@@ -45,6 +49,7 @@ impl GenRequest {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             prompt_logprobs: None,
+            score_from: 0,
             arrival: Instant::now(),
             guide: None,
         }

@@ -74,4 +74,18 @@ impl Sequence {
     pub fn wants_prompt_logprobs(&self) -> bool {
         self.req.prompt_logprobs.is_some() && self.prompt_logprobs.len() < self.req.prompt.len()
     }
+
+    /// The first row to compute logits for when the next `n` tokens (from `computed`) run:
+    /// the rows that score prompt tokens (position `p` predicts token `p + 1`, from
+    /// `score_from`), else the last row when it ends the sequence's tokens, else none.
+    pub fn logits_from(&self, n: usize) -> Option<usize> {
+        let end = self.computed + n;
+        if self.wants_prompt_logprobs() {
+            let first = self.req.score_from.max(1) - 1;
+            if first < end {
+                return Some(first.saturating_sub(self.computed));
+            }
+        }
+        (end == self.tokens.len()).then(|| n - 1)
+    }
 }

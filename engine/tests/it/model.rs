@@ -149,8 +149,8 @@ fn perplexity_matches_reference_on_two_chunks() {
     let tokens = lm.tokenizer.encode(&text).unwrap();
     let first: Vec<u32> = spec["perplexity"]["first_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     assert_eq!(tokens[..first.len()], first[..], "corpus tokenization");
-    let opts = PerplexityOptions { ctx: 512, chunks: Some(2), seqs_per_batch: 2, bos: None, kv: None };
-    let r = perplexity(&lm.model, &tokens, &opts, |_| {}).unwrap();
+    let opts = PerplexityOptions { chunks: Some(2), ..PerplexityOptions::new(512, 2) };
+    let r = perplexity(std::sync::Arc::new(lm), &tokens, &opts, |_| {}).unwrap();
     assert_eq!((r.chunks, r.count), (2, 510));
     let rel = (r.ppl() - want).abs() / want;
     assert!(rel < 5e-4, "ppl {} vs reference {want} ({:.3}%)", r.ppl(), rel * 100.0);
@@ -192,7 +192,7 @@ fn concurrent_forward_passes_do_not_interfere() {
 #[test]
 fn batching_does_not_change_results() {
     let switching = model_with(LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: 32, ..LinearPolicy::DEFAULT });
-    for lm in [model(), &switching] {
+    for lm in [&**model(), &switching] {
         batching_invariance(&lm.model);
     }
 }

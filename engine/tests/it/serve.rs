@@ -3,13 +3,12 @@
 
 use crate::common;
 
-use common::{default_model_path, model};
+use common::{default_model_path, greedy_reference, model};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera_engine::generate::{generate, GenerateOptions};
-use tessera_engine::kv_cache::{BlockPool, KvDtype, PagedSeqKv, SequenceKv};
+use tessera_engine::kv_cache::{BlockPool, KvDtype, LocalKv, PagedSeqKv, SequenceKv};
 use tessera_engine::model::SeqInput;
-use tessera_engine::sample::{logsumexp, SamplingParams, Sampler};
+use tessera_engine::sample::{logsumexp, SamplingParams};
 use tessera_engine::serve::{Engine, EngineConfig, Event, FinishReason, GenRequest, OutputText, StopReason, SubmitError, Usage};
 use tessera_engine::synthetic::{write_random_llama, LlamaShape, QuantMix, RandomLlamaOptions};
 use tessera_engine::LoadedModel;
@@ -125,10 +124,10 @@ fn engine_generates_what_generate_does() {
     let e = engine(no_cache());
     let lm = model();
     let prompt = tokens(PROMPTS[1]);
-    let want = generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(SamplingParams::greedy(), &prompt), &GenerateOptions { max_tokens: 40, stop_ids: vec![], prefill_chunk: 512, kv: None }, |_| {}).unwrap();
+    let want = greedy_reference(&lm.model, lm.model.local_kv(prompt.len() + 40), &prompt, 40);
     let got = collect(e.submit(greedy("a", prompt.clone(), 40)).unwrap());
-    assert_eq!(got.ids, want.tokens.iter().map(|t| t.id).collect::<Vec<_>>());
-    assert_eq!(got.text, want.text);
+    assert_eq!(got.ids, want);
+    assert_eq!(got.text, lm.tokenizer.decode(&want));
     let (reason, _, usage) = got.finish.unwrap();
     assert_eq!((reason, usage.prompt_tokens, usage.completion_tokens), (FinishReason::Length, prompt.len(), 40));
     e.shutdown(Duration::from_secs(1));
@@ -174,10 +173,9 @@ fn compressed_kv_caches_batch_invariantly() {
         }
         let lm = model();
         let layout = lm.kv_layout(dtype, 16, 0).unwrap();
-        let opts = GenerateOptions { max_tokens: 12, stop_ids: vec![], prefill_chunk: 512, kv: Some(layout) };
         let prompt = tokens(PROMPTS[1]);
-        let want = generate(&lm.model, &lm.tokenizer, &prompt, Sampler::new(SamplingParams::greedy(), &prompt), &opts, |_| {}).unwrap();
-        assert_eq!(alone[1].ids, want.tokens.iter().map(|t| t.id).collect::<Vec<_>>(), "{dtype}");
+        let want = greedy_reference(&lm.model, LocalKv::new(layout, prompt.len() + 12), &prompt, 12);
+        assert_eq!(alone[1].ids, want, "{dtype}");
         e.shutdown(Duration::from_secs(1));
     }
 }

@@ -19,17 +19,15 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
-use tessera_engine::generate::{generate, GenerateOptions};
 use tessera_engine::kv_cache::{KvDtype, KvRequest, LocalKv};
 use tessera_engine::model::shard::Shard;
 use tessera_engine::model::{LlamaModel, SeqInput};
 use tessera_engine::parallel::{Ranks, TpOptions};
 use tessera_engine::perplexity::{perplexity, PerplexityOptions};
 use tessera_engine::quantize::{quantize_dir, Format, QuantizeOptions, Recipe, Scheme};
-use tessera_engine::sample::{SamplingParams, Sampler};
 use tessera_engine::weights::ModelWeights;
 use tessera_engine::LoadedModel;
 use tessera_kernels::cpu::CpuCaps;
@@ -45,15 +43,15 @@ fn two() -> TpOptions {
 const FLOAT: LinearPolicy = LinearPolicy::ALWAYS_GEMM;
 
 /// The default model over two ranks, loaded once.
-fn tp2() -> &'static LoadedModel {
-    static M: OnceLock<LoadedModel> = OnceLock::new();
-    M.get_or_init(|| LoadedModel::load_parallel(&common::default_model_path(), LinearPolicy::DEFAULT, &two()).unwrap())
+fn tp2() -> &'static Arc<LoadedModel> {
+    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
+    M.get_or_init(|| Arc::new(LoadedModel::load_parallel(&common::default_model_path(), LinearPolicy::DEFAULT, &two()).unwrap()))
 }
 
 /// The default model with f32 activations, whole and over two ranks, loaded once.
-fn float_pair() -> &'static (LoadedModel, LoadedModel) {
-    static M: OnceLock<(LoadedModel, LoadedModel)> = OnceLock::new();
-    M.get_or_init(|| (common::model_with(FLOAT), LoadedModel::load_parallel(&common::default_model_path(), FLOAT, &two()).unwrap()))
+fn float_pair() -> &'static (Arc<LoadedModel>, Arc<LoadedModel>) {
+    static M: OnceLock<(Arc<LoadedModel>, Arc<LoadedModel>)> = OnceLock::new();
+    M.get_or_init(|| (Arc::new(common::model_with(FLOAT)), Arc::new(LoadedModel::load_parallel(&common::default_model_path(), FLOAT, &two()).unwrap())))
 }
 
 /// Logits of every token of `tokens` in one prefill, the cache in `kv`'s formats.
@@ -68,9 +66,7 @@ fn prompt_logits(lm: &LoadedModel, tokens: &[u32], kv: KvRequest) -> Vec<f32> {
 /// second-best logit.
 fn greedy(lm: &LoadedModel, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
     lm.run(|m| {
-        let opts = GenerateOptions { max_tokens: n, stop_ids: vec![], prefill_chunk: 512, kv: None };
-        let g = generate(m, &lm.tokenizer, prompt, Sampler::new(SamplingParams::greedy(), prompt), &opts, |_| ()).unwrap();
-        let ids: Vec<u32> = g.tokens.iter().map(|t| t.id).collect();
+        let ids = common::greedy_reference(m, m.local_kv(prompt.len() + n), prompt, n);
         // Margins from one more pass over the prompt and the greedy tokens.
         let mut all = prompt.to_vec();
         all.extend(&ids);
@@ -176,8 +172,8 @@ fn two_ranks_compute_what_one_does_on_the_default_model() {
 fn two_ranks_keep_perplexity() {
     let (float_one, float_two) = float_pair();
     let tokens = float_one.tokenizer.encode(&prose()[20_000..40_000]).unwrap();
-    let opts = PerplexityOptions { ctx: 256, chunks: Some(8), seqs_per_batch: 2, bos: None, kv: None };
-    let ppl = |lm: &LoadedModel| lm.run(|m| perplexity(m, &tokens, &opts, |_| ()).unwrap().ppl());
+    let opts = PerplexityOptions { chunks: Some(8), ..PerplexityOptions::new(256, 2) };
+    let ppl = |lm: &Arc<LoadedModel>| perplexity(lm.clone(), &tokens, &opts, |_| ()).unwrap().ppl();
     let (a, b) = (ppl(float_one), ppl(float_two));
     let (c, d) = (ppl(common::model()), ppl(tp2()));
     eprintln!("perplexity, f32 activations: TP=1 {a:.5}, TP=2 {b:.5} ({:+.4}%)", 100.0 * (b / a - 1.0));

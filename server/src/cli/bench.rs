@@ -1,21 +1,24 @@
-//! `tessera bench`: llama-bench's two measurements on this engine, so they compare directly.
-//! `pp N`: one forward pass over N random prompt tokens from an empty cache.
-//! `tg N`: N single-token decode steps (greedy) after one start token.
-//! With `--depth D`, each test starts from a cache already holding D tokens (llama-bench's `-d`);
-//! with `--batch B`, tg runs B sequences in lockstep through the batched forward pass.
+//! `tessera bench`: llama-bench's two measurements, run through the serving engine (the one
+//! the server drives) so they compare directly with llama-bench and with serving.
+//! `pp N`: a request of N random prompt tokens, timed from submission to its first token (one
+//! prefill pass from an empty cache).
+//! `tg N`: N greedy decode steps after the first token (timed from the first token to the last).
+//! With `--depth D`, each test's prompt starts with the same D random tokens, computed once
+//! beforehand and served from the prefix cache (llama-bench's `-d`; a partial last block of the
+//! D is recomputed); with `--batch B`, tg runs B requests that decode together in every step.
 //! Each is repeated; mean ± sample standard deviation of tokens/s is reported, and the
 //! process's peak resident memory.
 
 use super::model_path::{ModelArg, TpArgs};
 use super::perplexity::ComputePath;
-use anyhow::Result;
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
-use std::time::Instant;
-use tessera_engine::kv_cache::LocalKv;
-use tessera_engine::model::{LlamaModel, SeqInput};
-use tessera_engine::sample::argmax;
-use tessera_kernels::linear::LinearPolicy;
+use std::time::{Duration, Instant};
+use tessera_engine::device::Device;
+use tessera_engine::sample::SamplingParams;
+use tessera_engine::serve::{Engine, EngineConfig, Event, GenRequest, RequestStream};
+use tessera_engine::LoadedModel;
 
 /// Arguments of `tessera bench`.
 #[derive(Args, Debug)]
@@ -42,45 +45,88 @@ pub struct BenchArgs {
     /// Force one arithmetic path on every linear layer (default: what `serve` runs).
     #[arg(long, value_enum)]
     compute: Option<ComputePath>,
+    /// Where to run: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
 }
 
-/// A cache already holding `depth` random tokens.
-fn cache(m: &LlamaModel, depth: usize, rng: &mut rand::rngs::StdRng) -> Result<LocalKv> {
-    let c = m.config();
-    let mut kv = m.local_kv(c.max_position_embeddings);
-    if depth > 0 {
-        let tokens: Vec<u32> = (0..depth).map(|_| rng.gen_range(0..c.vocab_size as u32)).collect();
-        for chunk in tokens.chunks(512) {
-            m.forward(&mut [SeqInput { tokens: chunk, kv: &mut kv, logits_from: None }])?;
+/// The engine, its model, and the depth prefix every test's prompts start with.
+struct Bench {
+    engine: Engine,
+    lm: std::sync::Arc<LoadedModel>,
+    prefix: Vec<u32>,
+    rng: rand::rngs::StdRng,
+}
+
+/// The next event that is not prompt logprobs, or why the request failed.
+fn next_output(stream: &mut RequestStream) -> Result<Event> {
+    loop {
+        match stream.blocking_next() {
+            None => bail!("the engine stopped"),
+            Some(Event::Error(e)) => bail!("{e}"),
+            Some(Event::PromptLogprobs(_)) => {}
+            Some(e) => return Ok(e),
         }
     }
-    Ok(kv)
 }
 
-fn time_pp(m: &LlamaModel, n: usize, depth: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
-    let vocab = m.config().vocab_size as u32;
-    let mut kv = cache(m, depth, rng)?;
-    let tokens: Vec<u32> = (0..n).map(|_| rng.gen_range(0..vocab)).collect();
-    let t = Instant::now();
-    m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(n - 1) }])?;
-    Ok(n as f64 / t.elapsed().as_secs_f64())
-}
-
-/// `n` decode steps of `batch` sequences in lockstep; aggregate tokens/s.
-fn time_tg(m: &LlamaModel, n: usize, depth: usize, batch: usize, rng: &mut rand::rngs::StdRng) -> Result<f64> {
-    let mut kvs = (0..batch).map(|_| cache(m, depth, rng)).collect::<Result<Vec<_>>>()?;
-    let mut toks: Vec<u32> = (0..batch).map(|_| rng.gen_range(0..m.config().vocab_size as u32)).collect();
-    let t = Instant::now();
-    for _ in 0..n {
-        let mut inputs: Vec<SeqInput<'_>> = toks
-            .iter()
-            .zip(kvs.iter_mut())
-            .map(|(tok, kv)| SeqInput { tokens: std::slice::from_ref(tok), kv, logits_from: Some(0) })
-            .collect();
-        let logits = m.forward(&mut inputs)?;
-        toks = logits.iter().map(|l| argmax(l)).collect();
+impl Bench {
+    /// Seconds each rank has spent inside collectives so far.
+    fn comm_secs(&self) -> Vec<f64> {
+        (0..self.lm.tensor_parallel_size()).map(|r| self.lm.rank(r).comm_stats().unwrap_or_default().nanos as f64 * 1e-9).collect()
     }
-    Ok((n * batch) as f64 / t.elapsed().as_secs_f64())
+
+    /// A request for the depth prefix plus `n` random tokens, generating `max_tokens` greedily.
+    fn request(&mut self, n: usize, max_tokens: usize) -> GenRequest {
+        let vocab = self.lm.model.config().vocab_size as u32;
+        let mut prompt = self.prefix.clone();
+        prompt.extend((0..n).map(|_| self.rng.gen_range(0..vocab)));
+        let mut r = GenRequest::new("bench", prompt, SamplingParams::greedy(), max_tokens);
+        r.ignore_eos = true;
+        r
+    }
+
+    /// Computes the depth prefix once, so later prompts find it in the prefix cache.
+    fn fill_prefix(&mut self) -> Result<()> {
+        if self.prefix.is_empty() {
+            return Ok(());
+        }
+        let mut r = GenRequest::new("bench-depth", self.prefix.clone(), SamplingParams::greedy(), 1);
+        r.ignore_eos = true;
+        let mut stream = self.engine.submit(r)?;
+        while !matches!(next_output(&mut stream)?, Event::Finished { .. }) {}
+        Ok(())
+    }
+
+    /// One pp test: tokens/s of an `n`-token prefill, and each rank's share of it in collectives.
+    fn pp(&mut self, n: usize) -> Result<(f64, Vec<f64>)> {
+        let req = self.request(n, 1);
+        let comm0 = self.comm_secs();
+        let t = Instant::now();
+        let mut stream = self.engine.submit(req)?;
+        next_output(&mut stream)?;
+        let secs = t.elapsed().as_secs_f64();
+        let comm = self.comm_secs().iter().zip(comm0).map(|(a, b)| (a - b) / secs).collect();
+        while !matches!(next_output(&mut stream)?, Event::Finished { .. }) {}
+        Ok((n as f64 / secs, comm))
+    }
+
+    /// One tg test: aggregate tokens/s of `n` decode steps of `batch` requests together.
+    fn tg(&mut self, n: usize, batch: usize) -> Result<(f64, Vec<f64>)> {
+        let reqs: Vec<GenRequest> = (0..batch).map(|_| self.request(1, n + 1)).collect();
+        let mut streams: Vec<RequestStream> = reqs.into_iter().map(|r| self.engine.submit(r)).collect::<Result<_, _>>()?;
+        // Every request's first token comes from the same prefill step; decoding starts then.
+        for s in &mut streams {
+            next_output(s)?;
+        }
+        let (t, comm0) = (Instant::now(), self.comm_secs());
+        for s in &mut streams {
+            while !matches!(next_output(s)?, Event::Finished { .. }) {}
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let comm = self.comm_secs().iter().zip(comm0).map(|(a, b)| (a - b) / secs).collect();
+        Ok(((n * batch) as f64 / secs, comm))
+    }
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -116,34 +162,48 @@ fn model_bytes(path: &std::path::Path) -> u64 {
 /// Runs the command.
 pub fn run(args: BenchArgs) -> Result<()> {
     let path = args.model.path()?;
-    let lm = args.model.load_parallel(args.compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy), &args.tp)?;
+    let lm = args.model.load_for(&args.tp, args.device, args.compute)?;
     let tp = lm.tensor_parallel_size();
     let file_mib = model_bytes(&path) as f64 / (1 << 20) as f64;
-    println!("model: {} ({file_mib:.1} MiB) | threads: {} | tensor-parallel ranks: {tp} | cpu: {}", path.display(), rayon::current_num_threads(), lm.caps);
+    let (d, b) = (args.depth, args.batch.max(1));
+    let pp_max = args.pp.iter().copied().max().unwrap_or(0);
+    let longest = pp_max.max(args.tg.iter().map(|n| n + 1).max().unwrap_or(0));
+    let context = lm.model.config().max_position_embeddings;
+    if d + longest > context {
+        bail!("depth {d} plus {longest} tokens exceeds the model's context of {context}");
+    }
+    let block_size = EngineConfig::default().block_size;
+    // One prefill chunk holds the longest pp prompt (plus the depth's partial block), or every
+    // tg request's first step at once.
+    let config = EngineConfig {
+        max_num_seqs: b,
+        max_num_batched_tokens: pp_max.max(b * block_size) + block_size + b,
+        max_waiting: b + 1,
+        device: args.device,
+        ..EngineConfig::default()
+    }
+    .with_pool_for(lm.model.config(), b + 1, d + longest);
+    let engine = Engine::start(lm.clone(), config).map_err(|e| anyhow!(e))?;
+    println!(
+        "model: {} ({file_mib:.1} MiB) | threads: {} | tensor-parallel ranks: {tp} | device: {} | cpu: {}",
+        path.display(),
+        rayon::current_num_threads(),
+        args.device,
+        lm.caps
+    );
     println!("| {:<13} | {:>16} | {:>14} |", "test", "t/s", "collectives");
     println!("| {:-<13} | {:->16} | {:->14} |", "", "", "");
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let vocab = lm.model.config().vocab_size as u32;
+    let prefix = (0..d).map(|_| rng.gen_range(0..vocab)).collect();
+    let mut bench = Bench { engine, lm, prefix, rng };
+    bench.fill_prefix()?;
     let tests = args.pp.iter().filter(|&&n| n > 0).map(|&n| ("pp", n)).chain(args.tg.iter().filter(|&&n| n > 0).map(|&n| ("tg", n)));
     for (kind, n) in tests {
-        let (d, b) = (args.depth, args.batch.max(1));
-        let tokens = if kind == "pp" { n } else { n * b } as f64;
-        // Every rank runs the same passes on the same random tokens; rank 0's clock is
-        // reported, and each rank's share of it spent inside collectives (all-reduce, logit
-        // gather; waiting for a slower rank counts).
-        let run = |seed: u64| -> Result<(f64, Vec<f64>)> {
-            let per_rank = lm.run_all(|m| {
-                let rng = &mut rand::rngs::StdRng::seed_from_u64(seed);
-                let before = m.comm_stats().unwrap_or_default();
-                let rate = if kind == "pp" { time_pp(m, n, d, rng) } else { time_tg(m, n, d, b, rng) }?;
-                let comm = m.comm_stats().unwrap_or_default().nanos - before.nanos;
-                Ok((rate, comm as f64 * 1e-9 * rate / tokens))
-            });
-            let per_rank = per_rank.into_iter().collect::<Result<Vec<_>>>()?;
-            Ok((per_rank[0].0, per_rank.iter().map(|r| r.1).collect()))
-        };
+        let mut run = || if kind == "pp" { bench.pp(n) } else { bench.tg(n, b) };
         // One warm-up run (page faults, thread pool start), as llama-bench does.
-        run(rng.gen())?;
-        let v = (0..args.repetitions.max(1)).map(|_| run(rng.gen())).collect::<Result<Vec<_>>>()?;
+        run()?;
+        let v = (0..args.repetitions.max(1)).map(|_| run()).collect::<Result<Vec<_>>>()?;
         let (mean, sd) = mean_std(&v.iter().map(|r| r.0).collect::<Vec<_>>());
         let share: Vec<String> = (0..tp).map(|r| format!("{:.1}%", 100.0 * v.iter().map(|x| x.1[r]).sum::<f64>() / v.len() as f64)).collect();
         let mut name = if d > 0 { format!("{kind}{n} @ d{d}") } else { format!("{kind}{n}") };
@@ -153,6 +213,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let comm = if tp > 1 { share.join(" / ") } else { "-".into() };
         println!("| {name:<13} | {mean:>9.2} ± {sd:>4.2} | {comm:>14} |");
     }
+    bench.engine.shutdown(Duration::ZERO);
     if let Some(peak) = peak_rss_mib() {
         println!("peak RSS: {peak:.1} MiB ({:.2}x the model's files)", peak / file_mib.max(1e-9));
     }

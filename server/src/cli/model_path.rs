@@ -5,6 +5,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use super::perplexity::ComputePath;
+use std::sync::Arc;
+use tessera_engine::device::Device;
 use tessera_engine::parallel::TpOptions;
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
@@ -35,6 +38,16 @@ impl ModelArg {
         }
         let opts = TpOptions { size: tp.tensor_parallel_size, cpu_bind: tp.cpu_bind.clone() };
         Ok(LoadedModel::load_parallel(&self.path()?, policy, &opts)?)
+    }
+
+    /// Loads the model for a command that runs it on `device` through the engine. `compute`
+    /// chooses the CPU's arithmetic (default: what `serve` runs); the CUDA backend has one,
+    /// f32 activations over dequantized weights (`float`), and refuses any other.
+    pub fn load_for(&self, tp: &TpArgs, device: Device, compute: Option<ComputePath>) -> Result<Arc<LoadedModel>> {
+        if matches!(device, Device::Cuda(_)) && compute.is_some_and(|c| c != ComputePath::Float) {
+            bail!("--compute chooses the CPU's arithmetic; the CUDA backend has one (float: f32 activations over dequantized weights)");
+        }
+        Ok(Arc::new(self.load_parallel(compute.map_or(LinearPolicy::DEFAULT, ComputePath::policy), tp)?))
     }
 }
 

@@ -6,8 +6,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
-use tessera_engine::kv_cache::DEFAULT_BLOCK_SIZE;
+use tessera_engine::device::Device;
 use tessera_engine::perplexity::{available_chunks, perplexity, PerplexityOptions};
 use tessera_kernels::linear::LinearPolicy;
 
@@ -53,11 +52,14 @@ pub struct PerplexityArgs {
     /// Tokens per batched forward pass (windows are batched as whole sequences, like llama.cpp's n_batch).
     #[arg(long, default_value_t = 2048)]
     batch: usize,
-    /// Arithmetic of the linear layers.
+    /// Arithmetic of the linear layers (the CUDA backend computes `float` only).
     #[arg(long, value_enum, default_value_t = ComputePath::Float)]
     compute: ComputePath,
     #[command(flatten)]
     kv: KvCacheArgs,
+    /// Where to run: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     #[command(flatten)]
     tp: TpArgs,
     /// Seed of the QJL projections and HQMQ codebooks.
@@ -71,7 +73,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         bail!("--ctx must be at least 4");
     }
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let lm = args.model.load_parallel(args.compute.policy(), &args.tp)?;
+    let lm = args.model.load_for(&args.tp, args.device, Some(args.compute))?;
     if args.ctx > lm.model.config().max_position_embeddings {
         bail!("--ctx {} exceeds the model's context {}", args.ctx, lm.model.config().max_position_embeddings);
     }
@@ -83,48 +85,33 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let n = args.chunks.unwrap_or(avail).min(avail);
     let special = lm.tokenizer.special();
     let opts = PerplexityOptions {
-        ctx: args.ctx,
         chunks: Some(n),
-        seqs_per_batch: (args.batch / args.ctx).max(1),
         bos: if special.add_bos { special.bos } else { None },
-        kv: None,
+        kv: args.kv.dtype()?,
+        kv_seed: args.kv_cache_seed,
+        device: args.device,
+        ..PerplexityOptions::new(args.ctx, (args.batch / args.ctx).max(1))
     };
-    let dtype = args.kv.dtype()?;
     let kernel = lm.model.plan().first().map(|p| p.kernel.clone()).unwrap_or_default();
-    let t0 = std::sync::Mutex::new(Instant::now());
-    // Every tensor-parallel rank runs the same passes; rank 0 reports.
-    let report = lm.run(|m| {
-        let first = m.shard().is_none_or(|s| s.rank == 0);
-        let layout = lm.kv_layout_on(m, dtype, DEFAULT_BLOCK_SIZE, args.kv_cache_seed)?;
-        if first {
-            eprintln!(
-                "perplexity: {} tokens, {n} chunks of {} (n_seq {}), compute path {:?} ({kernel}), kv cache {}, tensor-parallel ranks {}",
-                tokens.len(),
-                args.ctx,
-                opts.seqs_per_batch,
-                args.compute,
-                layout.describe(),
-                lm.tensor_parallel_size()
-            );
-            *t0.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-        }
-        let opts = PerplexityOptions { kv: Some(layout), ..opts.clone() };
-        anyhow::Ok(perplexity(m, &tokens, &opts, |r| {
-            if first {
-                print!("[{}]{:.4},", r.chunks, r.ppl());
-                let _ = std::io::stdout().flush();
-            }
-        })?)
-    })?;
-    let t0 = t0.into_inner().unwrap_or_else(|e| e.into_inner());
-    println!();
-    let secs = t0.elapsed().as_secs_f64();
-    println!("Final estimate: PPL = {:.4} +/- {:.5}", report.ppl(), report.stderr());
     eprintln!(
-        "scored {} tokens in {:.1} s ({:.1} tok/s evaluated)",
-        report.count,
-        secs,
-        (report.chunks * args.ctx) as f64 / secs
+        "perplexity: {} tokens, {n} chunks of {} (n_seq {}), compute path {:?} ({kernel}), kv cache {}, device {}, tensor-parallel ranks {}",
+        tokens.len(),
+        args.ctx,
+        opts.seqs_per_batch,
+        args.compute,
+        opts.kv,
+        args.device,
+        lm.tensor_parallel_size()
     );
+    let t0 = std::time::Instant::now();
+    let report = perplexity(lm, &tokens, &opts, |r| {
+        print!("[{}]{:.4},", r.chunks, r.ppl());
+        let _ = std::io::stdout().flush();
+    })
+    .map_err(|e| anyhow!(e))?;
+    println!();
+    println!("Final estimate: PPL = {:.4} +/- {:.5}", report.ppl(), report.stderr());
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!("scored {} tokens in {secs:.1} s ({:.1} tok/s evaluated, engine start included)", report.count, (report.chunks * args.ctx) as f64 / secs);
     Ok(())
 }

@@ -400,6 +400,7 @@ impl ServeConfig {
             max_waiting: self.max_waiting_requests,
             max_model_len: self.max_model_len,
             kv_dtype: self.kv_cache_dtype,
+            kv_seed: 0,
             device: self.device,
         }
     }
@@ -585,6 +586,7 @@ mod tests {
                 max_waiting: 2,
                 max_model_len: Some(1024),
                 kv_dtype: KvRequest { k: Some("hqmq-s96-r4".parse().unwrap()), v: Some(KvFormat::Int8) },
+                kv_seed: 0,
                 device: Device::Cuda(1),
             }
         );

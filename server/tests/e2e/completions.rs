@@ -187,8 +187,8 @@ async fn echo_logprobs_with_zero_max_tokens_scores_the_prompt_like_the_perplexit
         assert!((lp - want).abs() < 1e-3, "token {} of {}: server {lp}, forward pass {want}", i + 1, ids.len());
     }
     let ctx = ids.len();
-    let opts = PerplexityOptions { ctx, chunks: Some(1), seqs_per_batch: 1, bos: None, kv: None };
-    let report = perplexity(&lm.model, &ids, &opts, |_| {}).unwrap();
+    let opts = PerplexityOptions { chunks: Some(1), ..PerplexityOptions::new(ctx, 1) };
+    let report = perplexity(std::sync::Arc::new(lm), &ids, &opts, |_| {}).unwrap();
     let ours: f64 = exact[ctx / 2..].iter().sum();
     assert_eq!(report.count, ctx - 1 - ctx / 2);
     assert!((ours + report.nll).abs() < 1e-3 * report.count as f64, "server {ours} vs perplexity API {}", -report.nll);

@@ -2,7 +2,10 @@
 
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use tessera_engine::kv_cache::LocalKv;
+use tessera_engine::model::{LlamaModel, SeqInput};
+use tessera_engine::sample::{SamplingParams, Sampler};
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
@@ -22,9 +25,27 @@ pub fn fixture(name: &str) -> PathBuf {
 }
 
 /// The default model with the default kernel policy, loaded once per test binary.
-pub fn model() -> &'static LoadedModel {
-    static M: OnceLock<LoadedModel> = OnceLock::new();
-    M.get_or_init(|| LoadedModel::load(&default_model_path(), LinearPolicy::DEFAULT).unwrap())
+pub fn model() -> &'static Arc<LoadedModel> {
+    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
+    M.get_or_init(|| Arc::new(LoadedModel::load(&default_model_path(), LinearPolicy::DEFAULT).unwrap()))
+}
+
+/// An independent reference for the engine: `n` greedy tokens after `prompt` for one
+/// sequence in a contiguous cache of its own (`kv`), the prompt prefilled in chunks of 512
+/// tokens, then one token per forward pass.
+pub fn greedy_reference(m: &LlamaModel, mut kv: LocalKv, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut sampler = Sampler::new(SamplingParams::greedy(), prompt);
+    let mut logits = Vec::new();
+    for chunk in prompt.chunks(512) {
+        logits = m.forward(&mut [SeqInput { tokens: chunk, kv: &mut kv, logits_from: Some(chunk.len() - 1) }]).unwrap().swap_remove(0);
+    }
+    let mut ids = Vec::with_capacity(n);
+    while ids.len() < n {
+        let id = sampler.sample(&logits).id;
+        ids.push(id);
+        logits = m.forward(&mut [SeqInput { tokens: &[id], kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0);
+    }
+    ids
 }
 
 /// The default model with a given policy (separate instance).
