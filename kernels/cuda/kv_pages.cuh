@@ -1,5 +1,5 @@
 #line 2 "kv_pages.cuh"
-// KV-cache pages as the CPU codecs lay them out (kernels/src/kv/plain.rs, scaled8.rs), shared by
+// KV-cache pages as the CPU codecs lay them out (kernels/src/kv/plain/, scaled8/), shared by
 // the paged attention and KV append kernels. Included ahead of attention.cu and kv_append.cu.
 //
 // A block of the pool holds, per layer, a K region then a V region; each region is n_kv_heads
@@ -8,7 +8,7 @@
 //   fp8_e4m3 / int8:          [f32 scale, LE][head_dim bytes]   (scale = absmax / 448 or / 127)
 //   fp8_e4m3 / int8, static:  [head_dim bytes]                  (scale = the layer's k/v scale)
 
-// Format codes (Rust: kernels/src/cuda/attention.rs, `fmt_code`).
+// Format codes (Rust: each format's kernels/src/kv/<format>/cuda.rs, `KvCudaPage::code`).
 #define TS_KV_F32 0
 #define TS_KV_BF16 1
 #define TS_KV_F16 2
