@@ -8,7 +8,7 @@ use tessera_kernels::cuda::compile::{compile_cubin, include_dir};
 use tessera_kernels::cuda::{nvrtc_available, source, CudaArch};
 use tessera_kernels::linear::CUDA_SOURCES;
 
-fn nvrtc_ready() -> bool {
+pub(crate) fn nvrtc_ready() -> bool {
     let ready = nvrtc_available() && include_dir().is_ok();
     if !ready {
         assert!(
