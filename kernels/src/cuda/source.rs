@@ -34,11 +34,17 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
 
 /// Paged decode attention over the KV byte pool and its split merge ([`super::attention`]).
 /// Specialized by `HEAD_DIM` (64, 128) and the K and V page formats (`K_FMT`, `V_FMT`, the
-/// `TS_KV_*` codes of `kv_pages.cuh`). The gate compiles every format on both sides (the
+/// `TS_KV_*` codes each KV format's header declares: `kv/plain/kv_plain.cuh`,
+/// `kv/scaled8/kv_scaled8.cuh`, compiled ahead of `kv_pages.cuh`). The gate compiles every format on both sides (the
 /// diagonal) plus a few mixed pairs; any other pair compiles on first use from the same code.
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
-    code: concat!(include_str!("../../cuda/kv_pages.cuh"), include_str!("../../cuda/attention.cu")),
+    code: concat!(
+        include_str!("../kv/plain/kv_plain.cuh"),
+        include_str!("../kv/scaled8/kv_scaled8.cuh"),
+        include_str!("../../cuda/kv_pages.cuh"),
+        include_str!("../../cuda/attention.cu")
+    ),
     variants: &[
         &["HEAD_DIM=64", "K_FMT=0", "V_FMT=0"],
         &["HEAD_DIM=64", "K_FMT=1", "V_FMT=1"],
@@ -67,7 +73,12 @@ pub const ATTENTION: KernelSource = KernelSource {
 /// arguments, so one specialization serves every layer).
 pub const KV_APPEND: KernelSource = KernelSource {
     name: "kv_append.cu",
-    code: concat!(include_str!("../../cuda/kv_pages.cuh"), include_str!("../../cuda/kv_append.cu")),
+    code: concat!(
+        include_str!("../kv/plain/kv_plain.cuh"),
+        include_str!("../kv/scaled8/kv_scaled8.cuh"),
+        include_str!("../../cuda/kv_pages.cuh"),
+        include_str!("../../cuda/kv_append.cu")
+    ),
     variants: &[&[]],
     entries: &["kv_append"],
     needs_sm90a: false,

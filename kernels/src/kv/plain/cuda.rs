@@ -1,7 +1,7 @@
 //! Plain pages (f32, bf16, f16) as the CUDA kernels read and write them: `TS_KV_F32`,
-//! `TS_KV_BF16` and `TS_KV_F16` in `kernels/cuda/kv_pages.cuh`, `head_dim` values per token, no
-//! header, regions 8-byte aligned (the kernels load two values at a time). A checkpoint's
-//! static scale does not apply, as on the CPU.
+//! `TS_KV_BF16` and `TS_KV_F16`, with their record load and store, in `kv_plain.cuh` beside this
+//! file; `head_dim` values per token, no header, regions 8-byte aligned (the kernels load two
+//! values at a time). A checkpoint's static scale does not apply, as on the CPU.
 
 use super::Half16;
 use crate::kv::KvCudaPage;

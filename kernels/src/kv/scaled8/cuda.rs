@@ -1,7 +1,8 @@
 //! 8-bit pages (FP8 E4M3, int8) as the CUDA kernels read and write them: `TS_KV_FP8`,
 //! `TS_KV_INT8` (a 4-byte f32 scale before each token's `head_dim` bytes) and their static
 //! variants `TS_KV_FP8_STATIC`, `TS_KV_INT8_STATIC` (bytes only; the layer's scale is a kernel
-//! argument) in `kernels/cuda/kv_pages.cuh`; regions 4-byte aligned.
+//! argument), with their record load and store, in `kv_scaled8.cuh` beside this file; regions
+//! 4-byte aligned.
 
 use super::Byte8;
 use crate::kv::KvCudaPage;
