@@ -103,13 +103,7 @@ quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* x
                 const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * (k / 2) + (c / 32) * 16 + (off & 15));
                 const uint32_t nib = (off < 16 ? word : word >> 4) & 0x0f0f0f0fu;
                 const int wv = (int)__vsub4(nib, 0x01010101u * (uint32_t)zb);  // bytes q - z in -15..15
-#pragma unroll
-                for (int t = 0; t < TS_MT; ++t) {
-                    if (t < mt) {
-                        const uint32_t a = *reinterpret_cast<const uint32_t*>(xq + (int64_t)t * k + c);
-                        part[t] = __dp4a(wv, (int)a, part[t]);
-                    }
-                }
+                ts_dp4a_tokens<TS_MT>(part, wv, xq, k, c, mt);
             }
 #pragma unroll
             for (int t = 0; t < TS_MT; ++t) {

@@ -37,13 +37,7 @@ quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* x
             for (int t = 0; t < TS_MT; ++t) part[t] = 0;
             for (int c = c0 + 4 * lane; c < c1; c += 4 * 32) {
                 const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * k + c);
-#pragma unroll
-                for (int t = 0; t < TS_MT; ++t) {
-                    if (t < mt) {
-                        const uint32_t a = *reinterpret_cast<const uint32_t*>(xq + (int64_t)t * k + c);
-                        part[t] = __dp4a((int)word, (int)a, part[t]);
-                    }
-                }
+                ts_dp4a_tokens<TS_MT>(part, (int)word, xq, k, c, mt);
             }
 #pragma unroll
             for (int t = 0; t < TS_MT; ++t) {
