@@ -11,7 +11,7 @@
 //! token and head, or a static per-tensor scale), [`qjl`] (1-bit JL sketches of keys),
 //! [`tq3`] (TQ3_0: WHT32 + 2-bit codebook + residual signs) and [`hqmq`] (Hurwitz
 //! quaternion multiplicative quantization, optionally with Med3x outliers), one folder each.
-//! The registry is here and in [`format`]: a [`KvFormat`] variant per format, its codec
+//! The registry is here and in [`format`](mod@format): a [`KvFormat`] variant per format, its codec
 //! ([`codec`]) and its CUDA pages ([`cuda_page`], declared in the folder's `cuda.rs`).
 
 pub mod bits;

@@ -14,7 +14,10 @@
 //! W4A8), [`int8`] (W8A8 int8), [`fp8`] (W8A8 FP8). The last three share [`rowwise`], the
 //! driver for formats whose kernel multiplies a range of weight rows with activations prepared
 //! once per call ([`act`]): such a format implements [`rowwise::RowKernel`] and is a
-//! [`WeightMatrix`] through it. The recipe for a new format is in `docs/architecture.md`
+//! [`WeightMatrix`] through it. A format with a GPU kernel keeps it in its folder too: the
+//! CUDA C source (`linear_<format>.cu`) and a `cuda.rs` declaring it and implementing
+//! [`cuda::CudaFormat`], which the shared launcher ([`cuda`]) talks to; its source is one row
+//! of [`CUDA_SOURCES`]. The recipe for a new format is in `docs/architecture.md`
 //! ("Adding a weight format"); `kernels/tests/it/toy_format.rs` follows it.
 //!
 //! Every op computes each output element independently of the other tokens in the batch, so
