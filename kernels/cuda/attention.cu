@@ -25,55 +25,15 @@
 #define TS_SUBS (TS_THREADS / TS_TPT)
 #define TS_GMAX 8
 
-// TS_ELEMS values of one record starting at dim d0, as floats (scale applied). Alignment the
-// launcher guarantees: plain records 8-byte aligned, 8-bit records 4-byte aligned.
+// TS_ELEMS values of one record starting at dim d0, as floats (scale applied), by the format's
+// own load (kv/<format>/*.cuh). Alignment the launcher guarantees: plain records 8-byte aligned,
+// 8-bit records 4-byte aligned.
 template <int FMT>
 __device__ __forceinline__ void ts_load_row(const uint8_t* rec, int d0, float static_scale, float* out) {
-    if constexpr (FMT == TS_KV_F32) {
-        const float2* p = reinterpret_cast<const float2*>(rec + 4 * d0);
-#pragma unroll
-        for (int i = 0; i < TS_ELEMS / 2; i++) {
-            const float2 v = p[i];
-            out[2 * i] = v.x;
-            out[2 * i + 1] = v.y;
-        }
-    } else if constexpr (FMT == TS_KV_BF16 || FMT == TS_KV_F16) {
-        const uint2* p = reinterpret_cast<const uint2*>(rec + 2 * d0);
-#pragma unroll
-        for (int i = 0; i < TS_ELEMS / 4; i++) {
-            const uint2 w = p[i];
-            if constexpr (FMT == TS_KV_BF16) {
-                out[4 * i] = ts_bf16_lo(w.x);
-                out[4 * i + 1] = ts_bf16_hi(w.x);
-                out[4 * i + 2] = ts_bf16_lo(w.y);
-                out[4 * i + 3] = ts_bf16_hi(w.y);
-            } else {
-                out[4 * i] = ts_f16_lo(w.x);
-                out[4 * i + 1] = ts_f16_hi(w.x);
-                out[4 * i + 2] = ts_f16_lo(w.y);
-                out[4 * i + 3] = ts_f16_hi(w.y);
-            }
-        }
+    if constexpr (FMT == TS_KV_F32 || FMT == TS_KV_BF16 || FMT == TS_KV_F16) {
+        ts_kv_plain_load<FMT, TS_ELEMS>(rec, d0, out);
     } else {
-        float s = static_scale;
-        const uint8_t* e = rec;
-        if constexpr (FMT == TS_KV_FP8 || FMT == TS_KV_INT8) {
-            s = *reinterpret_cast<const float*>(rec);
-            e = rec + 4;
-        }
-        const uint32_t* p = reinterpret_cast<const uint32_t*>(e + d0);
-#pragma unroll
-        for (int i = 0; i < TS_ELEMS / 4; i++) {
-            const uint32_t w = p[i];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if constexpr (FMT == TS_KV_FP8 || FMT == TS_KV_FP8_STATIC) {
-                    out[4 * i + j] = ts_e4m3_to_f32((w >> (8 * j)) & 0xFFu) * s;
-                } else {
-                    out[4 * i + j] = ts_i8_byte(w, j) * s;
-                }
-            }
-        }
+        ts_kv_scaled8_load<FMT, TS_ELEMS>(rec, d0, static_scale, out);
     }
 }
 

@@ -6,36 +6,11 @@
 // the kernel is tiny and memory bound. Grid (tokens, n_kv_heads), 64 threads: warp 0 writes K,
 // warp 1 writes V.
 
+// One record of x in format fmt, by the format's own store (kv/<format>/*.cuh).
 __device__ __forceinline__ void ts_encode_row(const float* __restrict__ x, uint8_t* rec, int fmt,
                                               int head_dim, float static_scale, int lane) {
-    if (fmt == TS_KV_F32) {
-        float* o = reinterpret_cast<float*>(rec);
-        for (int d = lane; d < head_dim; d += TS_WARP) o[d] = x[d];
-        return;
-    }
-    if (fmt == TS_KV_BF16 || fmt == TS_KV_F16) {
-        uint16_t* o = reinterpret_cast<uint16_t*>(rec);
-        for (int d = lane; d < head_dim; d += TS_WARP)
-            o[d] = fmt == TS_KV_BF16 ? ts_f32_to_bf16_bits(x[d]) : ts_f32_to_f16_bits(x[d]);
-        return;
-    }
-    const bool fp8 = fmt == TS_KV_FP8 || fmt == TS_KV_FP8_STATIC;
-    float s = static_scale;
-    uint8_t* e = rec;
-    if (ts_kv_dynamic_scale(fmt)) {
-        // absmax as the CPU folds it: max(acc, |v|) from 0, NaN ignored (fmaxf does the same).
-        float amax = 0.0f;
-        for (int d = lane; d < head_dim; d += TS_WARP) amax = fmaxf(amax, fabsf(x[d]));
-        amax = ts_warp_max(amax);
-        s = amax > 0.0f && amax < TS_INF ? amax / (fp8 ? 448.0f : 127.0f) : 1.0f;
-        if (lane == 0) *reinterpret_cast<float*>(rec) = s;
-        e = rec + 4;
-    }
-    const float inv = 1.0f / s;
-    for (int d = lane; d < head_dim; d += TS_WARP) {
-        const float y = x[d] * inv;
-        e[d] = fp8 ? ts_f32_to_e4m3(y) : ts_f32_to_i8(y);
-    }
+    if (ts_kv_plain_encode(x, rec, fmt, head_dim, lane)) return;
+    ts_kv_scaled8_encode(x, rec, fmt, head_dim, static_scale, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(64)

@@ -21,7 +21,7 @@
 use super::device::CudaDevice;
 use super::source::{ATTENTION, KV_APPEND};
 use super::CudaError;
-use crate::kv::KvFormat;
+use crate::kv::{self, KvCudaPage, KvFormat};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Query heads one CTA serves (`TS_GMAX` in `attention.cu`); larger groups take several CTAs.
@@ -90,32 +90,14 @@ pub struct KvLayerDesc {
     v_code: u8,
 }
 
-/// The kernels' code for a format (`TS_KV_*` in `kv_pages.cuh`).
-fn fmt_code(format: KvFormat, static_scale: Option<f32>) -> Result<u8, CudaError> {
-    Ok(match (format, static_scale.is_some()) {
-        (KvFormat::F32, _) => 0,
-        (KvFormat::Bf16, _) => 1,
-        (KvFormat::F16, _) => 2,
-        (KvFormat::Fp8E4m3, false) => 3,
-        (KvFormat::Fp8E4m3, true) => 4,
-        (KvFormat::Int8, false) => 5,
-        (KvFormat::Int8, true) => 6,
-        (other, _) => {
-            return Err(CudaError::Unsupported(format!(
-                "KV-cache format {other} is not yet on CUDA (supported: f32, bf16, f16, fp8_e4m3, int8); use --device cpu or another --kv-cache-dtype"
-            )))
-        }
+/// The kernels' view of a side's pages (`TS_KV_*` in `kv_pages.cuh`), from the format's
+/// folder (`kv::cuda_page`); an error for formats not on CUDA yet.
+fn cuda_page(format: KvFormat, static_scale: Option<f32>) -> Result<KvCudaPage, CudaError> {
+    kv::cuda_page(&format, static_scale.is_some()).ok_or_else(|| {
+        CudaError::Unsupported(format!(
+            "KV-cache format {format} is not yet on CUDA (supported: f32, bf16, f16, fp8_e4m3, int8); use --device cpu or another --kv-cache-dtype"
+        ))
     })
-}
-
-/// Bytes of one token's record for format code `code` (as the CPU codecs lay pages out).
-fn record_bytes(code: u8, head_dim: usize) -> usize {
-    match code {
-        0 => 4 * head_dim,
-        1 | 2 => 2 * head_dim,
-        3 | 5 => 4 + head_dim,
-        _ => head_dim,
-    }
 }
 
 impl KvLayerDesc {
@@ -134,16 +116,15 @@ impl KvLayerDesc {
         let mut codes = [0u8; 2];
         let mut scales = [1f32; 2];
         for (i, (name, side)) in [("K", k), ("V", v)].into_iter().enumerate() {
-            let plain = matches!(side.format, KvFormat::F32 | KvFormat::Bf16 | KvFormat::F16);
-            let scale = if plain { None } else { side.static_scale };
-            let code = fmt_code(side.format, scale)?;
+            let page = cuda_page(side.format, side.static_scale)?;
+            let scale = if page.static_scale { side.static_scale } else { None };
             if let Some(s) = scale {
                 if !(s.is_finite() && s > 0.0) {
                     return Err(CudaError::Shape(format!("KV layer {name}: static scale {s} is not a positive finite number")));
                 }
                 scales[i] = s;
             }
-            let want = block_size * record_bytes(code, head_dim);
+            let want = block_size * page.record_bytes(head_dim);
             if side.page_bytes != want {
                 return Err(CudaError::Shape(format!(
                     "KV layer {name}: {} pages of {block_size} tokens x {head_dim} take {want} bytes, not {}",
@@ -154,14 +135,14 @@ impl KvLayerDesc {
             if end > block_bytes {
                 return Err(CudaError::Shape(format!("KV layer {name}: region {}..{end} overruns the {block_bytes}-byte block", side.offset)));
             }
-            let align = if plain { 8 } else { 4 };
+            let align = page.align;
             if !side.offset.is_multiple_of(align) || !block_bytes.is_multiple_of(align) {
                 return Err(CudaError::Shape(format!(
                     "KV layer {name}: {} regions need {align}-byte alignment (offset {}, block bytes {block_bytes})",
                     side.format, side.offset
                 )));
             }
-            codes[i] = code;
+            codes[i] = page.code;
         }
         let i64_of = |x: usize| i64::try_from(x).map_err(|_| CudaError::Shape(format!("KV layer: {x} bytes exceed i64")));
         let raw = KvLayerRaw {

@@ -2,8 +2,9 @@
 //!
 //! Everything CUDA is loaded dynamically, so this module builds everywhere and costs nothing
 //! on machines without a GPU:
-//! - [`source`]: the CUDA C sources (`kernels/cuda/*.cu`), each with the specializations it is
-//!   compiled in;
+//! - [`source`]: the CUDA C sources of the ops that are not weight formats (`kernels/cuda/*.cu`),
+//!   each with the specializations it is compiled in, and the [`source::KernelSource`] type the
+//!   weight formats declare theirs with (in their folders, `kernels/src/linear/<format>/`);
 //! - [`compile`]: NVRTC to CUBIN for one architecture, cached on disk;
 //! - [`device`]: one GPU (context, stream, loaded modules), opened with a clear error when the
 //!   driver or NVRTC is missing;
@@ -11,9 +12,11 @@
 //! - [`blas`]: dense f32 / bf16 GEMMs through cuBLAS, row-major;
 //! - [`attention`]: paged decode attention and KV append over the engine's KV byte pool;
 //! - `linear::cuda` (in the linear module, beside the formats that upload to it): weights in
-//!   their storage type, matmul and embedding gather over them.
+//!   their storage type, matmul and embedding gather over them, through the `CudaFormat` trait
+//!   each format implements in its folder.
 //!
-//! CI compiles every source for sm_80, sm_90 and sm_90a (`tests/it/cuda_compile.rs`); the kernel
+//! CI compiles every source ([`source::ALL`] and `linear::CUDA_SOURCES`) for sm_80, sm_90 and
+//! sm_90a (`tests/it/cuda_compile.rs`); the kernel
 //! tests (`tests/cuda_*.rs`) run on a GPU and skip, saying so, elsewhere.
 
 pub mod attention;

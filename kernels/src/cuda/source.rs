@@ -1,4 +1,7 @@
-//! The CUDA C kernel sources and the specializations each is compiled in.
+//! The CUDA C kernel sources and the specializations each is compiled in: the shared prelude,
+//! and the sources of the ops that are not weight formats (`kernels/cuda/`). Each weight
+//! format's source lives in its folder (`kernels/src/linear/<format>/`) and is declared there;
+//! `linear::CUDA_SOURCES` lists them.
 
 /// Text prepended to every source: fixed-width integer types, fp16/bf16/fp8 headers, reductions.
 pub const PRELUDE: &str = include_str!("../../cuda/prelude.cuh");
@@ -6,7 +9,9 @@ pub const PRELUDE: &str = include_str!("../../cuda/prelude.cuh");
 /// One `.cu` file: its text, the `-D` sets it is compiled with, and the entry points it defines.
 #[derive(Debug)]
 pub struct KernelSource {
-    /// File name under `kernels/cuda/`.
+    /// File name (`kernels/cuda/`, or the format's folder under `kernels/src/linear/`), unique
+    /// among the sources: it names the source in NVRTC's log, `#line`, the loaded-module table
+    /// and the disk cache.
     pub name: &'static str,
     /// CUDA C text (compiled after [`PRELUDE`]).
     pub code: &'static str,
@@ -29,11 +34,17 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
 
 /// Paged decode attention over the KV byte pool and its split merge ([`super::attention`]).
 /// Specialized by `HEAD_DIM` (64, 128) and the K and V page formats (`K_FMT`, `V_FMT`, the
-/// `TS_KV_*` codes of `kv_pages.cuh`). The gate compiles every format on both sides (the
+/// `TS_KV_*` codes each KV format's header declares: `kv/plain/kv_plain.cuh`,
+/// `kv/scaled8/kv_scaled8.cuh`, compiled ahead of `kv_pages.cuh`). The gate compiles every format on both sides (the
 /// diagonal) plus a few mixed pairs; any other pair compiles on first use from the same code.
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
-    code: concat!(include_str!("../../cuda/kv_pages.cuh"), include_str!("../../cuda/attention.cu")),
+    code: concat!(
+        include_str!("../kv/plain/kv_plain.cuh"),
+        include_str!("../kv/scaled8/kv_scaled8.cuh"),
+        include_str!("../../cuda/kv_pages.cuh"),
+        include_str!("../../cuda/attention.cu")
+    ),
     variants: &[
         &["HEAD_DIM=64", "K_FMT=0", "V_FMT=0"],
         &["HEAD_DIM=64", "K_FMT=1", "V_FMT=1"],
@@ -62,38 +73,18 @@ pub const ATTENTION: KernelSource = KernelSource {
 /// arguments, so one specialization serves every layer).
 pub const KV_APPEND: KernelSource = KernelSource {
     name: "kv_append.cu",
-    code: concat!(include_str!("../../cuda/kv_pages.cuh"), include_str!("../../cuda/kv_append.cu")),
+    code: concat!(
+        include_str!("../kv/plain/kv_plain.cuh"),
+        include_str!("../kv/scaled8/kv_scaled8.cuh"),
+        include_str!("../../cuda/kv_pages.cuh"),
+        include_str!("../../cuda/kv_append.cu")
+    ),
     variants: &[&[]],
     entries: &["kv_append"],
     needs_sm90a: false,
 };
 
-/// Matmul and embedding gather over GGUF-typed weights (`GGML_TYPE` = the GGUF type id).
-pub const LINEAR_GGML: KernelSource = KernelSource {
-    name: "linear_ggml.cu",
-    code: include_str!("../../cuda/linear_ggml.cu"),
-    variants: &[&["GGML_TYPE=0"], &["GGML_TYPE=1"], &["GGML_TYPE=30"], &["GGML_TYPE=2"], &["GGML_TYPE=3"], &["GGML_TYPE=8"]],
-    entries: &["ggml_matmul", "embedding_rows"],
-    needs_sm90a: false,
-};
-
-/// Matmul over checkpoint-quantized weights (`QKIND`: 0 W4A16, 1 W4A8, 2 W8A8 int8, 3 W8A8 FP8).
-pub const LINEAR_QUANT: KernelSource = KernelSource {
-    name: "linear_quant.cu",
-    code: include_str!("../../cuda/linear_quant.cu"),
-    variants: &[&["QKIND=0"], &["QKIND=1"], &["QKIND=2"], &["QKIND=3"]],
-    entries: &["quant_matmul"],
-    needs_sm90a: false,
-};
-
-/// Dynamic per-token activation quantization (int8, FP8 E4M3), bit-identical to `linear::act`.
-pub const ACT_QUANT: KernelSource = KernelSource {
-    name: "act_quant.cu",
-    code: include_str!("../../cuda/act_quant.cu"),
-    variants: &[&[]],
-    entries: &["quantize_int8_rows", "quantize_fp8_rows"],
-    needs_sm90a: false,
-};
-
-/// Every kernel source, for the compile gate and for ahead-of-time warm-up.
-pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND, &LINEAR_GGML, &LINEAR_QUANT, &ACT_QUANT];
+/// Every kernel source of this module (norms, attention, KV append), for the compile gate and
+/// for ahead-of-time warm-up. The weight formats' sources live in their folders under
+/// `kernels/src/linear/` and are listed by `linear::CUDA_SOURCES`.
+pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND];

@@ -10,7 +10,9 @@
 //! Formats: [`plain`] (f32, bf16, f16), [`scaled8`] (fp8 e4m3 and int8 with a scale per
 //! token and head, or a static per-tensor scale), [`qjl`] (1-bit JL sketches of keys),
 //! [`tq3`] (TQ3_0: WHT32 + 2-bit codebook + residual signs) and [`hqmq`] (Hurwitz
-//! quaternion multiplicative quantization, optionally with Med3x outliers).
+//! quaternion multiplicative quantization, optionally with Med3x outliers), one folder each.
+//! The registry is here and in [`format`](mod@format): a [`KvFormat`] variant per format, its codec
+//! ([`codec`]) and its CUDA pages ([`cuda_page`], declared in the folder's `cuda.rs`).
 
 pub mod bits;
 pub mod format;
@@ -170,6 +172,45 @@ pub fn codec(format: &KvFormat, geom: KvGeometry, role: KvRole, opts: CodecOptio
     })
 }
 
+/// How a KV format's pages look to the CUDA kernels (`kernels/cuda/kv_pages.cuh`), declared in
+/// the format's folder (`kv/<format>/cuda.rs`) and looked up by [`cuda_page`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCudaPage {
+    /// The kernels' format code (`TS_KV_*`): attention's `K_FMT` / `V_FMT` specialization and
+    /// KV append's format argument.
+    pub code: u8,
+    /// Bytes per value.
+    pub elem_bytes: usize,
+    /// Bytes before each token's values (a stored scale).
+    pub header_bytes: usize,
+    /// Whether the pages use the checkpoint's static scale (passed to the kernels) instead of
+    /// storing one per token.
+    pub static_scale: bool,
+    /// Byte alignment the kernels load a region with (its offset and the block size).
+    pub align: usize,
+}
+
+impl KvCudaPage {
+    /// Bytes of one token's record for heads of `head_dim` (as the CPU codec lays pages out).
+    pub fn record_bytes(&self, head_dim: usize) -> usize {
+        self.header_bytes + self.elem_bytes * head_dim
+    }
+}
+
+/// The CUDA page description of `format` (with the checkpoint's static scale if
+/// `static_scale`, for the formats that use one), or `None` where the CUDA kernels have no
+/// such pages yet. One row per format, beside [`codec`].
+pub fn cuda_page(format: &KvFormat, static_scale: bool) -> Option<KvCudaPage> {
+    Some(match *format {
+        KvFormat::F32 => plain::cuda::F32,
+        KvFormat::Bf16 => plain::cuda::half16(plain::Half16::Bf16),
+        KvFormat::F16 => plain::cuda::half16(plain::Half16::F16),
+        KvFormat::Fp8E4m3 => scaled8::cuda::page(scaled8::Byte8::Fp8E4m3, static_scale),
+        KvFormat::Int8 => scaled8::cuda::page(scaled8::Byte8::Int8, static_scale),
+        KvFormat::Qjl1(_) | KvFormat::Tq3_0 | KvFormat::Hqmq(_) => return None,
+    })
+}
+
 /// Shared checks every codec's tests run.
 #[cfg(test)]
 pub(crate) mod tests_support {
@@ -246,5 +287,34 @@ pub(crate) mod tests_support {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each format's CUDA pages are the bytes its CPU codec lays out, under a code of its own
+    /// (the `TS_KV_*` values of `kv_pages.cuh`).
+    #[test]
+    fn cuda_pages_match_the_codecs() {
+        let mut codes = Vec::new();
+        for format in [KvFormat::F32, KvFormat::Bf16, KvFormat::F16, KvFormat::Fp8E4m3, KvFormat::Int8] {
+            for static_scale in [false, true] {
+                let page = cuda_page(&format, static_scale).unwrap();
+                for head_dim in [64, 128] {
+                    let geom = KvGeometry { head_dim, n_kv_heads: 2 };
+                    let opts = CodecOptions { static_scale: static_scale.then_some(0.5), ..Default::default() };
+                    let c = codec(&format, geom, KvRole::Key, opts).unwrap();
+                    assert_eq!(16 * page.record_bytes(head_dim), c.page_bytes(16), "{format} static {static_scale}");
+                }
+                codes.push((page.code, format, page.static_scale));
+            }
+        }
+        codes.sort_by_key(|c| c.0);
+        codes.dedup();
+        let want: Vec<u8> = (0..=6).collect();
+        assert_eq!(codes.iter().map(|c| c.0).collect::<Vec<_>>(), want, "{codes:?}");
+        assert!(cuda_page(&KvFormat::Tq3_0, false).is_none());
     }
 }

@@ -14,7 +14,10 @@
 //! W4A8), [`int8`] (W8A8 int8), [`fp8`] (W8A8 FP8). The last three share [`rowwise`], the
 //! driver for formats whose kernel multiplies a range of weight rows with activations prepared
 //! once per call ([`act`]): such a format implements [`rowwise::RowKernel`] and is a
-//! [`WeightMatrix`] through it. The recipe for a new format is in `docs/architecture.md`
+//! [`WeightMatrix`] through it. A format with a GPU kernel keeps it in its folder too: the
+//! CUDA C source (`linear_<format>.cu`) and a `cuda.rs` declaring it and implementing
+//! [`cuda::CudaFormat`], which the shared launcher ([`cuda`]) talks to; its source is one row
+//! of [`CUDA_SOURCES`]. The recipe for a new format is in `docs/architecture.md`
 //! ("Adding a weight format"); `kernels/tests/it/toy_format.rs` follows it.
 //!
 //! Every op computes each output element independently of the other tokens in the batch, so
@@ -37,12 +40,19 @@ pub use rowwise::{Prepared, RowKernel, RowwiseLinear};
 
 use crate::cpu::caps::CpuCaps;
 use crate::cuda::device::CudaDevice;
+use crate::cuda::source::KernelSource;
 use crate::cuda::CudaError;
 use cuda::DeviceWeight;
 use std::any::Any;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
+
+/// The CUDA kernel sources of the weight formats, one row per format (each declared in its
+/// folder's `cuda.rs`), and the activation quantization they share. The NVRTC compile gate
+/// compiles every one in every specialization, beside `cuda::source::ALL`.
+pub const CUDA_SOURCES: &[&KernelSource] =
+    &[&ggml::cuda::LINEAR_GGML, &int4::cuda::LINEAR_INT4, &int8::cuda::LINEAR_INT8, &fp8::cuda::LINEAR_FP8, &cuda::ACT_QUANT];
 
 /// A weight matrix in its storage format: `rows` output features of `cols` inputs.
 pub trait WeightMatrix: Send + Sync + fmt::Debug {
@@ -72,8 +82,10 @@ pub trait WeightMatrix: Send + Sync + fmt::Debug {
     /// int4 layer may take int8 or bf16 activations). `perm` gathers input column `perm[c]`
     /// into position `c` first (act-order checkpoints); formats without it refuse one.
     fn op(self: Arc<Self>, act: ActQuant, perm: Option<Vec<u32>>, caps: &CpuCaps, policy: LinearPolicy) -> Result<Box<dyn LinearOp>, String>;
-    /// The matrix on a GPU with its CUDA kernel, for activations `act`; refused with an error
-    /// naming the format where it has no CUDA kernel.
+    /// The matrix on a GPU with its CUDA kernel, for activations `act`: the format lays out its
+    /// planes and describes its kernel ([`cuda::CudaFormat`], implemented in its folder's
+    /// `cuda.rs`) for [`DeviceWeight::from_planes`]; refused with an error naming the format
+    /// where it has no CUDA kernel.
     fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError>;
 }
 

@@ -1,13 +1,14 @@
-//! The NVRTC compile gate: every CUDA kernel source, in every specialization, compiles to CUBIN
-//! for sm_80, sm_90 and sm_90a (sources that need wgmma only for sm_90a), and defines the entry
-//! points its launcher loads. Needs NVRTC and the CUDA headers, not a GPU: `scripts/test.sh`
-//! installs both (scripts/cuda-env.sh) and sets `TESSERA_REQUIRE_NVRTC=1`, so in CI a missing
+//! The NVRTC compile gate: every CUDA kernel source (`cuda::source::ALL` and the weight
+//! formats' `linear::CUDA_SOURCES`), in every specialization, compiles to CUBIN for sm_80, sm_90
+//! and sm_90a (sources that need wgmma only for sm_90a), and defines the entry points its
+//! launcher loads. Needs NVRTC and the CUDA headers, not a GPU: `scripts/test.sh` installs both (scripts/cuda-env.sh) and sets `TESSERA_REQUIRE_NVRTC=1`, so in CI a missing
 //! NVRTC fails this test instead of skipping it.
 
 use tessera_kernels::cuda::compile::{compile_cubin, include_dir};
 use tessera_kernels::cuda::{nvrtc_available, source, CudaArch};
+use tessera_kernels::linear::CUDA_SOURCES;
 
-fn nvrtc_ready() -> bool {
+pub(crate) fn nvrtc_ready() -> bool {
     let ready = nvrtc_available() && include_dir().is_ok();
     if !ready {
         assert!(
@@ -31,7 +32,8 @@ fn every_kernel_source_compiles_for_every_gate_target() {
         return;
     }
     let mut compiled = 0;
-    for src in source::ALL {
+    // The ops' sources and every weight format's (each format's folder contributes its row).
+    for src in source::ALL.iter().chain(CUDA_SOURCES) {
         for arch in CudaArch::GATE {
             if src.needs_sm90a && !(arch.major == 9 && arch.specific) {
                 continue;

@@ -2,7 +2,9 @@
 //! and nothing else: a 2-bit format with one scale per row, written here, outside the crate,
 //! implementing [`RowKernel`] only. Without one line changed in `tessera_kernels`, it is a
 //! [`WeightMatrix`] that picks its op, runs fused with GGML and int4 layers, prints its plan,
-//! and cuts for tensor parallelism (its GPU upload, a refusal here, needs a device to call).
+//! and cuts for tensor parallelism. Its CUDA side (recipe step 3) is a [`CudaFormat`] with a
+//! kernel source of its own: the planes its upload hands over are checked, and the source
+//! compiles with NVRTC (the kernel is not run here: that needs a device).
 //!
 //! Reference: an f64 sum over the format's own scalar dequantization. Tolerance: each output
 //! is an f32 sum of `cols` products, so `cols · eps · Σ|w·x|` bounds its error against the
@@ -14,7 +16,9 @@ use std::ops::Range;
 use std::sync::Arc;
 use tessera_kernels::cpu::{CpuCaps, Isa};
 use tessera_kernels::cuda::device::CudaDevice;
-use tessera_kernels::linear::cuda::DeviceWeight;
+use cudarc::driver::{CudaViewMut, LaunchConfig, PushKernelArg};
+use tessera_kernels::cuda::source::KernelSource;
+use tessera_kernels::linear::cuda::{shape, Activations, CudaAct, CudaFormat, DevicePlanes, DeviceWeight, Dims, QuantPlanes};
 use tessera_kernels::cuda::CudaError;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::ggml::GgmlMatrix;
@@ -76,8 +80,128 @@ impl RowKernel for Int2Rows {
         "cpu.toy-int2xf32.scalar".into()
     }
 
-    fn upload(&self, _dev: &CudaDevice, _act: ActQuant) -> Result<DeviceWeight, CudaError> {
-        Err(CudaError::Shape("no CUDA kernel for int2 weights".into()))
+    fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError> {
+        if act != ActQuant::F32 {
+            return Err(CudaError::Shape(format!("no CUDA kernel for int2 weights with {} activations", act.name())));
+        }
+        DeviceWeight::from_planes(dev, self.planes())
+    }
+}
+
+impl Int2Rows {
+    /// The planes its CUDA kernel reads: one signed byte per value, one f32 scale per row.
+    fn planes(&self) -> QuantPlanes {
+        QuantPlanes {
+            format: Box::new(Int2Cuda),
+            storage: RowKernel::storage(self),
+            rows: self.rows,
+            cols: self.cols,
+            codes: self.q.iter().map(|&q| q as u8).collect(),
+            block_scales: None,
+            scales: self.scales.clone(),
+            zeros: None,
+        }
+    }
+}
+
+/// The toy's kernel: one warp per output row, f32 activations, `y = s[row] · Σ q·x`.
+static INT2_SOURCE: KernelSource = KernelSource {
+    name: "toy_int2.cu",
+    code: r#"
+#define TS_MT 8
+#define TS_WARPS 8
+extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)
+int2_matmul(const int8_t* wq, const float* ws, const float* x, float* y, int n, int k, int m) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * TS_WARPS + threadIdx.x / 32;
+    if (row >= n) return;
+    const int t0 = blockIdx.y * TS_MT;
+    const int mt = min(TS_MT, m - t0);
+    for (int t = 0; t < mt; ++t) {
+        float acc = 0.0f;
+        for (int c = lane; c < k; c += 32) acc += (float)wq[(int64_t)row * k + c] * x[(int64_t)(t0 + t) * k + c];
+        acc = ts_warp_sum(acc);
+        if (lane == 0) y[(int64_t)(t0 + t) * n + row] = acc * ws[row];
+    }
+}
+"#,
+    variants: &[&[]],
+    entries: &["int2_matmul"],
+    needs_sm90a: false,
+};
+
+/// The toy's CUDA description.
+#[derive(Debug)]
+struct Int2Cuda;
+
+impl CudaFormat for Int2Cuda {
+    fn source(&self) -> &'static KernelSource {
+        &INT2_SOURCE
+    }
+
+    fn defines(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn kernel_id(&self) -> String {
+        "cuda.toy-int2xf32".into()
+    }
+
+    fn rows_per_warp(&self) -> usize {
+        1
+    }
+
+    fn activations(&self) -> CudaAct {
+        CudaAct::F32
+    }
+
+    fn check(&self, p: &QuantPlanes) -> Result<(), CudaError> {
+        if p.codes.iter().any(|&b| !(-2..=1).contains(&(b as i8))) {
+            return Err(shape("int2 codes outside -2..=1"));
+        }
+        p.expect_lens(p.rows * p.cols, None, p.rows, None)
+    }
+
+    fn launch_matmul(
+        &self,
+        dev: &CudaDevice,
+        w: &DevicePlanes,
+        x: Activations<'_>,
+        y: &mut CudaViewMut<'_, f32>,
+        dims: Dims,
+        cfg: LaunchConfig,
+    ) -> Result<(), CudaError> {
+        let Activations::F32(x) = x else { return Err(shape("int2 takes f32 activations")) };
+        let f = dev.function(&INT2_SOURCE, &[], "int2_matmul")?;
+        let scales = w.scales.as_ref().ok_or_else(|| shape("int2 weights carry scales"))?;
+        let Dims { n, k, m } = dims;
+        let mut b = dev.stream().launch_builder(&f);
+        b.arg(&w.codes).arg(scales).arg(x).arg(y).arg(&n).arg(&k).arg(&m);
+        // SAFETY: argument types and order match `int2_matmul`; the launcher checked lengths,
+        // the planes were checked at upload.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// The toy's CUDA side from outside the crate: its planes pass its check (and bad ones do
+/// not), and its source compiles for every gate target where NVRTC is installed.
+#[test]
+fn a_format_adds_its_cuda_kernel_without_touching_the_launcher() {
+    let mut r = rng(5);
+    let w = int2(&mut r, 6, 64);
+    assert!(w.planes().check().is_ok());
+    let mut bad = w.planes();
+    bad.scales.pop();
+    assert!(bad.check().is_err());
+    let mut bad = w.planes();
+    bad.codes[3] = 7;
+    assert!(bad.check().is_err());
+    if crate::cuda_compile::nvrtc_ready() {
+        for arch in tessera_kernels::cuda::CudaArch::GATE {
+            let cubin = tessera_kernels::cuda::compile::compile_cubin(&INT2_SOURCE, &[], arch).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(&cubin[..4], b"\x7fELF");
+        }
     }
 }
 

@@ -2,10 +2,11 @@
 //! `[bh, bw]` block (DeepSeek's 128x128 `weight_scale_inv`).
 
 pub(crate) mod avx2;
+pub mod cuda;
 use crate::e4m3::{e4m3_is_nan, e4m3_to_f32};
 use crate::cpu::Isa;
 use crate::cuda::device::CudaDevice;
-use crate::linear::cuda::{DeviceWeight, Format, QuantPlanes};
+use crate::linear::cuda::{DeviceWeight, QuantPlanes};
 use crate::cuda::CudaError;
 use crate::linear::rowwise::{Prepared, RowKernel};
 use crate::linear::ActQuant;
@@ -236,11 +237,12 @@ impl RowKernel for Fp8Matrix {
         DeviceWeight::from_planes(
             dev,
             QuantPlanes {
-                format: Format::Fp8 { bh: bh.min(self.rows), bw: bw.min(self.cols) },
+                format: Box::new(cuda::Fp8Cuda { bh: bh.min(self.rows), bw: bw.min(self.cols) }),
                 storage: RowKernel::storage(self),
                 rows: self.rows,
                 cols: self.cols,
                 codes: (0..self.rows).flat_map(|r| self.row(r).iter().copied()).collect(),
+                block_scales: None,
                 scales: (0..self.rows.div_ceil(bh)).flat_map(|rb| self.row_scales(rb * bh).iter().copied()).collect(),
                 zeros: None,
             },

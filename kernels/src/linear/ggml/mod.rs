@@ -15,6 +15,7 @@
 //! A [`LinearKernel`] is selected once per layer at load and prints as a kernel id, so the
 //! per-layer plan is data.
 
+pub mod cuda;
 pub mod interleaved;
 pub mod kquant;
 mod matrix;

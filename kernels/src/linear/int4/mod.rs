@@ -8,12 +8,13 @@
 //! (0..=15). So a 16-byte load unpacks to 32 consecutive columns with one mask and one shift.
 
 pub(crate) mod avx512_bf16;
+pub mod cuda;
 
 use crate::cpu::GemmLevel;
 use crate::cpu::Isa;
 use crate::cpu::caps::CpuCaps;
 use crate::cuda::device::CudaDevice;
-use crate::linear::cuda::{DeviceWeight, Format, QuantPlanes};
+use crate::linear::cuda::{DeviceWeight, QuantPlanes};
 use crate::cuda::CudaError;
 use crate::linear::rowwise::{Prepared, RowKernel};
 use crate::linear::{ActQuant, LinearPolicy};
@@ -384,11 +385,12 @@ impl RowKernel for Int4Matrix {
         DeviceWeight::from_planes(
             dev,
             QuantPlanes {
-                format: Format::Int4 { group: self.group.min(self.cols), act },
+                format: Box::new(cuda::Int4Cuda { group: self.group.min(self.cols), int8_act: act == ActQuant::Int8PerToken }),
                 storage: RowKernel::storage(self),
                 rows: self.rows,
                 cols: self.cols,
                 codes: rows.clone().flat_map(|r| self.packed_row(r).iter().copied()).collect(),
+                block_scales: None,
                 scales: rows.clone().flat_map(|r| self.row_scales(r).iter().copied()).collect(),
                 zeros: self.has_zeros().then(|| rows.flat_map(|r| self.row_zeros(r).unwrap_or(&[]).iter().copied()).collect()),
             },

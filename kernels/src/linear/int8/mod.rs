@@ -1,9 +1,11 @@
 //! Int8 weight matrices (W8A8 int8): symmetric per-output-channel scales, row-major values.
 
+pub mod cuda;
+
 use crate::cpu::GemmLevel;
 use crate::cpu::Isa;
 use crate::cuda::device::CudaDevice;
-use crate::linear::cuda::{DeviceWeight, Format, QuantPlanes};
+use crate::linear::cuda::{DeviceWeight, QuantPlanes};
 use crate::cuda::CudaError;
 use crate::linear::rowwise::{Prepared, RowKernel};
 use crate::linear::ActQuant;
@@ -173,11 +175,12 @@ impl RowKernel for Int8Matrix {
         DeviceWeight::from_planes(
             dev,
             QuantPlanes {
-                format: Format::Int8,
+                format: Box::new(cuda::Int8Cuda),
                 storage: RowKernel::storage(self),
                 rows: self.rows,
                 cols: self.cols,
                 codes: (0..self.rows).flat_map(|r| self.row(r).iter().map(|&v| v as u8)).collect(),
+                block_scales: None,
                 scales: (0..self.rows).map(|r| self.scale(r)).collect(),
                 zeros: None,
             },

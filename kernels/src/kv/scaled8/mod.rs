@@ -4,6 +4,8 @@
 //!
 //! Record layout per token: `[scale: f32 LE, if dynamic][head_dim bytes]`.
 
+pub mod cuda;
+
 use super::{KvCodec, KvGeometry, KvPage, KvPageMut};
 use crate::e4m3::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 use std::ops::Range;

@@ -2,7 +2,7 @@
 //   y[m, N] = x[m, K] · W[N, K]ᵀ   (W never expanded to f32 in memory).
 //
 // Specialized by GGML_TYPE (the GGUF type id): 0 F32, 1 F16, 30 BF16 (row-major [N, K] as
-// stored), 2 Q4_0, 3 Q4_1, 8 Q8_0. The block types are repacked at upload (linear.rs) into two
+// stored), 2 Q4_0, 3 Q4_1, 8 Q8_0. The block types are repacked at upload (linear/ggml/cuda.rs) into two
 // planes so a block's codes are 16-byte aligned:
 //   qs: [N, K/32, QS] bytes, the block's code bytes as in the GGUF block (QS = 16 for 4-bit:
 //       byte j = code j in the low nibble, code j + 16 in the high nibble; QS = 32 for Q8_0);
@@ -19,8 +19,6 @@
 #error "GGML_TYPE must be defined"
 #endif
 
-#define TS_MT 8
-#define TS_WARPS 8
 #define TS_BLOCKED (GGML_TYPE == 2 || GGML_TYPE == 3 || GGML_TYPE == 8)
 // Rows per warp: 4 for block types (activation reuse), 1 for float types (linear/cuda.rs
 // sizes the grid to match).

@@ -1,6 +1,8 @@
 //! Uncompressed pages: f32 (the compute type) and 16-bit floats (bf16, f16), each page
 //! `tokens × head_dim` values in token order.
 
+pub mod cuda;
+
 use super::{KvCodec, KvGeometry, KvPage, KvPageMut};
 use half::{bf16, f16};
 use std::ops::Range;

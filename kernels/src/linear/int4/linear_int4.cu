@@ -1,46 +1,32 @@
-// Matmul over checkpoint-quantized weights (linear/{int4,int8,fp8} layouts, uploaded as stored):
+// Matmul over int4 checkpoint weights (linear/int4 layout, uploaded as stored):
 //   y[m, N] = x[m, K] · W[N, K]ᵀ, f32 output.
 //
-// Specialized by QKIND:
-//   0 W4A16: int4 weights, f32 activations: dequantized (q - z)·s as the CPU does, dotted in f32
+// Specialized by INT4_ACT_INT8:
+//   0 W4A16: f32 activations: dequantized (q - z)·s as the CPU does, dotted in f32
 //            (the CPU's summation order is not kept: a tolerance, not bit-equality).
-//   1 W4A8:  int4 weights, per-token int8 activations. Per group an exact int32 sum of
+//   1 W4A8:  per-token int8 activations. Per group an exact int32 sum of
 //            (q - z)·xq (dp4a), then, in group order, acc = acc + s[g]·sum and y = xs·acc in
 //            separately rounded f32 operations: the CPU's scalar epilogue operation for operation.
-//   2 W8A8 int8: int8 weights, per-token int8 activations: y = xs · (s[n] · sum), as the CPU.
-//   3 W8A8 FP8: E4M3 weights and E4M3 activation codes (per token and column block). Per column
-//            block an f32 sum of code products (exact products, summation order differs from the
-//            CPU), then acc = acc + (s_w · s_x) · part in block order.
 //
-// Layouts:
-//   int4: [N, K/2] bytes; each 32-column run is 16 bytes, byte j = (q[j] + 8) | (q[j + 16] + 8) << 4;
-//         scales f32 [N, G] and optional zero points int8 [N, G], G = ceil(K / group).
-//   int8: [N, K] int8, scales f32 [N].
-//   fp8:  [N, K] E4M3 bytes, scales f32 [ceil(N / bh), ceil(K / bw)] (bw passed as `group`).
-// K is a multiple of 32 and group (bw) a multiple of 32 or >= K.
+// Layout: [N, K/2] bytes; each 32-column run is 16 bytes, byte j = (q[j] + 8) | (q[j + 16] + 8) << 4;
+// scales f32 [N, G] and optional zero points int8 [N, G], G = ceil(K / group).
+// K is a multiple of 32 and group a multiple of 32 or >= K.
 //
 // Work split: TS_RW output rows per warp, TS_WARPS warps per CTA, up to TS_MT tokens per grid row
-// (grid = (ceil(N / (TS_WARPS * TS_RW)), ceil(m / TS_MT))).
+// (grid = (ceil(N / (TS_WARPS * TS_RW)), ceil(m / TS_MT)); linear/matmul.cuh).
 
-#ifndef QKIND
-#error "QKIND must be defined"
+#ifndef INT4_ACT_INT8
+#error "INT4_ACT_INT8 must be defined"
 #endif
 
-#define TS_MT 8
-#define TS_WARPS 8
-// Rows per warp: 4 for W4A16 (activation reuse); 1 for the integer-activation kinds, whose
-// activations are a quarter of the bytes and which need every warp for parallelism at batch 1
-// (linear/cuda.rs sizes the grid to match).
-#if QKIND == 0
+// Rows per warp: 4 for W4A16 (activation reuse); 1 for W4A8, whose activations are a quarter of
+// the bytes and which needs every warp for parallelism at batch 1 (linear/int4/cuda.rs sizes the
+// grid to match).
+#if INT4_ACT_INT8 == 0
 #define TS_RW 4
 #else
 #define TS_RW 1
 #endif
-
-__device__ __forceinline__ float ts_e4m3(uint32_t b) {
-    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
-    return __half2float(__half(h));
-}
 
 extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)
 quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* xa, const float* xs,
@@ -53,7 +39,7 @@ quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* x
     const int mt = min(TS_MT, m - t0);
     const int ng = (k + group - 1) / group;
 
-#if QKIND == 0
+#if INT4_ACT_INT8 == 0
     (void)xs;
     (void)bh;
     // Lane per 32-column run of the warp's TS_RW rows: TS_RW 16-byte weight loads in flight, values
@@ -102,88 +88,40 @@ quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* x
         float acc[TS_MT];
 #pragma unroll
         for (int t = 0; t < TS_MT; ++t) acc[t] = 0.0f;
-        // Group by group (column blocks for FP8), in order; lanes split a group into 4-column units.
+        // Group by group, in order; lanes split a group into 4-column units.
         const uint8_t* xq = reinterpret_cast<const uint8_t*>(xa) + (int64_t)t0 * k;
-#if QKIND == 3
-        const float* wsr = ws + (int64_t)(row / bh) * ng;
-#else
         (void)bh;
-#endif
         for (int g = 0; g < ng; ++g) {
             const int c0 = g * group, c1 = min(k, c0 + group);
-#if QKIND == 3
-            float part[TS_MT];
-#pragma unroll
-            for (int t = 0; t < TS_MT; ++t) part[t] = 0.0f;
-#else
             int part[TS_MT];
 #pragma unroll
             for (int t = 0; t < TS_MT; ++t) part[t] = 0;
-#endif
-#if QKIND == 1
             const int zb = 8 + (wz ? (int)wz[(int64_t)row * ng + g] : 0);  // code offset, 0..15
-#endif
             for (int c = c0 + 4 * lane; c < c1; c += 4 * 32) {
-#if QKIND == 1
                 // Columns c..c+3 sit in the low (c % 32 < 16) or high nibbles of 4 bytes of the run.
                 const int off = c % 32;
                 const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * (k / 2) + (c / 32) * 16 + (off & 15));
                 const uint32_t nib = (off < 16 ? word : word >> 4) & 0x0f0f0f0fu;
                 const int wv = (int)__vsub4(nib, 0x01010101u * (uint32_t)zb);  // bytes q - z in -15..15
-#else
-                const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * k + c);
-#endif
-#if QKIND == 3
-                const float w0 = ts_e4m3(word & 0xffu), w1 = ts_e4m3((word >> 8) & 0xffu);
-                const float w2 = ts_e4m3((word >> 16) & 0xffu), w3 = ts_e4m3(word >> 24);
-#endif
-#pragma unroll
-                for (int t = 0; t < TS_MT; ++t) {
-                    if (t < mt) {
-                        const uint32_t a = *reinterpret_cast<const uint32_t*>(xq + (int64_t)t * k + c);
-#if QKIND == 1
-                        part[t] = __dp4a(wv, (int)a, part[t]);
-#elif QKIND == 2
-                        part[t] = __dp4a((int)word, (int)a, part[t]);
-#else
-                        part[t] += w0 * ts_e4m3(a & 0xffu) + w1 * ts_e4m3((a >> 8) & 0xffu)
-                                 + w2 * ts_e4m3((a >> 16) & 0xffu) + w3 * ts_e4m3(a >> 24);
-#endif
-                    }
-                }
+                ts_dp4a_tokens<TS_MT>(part, wv, xq, k, c, mt);
             }
 #pragma unroll
             for (int t = 0; t < TS_MT; ++t) {
-#if QKIND == 3
-                const float p = ts_warp_sum(part[t]);
-                if (t < mt) {
-                    const float sx = xs[(int64_t)(t0 + t) * ng + g];
-                    acc[t] = __fadd_rn(acc[t], __fmul_rn(__fmul_rn(wsr[g], sx), p));
-                }
-#elif QKIND == 1
                 const int p = __reduce_add_sync(0xffffffffu, part[t]);
                 acc[t] = __fadd_rn(acc[t], __fmul_rn(ws[(int64_t)row * ng + g], (float)p));
-#else
-                const int p = __reduce_add_sync(0xffffffffu, part[t]);
-                acc[t] = __fmul_rn(ws[row], (float)p);
-#endif
             }
         }
 #pragma unroll
         for (int t = 0; t < TS_MT; ++t) {
             if (lane == 0 && t < mt) {
-#if QKIND == 3
-                y[(int64_t)(t0 + t) * n + row] = acc[t];
-#else
                 y[(int64_t)(t0 + t) * n + row] = __fmul_rn(xs[t0 + t], acc[t]);
-#endif
             }
         }
     }
 #endif
 }
 
-#if QKIND == 0
+#if INT4_ACT_INT8 == 0
 // Dequantization of a whole int4 matrix to f32 (`out` [n, k]): (q - z)·s per value, as the CPU's
 // dequantize_row, for the prefill path that hands large batches to cuBLAS. One thread per 8
 // values (a warp writes 1 KB contiguously); `chunks` = n·k / 8.
