@@ -115,6 +115,9 @@ impl From<SubmitError> for ApiError {
             SubmitError::QueueFull { .. } | SubmitError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
             }
+            // The engine checks prompt + max_tokens against the context, once for every
+            // endpoint; the parameter named is the one that cannot fit on its own.
+            SubmitError::TooLong { max_tokens, max_model_len, .. } if max_tokens > max_model_len => ApiError::invalid("max_tokens", message),
             SubmitError::TooLong { .. } | SubmitError::EmptyPrompt | SubmitError::TokenOutOfRange { .. } => {
                 ApiError::invalid("prompt", message)
             }
@@ -209,6 +212,9 @@ mod tests {
         assert_eq!((status, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("prompt")));
         let msg = v["error"]["message"].as_str().unwrap();
         assert!(msg.contains("8192") && msg.contains("9016") && msg.contains("9000"), "{msg}");
+        let too_many = SubmitError::TooLong { prompt: 3, max_tokens: usize::MAX, max_model_len: 8192 };
+        let (status, v, _) = body_json(too_many.into()).await;
+        assert_eq!((status, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("max_tokens")));
         let invalid = SubmitError::Invalid { param: "top_p", msg: "top_p must be in (0, 1]".into() };
         let (status, v, _) = body_json(invalid.into()).await;
         assert_eq!((status, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("top_p")));

@@ -168,9 +168,9 @@ async fn echo_logprobs_with_zero_max_tokens_scores_the_prompt_like_the_perplexit
             assert_eq!(top[token].as_f64(), lp["token_logprobs"][i].as_f64());
         }
     }
-    // Independent computations: a plain forward pass over the prompt, token by token, and the
+    // An independent computation, a plain forward pass over the prompt, token by token; and the
     // perplexity API (llama.cpp's method: one window of exactly the prompt scores tokens
-    // ctx/2+1 .. ctx-1). Both sides use the float kernels: with int8 activations a one-ulp
+    // ctx/2+1 .. ctx-1, on an engine of its own that computes only those rows' logits). Both sides use the float kernels: with int8 activations a one-ulp
     // difference in attention order (paged vs contiguous cache) can move an activation across
     // a quantization step and blur the comparison.
     let float = Server::start(&["--compute", "float"]);
@@ -188,7 +188,14 @@ async fn echo_logprobs_with_zero_max_tokens_scores_the_prompt_like_the_perplexit
     }
     let ctx = ids.len();
     let opts = PerplexityOptions { chunks: Some(1), ..PerplexityOptions::new(ctx, 1) };
-    let report = perplexity(std::sync::Arc::new(lm), &ids, &opts, |_| {}).unwrap();
+    // The perplexity API blocks on the engine's streams: off the test's async runtime.
+    let lm = std::sync::Arc::new(lm);
+    let report = tokio::task::spawn_blocking({
+        let ids = ids.clone();
+        move || perplexity(lm, &ids, &opts, |_| {}).unwrap()
+    })
+    .await
+    .unwrap();
     let ours: f64 = exact[ctx / 2..].iter().sum();
     assert_eq!(report.count, ctx - 1 - ctx / 2);
     assert!((ours + report.nll).abs() < 1e-3 * report.count as f64, "server {ours} vs perplexity API {}", -report.nll);

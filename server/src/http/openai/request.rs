@@ -128,7 +128,8 @@ impl<'de> Deserialize<'de> for StopStrings {
 /// What each endpoint decides on top of [`CommonParams`] for its requests.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestShape<'a> {
-    /// The engine's context length (no request may ask for more tokens).
+    /// The engine's context length (chat's default `max_tokens` is what the prompt leaves of it;
+    /// the engine checks prompt + `max_tokens` against it).
     pub max_model_len: usize,
     /// Top alternatives per generated token (`None`: no logprobs).
     pub logprobs: Option<usize>,
@@ -237,12 +238,6 @@ impl CommonParams {
                 (None, DefaultMaxTokens::Fixed(m)) => m,
                 (None, DefaultMaxTokens::RestOfContext) => shape.max_model_len.saturating_sub(prompt.len()).max(1),
             };
-            if max_tokens > shape.max_model_len {
-                return Err(ApiError::invalid(
-                    "max_tokens",
-                    format!("max_tokens ({max_tokens}) exceeds the model's maximum context length ({})", shape.max_model_len),
-                ));
-            }
             if min_tokens > max_tokens {
                 return Err(ApiError::invalid(
                     "min_tokens",
@@ -366,8 +361,6 @@ mod tests {
             (json!({"presence_penalty": 3.0}), "presence_penalty"),
             (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
             (json!({"min_tokens": 20, "max_tokens": 10}), "min_tokens"),
-            (json!({"max_tokens": 101}), "max_tokens"),
-            (json!({"max_tokens": usize::MAX}), "max_tokens"),
         ];
         for (body, param) in cases {
             let e = parse(body.clone()).requests("c", &[vec![1]], SHAPE).unwrap_err();
