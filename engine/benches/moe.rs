@@ -23,7 +23,7 @@ use tessera_kernels::linear::LinearPolicy;
 /// Writes the BF16 MoE model and its two experts-only quantizations; returns (name, dir).
 fn models() -> Vec<(&'static str, PathBuf)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-moe");
-    let like = ModelWeights::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    let like = ModelWeights::open(&tessera_engine::default_model::for_tests())
         .expect("default model: run scripts/fetch-default-model.sh")
         .checkpoint;
     let bf16 = root.join("bf16");

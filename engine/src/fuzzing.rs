@@ -84,22 +84,13 @@ pub fn tokenizer_decode(tok: &Tokenizer, data: &[u8]) {
     }
 }
 
-/// The default model's tokenizer (`$TESSERA_TEST_MODEL`, else `models/` at the repository
-/// root), built once.
+/// The default model's tokenizer ([`crate::default_model::for_tests`]), built once.
 pub fn default_tokenizer() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
     TOK.get_or_init(|| {
-        let weights = ModelWeights::open(&default_model_path()).expect("the default model loads");
+        let weights = ModelWeights::open(&crate::default_model::for_tests()).expect("the default model loads");
         Tokenizer::from_checkpoint(&weights.checkpoint).expect("the default model's tokenizer builds")
     })
-}
-
-/// Path of the default model: `$TESSERA_TEST_MODEL`, else
-/// `models/SmolLM2-135M-Instruct.Q4_1.gguf` at the repository root (scripts/fetch-default-model.sh).
-pub fn default_model_path() -> PathBuf {
-    std::env::var_os("TESSERA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"))
 }
 
 /// What a server does with a checkpoint after reading it: touch every tensor, build the

@@ -5,7 +5,7 @@
 //! - [`schemes`]: reading checkpoint quantization schemes (compressed-tensors, Quark, FP8, GPTQ, AWQ)
 //!   into kernel matrices ([`quantize`] writes them);
 //! - [`weights`]: a checkpoint opened for a model, its quantized layers and KV cache decoded;
-//! - [`device`]: `--device cpu | cuda[:N]`;
+//! - [`device`]: `--device cpu | cuda[:N]`; [`default_model`]: where the default model lives;
 //! - [`model`]: architectures (Llama and its MoE relatives) built from a checkpoint with a kernel per layer;
 //! - [`kv_cache`]: the paged KV cache (per-layer formats from `tessera_kernels::kv`, block pool,
 //!   cache manager with prefix caching) and the per-sequence KV seam;
@@ -27,6 +27,7 @@
 
 pub mod checkpoint;
 pub mod convert;
+pub mod default_model;
 pub mod device;
 pub mod float_dtype;
 #[doc(hidden)]

@@ -6,9 +6,6 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use tessera_engine::weights::ModelWeights;
 
-/// File name of the project's default model (fetched by `scripts/fetch-default-model.sh`).
-pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
 /// A tokenizer and the ids that are ordinary text (no added or special tokens).
 pub struct Tokens {
     inner: tokenizers::Tokenizer,
@@ -67,12 +64,12 @@ impl Tokens {
     }
 }
 
-/// `$TESSERA_MODEL`, else `models/` + [`DEFAULT_MODEL_FILE`] in this repository.
+/// `$TESSERA_MODEL`, else the project's default model ([`tessera_engine::default_model::fetched`]).
 fn default_model() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("TESSERA_MODEL") {
         return Ok(PathBuf::from(p));
     }
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("models").join(DEFAULT_MODEL_FILE);
+    let path = tessera_engine::default_model::fetched();
     if !path.exists() {
         bail!(
             "no tokenizer: pass --tokenizer or --model (the default model {} is missing; \

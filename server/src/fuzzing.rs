@@ -31,7 +31,7 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    /// The default model's, built once ([`tessera_engine::fuzzing::default_model_path`]).
+    /// The default model's, built once ([`tessera_engine::default_model::for_tests`]).
     pub fn get() -> &'static RequestContext {
         static CTX: OnceLock<RequestContext> = OnceLock::new();
         CTX.get_or_init(|| {

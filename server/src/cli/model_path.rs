@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use super::perplexity::ComputePath;
 use std::sync::Arc;
+use tessera_engine::default_model;
 use tessera_engine::device::Device;
 use tessera_engine::parallel::TpOptions;
 use tessera_engine::LoadedModel;
@@ -64,9 +65,6 @@ pub struct TpArgs {
     pub cpu_bind: Option<String>,
 }
 
-/// File name of the default model.
-pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("server/ has a parent").to_path_buf()
 }
@@ -82,8 +80,7 @@ pub fn resolve(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("TESSERA_MODEL") {
         return resolve(Some(Path::new(&p)));
     }
-    let dir = std::env::var_os("TESSERA_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("models"));
-    let path = dir.join(DEFAULT_MODEL_FILE);
+    let path = default_model::fetched();
     if path.exists() {
         return Ok(path);
     }
@@ -93,7 +90,7 @@ pub fn resolve(explicit: Option<&Path>) -> Result<PathBuf> {
     }
     eprintln!("default model missing; running {}", script.display());
     let status = Command::new(&script)
-        .env("TESSERA_MODELS_DIR", &dir)
+        .env("TESSERA_MODELS_DIR", path.parent().expect("the model path has a folder"))
         .status()
         .with_context(|| format!("running {}", script.display()))?;
     if !status.success() || !path.exists() {

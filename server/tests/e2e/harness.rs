@@ -35,10 +35,7 @@ pub fn shared() -> &'static Server {
 
 /// Path of the model the servers load (the project's default model).
 pub fn model_path() -> PathBuf {
-    match std::env::var_os("TESSERA_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    }
+    tessera_engine::default_model::for_tests()
 }
 
 /// The model's tokenizer, for checking token counts independently of the server.

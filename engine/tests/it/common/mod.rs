@@ -9,15 +9,7 @@ use tessera_engine::sample::{SamplingParams, Sampler};
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
 
-/// Path of the default model (`$TESSERA_TEST_MODEL` when set, e.g. where test binaries run on
-/// another machine); the README's test command fetches it first.
-pub fn default_model_path() -> PathBuf {
-    let p = std::env::var_os("TESSERA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(p.exists(), "default model missing: run scripts/fetch-default-model.sh (the test command does)");
-    p
-}
+pub use tessera_engine::default_model::for_tests as default_model_path;
 
 /// A fixture file's path.
 pub fn fixture(name: &str) -> PathBuf {

@@ -236,7 +236,5 @@ pub fn prompts_file(prompts: &[&str]) -> tempfile::NamedTempFile {
 
 /// The default model (the README's test command fetches it).
 pub fn default_model() -> PathBuf {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "default model missing: run scripts/fetch-default-model.sh (the test command does)");
-    p
+    tessera_engine::default_model::for_tests()
 }
