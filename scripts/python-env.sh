@@ -14,6 +14,9 @@ VENV="$ROOT/.venv-test"
 PACKAGES=("openai>=1.40" "jsonschema>=4" "vllm-router==0.1.17" "yamllint>=1.35" "kubernetes-validate>=1.31")
 IMPORTS="import openai, jsonschema, pydantic, vllm_router.launch_router, yamllint, kubernetes_validate"
 PIP_FLAGS=(--quiet --disable-pip-version-check)
+# Tests call this concurrently: one at a time, so none removes a venv another is checking.
+exec 9>"$ROOT/.venv-test.lock"
+flock 9
 if ! "$VENV/bin/python" -c "$IMPORTS" >/dev/null 2>&1; then
     rm -rf "$VENV"
     if python3 -m venv "$VENV" >/dev/null 2>&1 && "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then

@@ -223,7 +223,8 @@ impl Engine {
         &self.inner.metrics.registry
     }
 
-    /// Checks a request against the engine's limits.
+    /// Checks a request against the engine's limits: the one place every caller's request
+    /// (server, CLI, perplexity) is range-checked before anything is queued.
     fn validate(&self, req: &GenRequest) -> Result<(), SubmitError> {
         let info = &self.inner.info;
         if req.prompt.is_empty() {
@@ -233,6 +234,10 @@ impl Engine {
             return Err(SubmitError::TokenOutOfRange { id, vocab: info.vocab_size });
         }
         req.sampling.validate().map_err(|(param, msg)| SubmitError::Invalid { param, msg })?;
+        if req.min_tokens > req.max_tokens {
+            let msg = format!("min_tokens ({}) must be less than or equal to max_tokens ({})", req.min_tokens, req.max_tokens);
+            return Err(SubmitError::Invalid { param: "min_tokens", msg });
+        }
         if req.prompt_logprobs.is_some_and(|n| n > 20) {
             return Err(SubmitError::Invalid { param: "logprobs", msg: "logprobs must be in [0, 20]".into() });
         }

@@ -3,7 +3,7 @@
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread;
