@@ -4,7 +4,7 @@
 use crate::checkpoint::ModelConfig;
 use std::fmt;
 use std::sync::Arc;
-use tessera_kernels::kv::{codec, CodecOptions, HeadOffset, KvCodec, KvFormat, KvFormatError, KvGeometry, KvRole};
+use tessera_kernels::kv::{codec, CodecOptions, HeadOffset, KeyCalibration, KvCodec, KvFormat, KvFormatError, KvGeometry, KvRole};
 
 /// Tokens per block unless configured otherwise.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -236,19 +236,24 @@ impl KvLayout {
     }
 
     /// Whether keys are stored in a format that loses enough of them that centering helps
-    /// (qjl1, tq3_0, hqmq): their error grows with the key's norm, and SmolLM2's post-RoPE keys
-    /// carry a per-channel mean worth 45-70% of their energy.
+    /// (the key codec's [`KeyCalibration`]; qjl1, tq3_0, hqmq): their error grows with the
+    /// key's norm, and SmolLM2's post-RoPE keys carry a per-channel mean worth 45-70% of their
+    /// energy.
     pub fn wants_key_centers(&self) -> bool {
-        matches!(self.dtype.k, KvFormat::Qjl1(_) | KvFormat::Tq3_0 | KvFormat::Hqmq(_))
+        self.key_calibration() != KeyCalibration::None
     }
 
     /// Whether the key format spreads a key's coding error over all of a head's channels
     /// (qjl1 through its projection, tq3_0 through its WHT), so that balancing the channels
-    /// against the queries ([`KeyTransform::scales`]) lowers the error of the scores. HQMQ's
-    /// direction error stays in each 4-value chunk, where a per-channel scale cancels out;
-    /// measured with balancing, hqmq-s96-r4 gave PPL 22.67 against 22.68 without.
+    /// against the queries ([`KeyTransform::scales`]) lowers the error of the scores (HQMQ's
+    /// does not: see its codec).
     pub fn wants_key_balance(&self) -> bool {
-        matches!(self.dtype.k, KvFormat::Qjl1(_) | KvFormat::Tq3_0)
+        self.key_calibration() == KeyCalibration::CenterAndBalance
+    }
+
+    /// What the key format asks of key calibration (every layer's keys share one format).
+    fn key_calibration(&self) -> KeyCalibration {
+        self.codecs.first().map_or(KeyCalibration::None, |(k, _)| k.key_calibration())
     }
 
     /// Stores every key of layer `l` as `(k - centers[l]) / scales[l]`, channel by channel.

@@ -23,6 +23,9 @@ impl KvCodec for HeadOffset {
     fn name(&self) -> String {
         self.inner.name()
     }
+    fn key_calibration(&self) -> super::KeyCalibration {
+        self.inner.key_calibration()
+    }
     fn head_dim(&self) -> usize {
         self.inner.head_dim()
     }

@@ -79,6 +79,20 @@ pub struct KvPageMut<'a> {
     pub tokens: usize,
 }
 
+/// What calibrating the keys before storing them (`k' = (k - center) / scale` per channel,
+/// fitted on a built-in text at load) does for a key format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyCalibration {
+    /// Nothing: the format's error does not grow with the key's offset (floats, 8-bit).
+    None,
+    /// Centering: the error grows with the key's norm, and post-RoPE keys carry a
+    /// per-channel mean worth much of their energy.
+    Center,
+    /// Centering, and balancing the channels against the queries: the format spreads a
+    /// key's coding error over all of a head's channels.
+    CenterAndBalance,
+}
+
 /// A KV-cache storage format for one layer and role (K or V), all of its heads.
 ///
 /// Codecs are stateless across calls except for random state fixed at construction
@@ -88,6 +102,10 @@ pub trait KvCodec: Send + Sync {
     fn name(&self) -> String;
     /// Floats per head vector.
     fn head_dim(&self) -> usize;
+    /// What key calibration does for this format as keys (values are never calibrated).
+    fn key_calibration(&self) -> KeyCalibration {
+        KeyCalibration::None
+    }
     /// Bytes of one head's page of `tokens` slots.
     fn page_bytes(&self, tokens: usize) -> usize;
     /// Encodes `rows` (`n × head_dim`, row-major) of head `head` into slots `first..first + n`.

@@ -9,7 +9,7 @@ use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvGeometry, Kv
 use tessera_kernels::reference;
 
 /// A cache of `total` tokens in tiles of the given lengths, encoded with codecs `k`/`v`.
-struct Paged {
+pub(crate) struct Paged {
     k: Box<dyn KvCodec>,
     v: Box<dyn KvCodec>,
     /// (start, len, key pages, value pages); pages in u32 words so f32 pages are aligned.
@@ -32,6 +32,11 @@ impl Paged {
         let opts = CodecOptions { layer: 3, seed: 7, static_scale: None };
         let k = codec(&kf, geom, KvRole::Key, opts).unwrap();
         let v = codec(&vf, geom, KvRole::Value, opts).unwrap();
+        Self::with_codecs(shape, k, v, keys, values, tile_lens)
+    }
+
+    /// [`Self::new`] over codecs of any origin (the toy format's test brings its own).
+    pub(crate) fn with_codecs(shape: AttnShape, k: Box<dyn KvCodec>, v: Box<dyn KvCodec>, keys: &[f32], values: &[f32], tile_lens: &[usize]) -> Self {
         let (hd, kw) = (shape.head_dim, shape.kv_width());
         let mut tiles = Vec::new();
         let mut start = 0;
@@ -54,7 +59,7 @@ impl Paged {
         Paged { k, v, tiles }
     }
 
-    fn view(&self, shape: AttnShape) -> KvView<'_> {
+    pub(crate) fn view(&self, shape: AttnShape) -> KvView<'_> {
         let n = shape.n_kv_heads;
         let tiles = self
             .tiles
@@ -82,7 +87,7 @@ impl Paged {
     }
 
     /// Every token's keys and values as the format stores them (`total × kv_width`).
-    fn decoded(&self, shape: AttnShape) -> (Vec<f32>, Vec<f32>) {
+    pub(crate) fn decoded(&self, shape: AttnShape) -> (Vec<f32>, Vec<f32>) {
         let (hd, kw) = (shape.head_dim, shape.kv_width());
         let total: usize = self.tiles.iter().map(|t| t.1).sum();
         let (mut keys, mut values) = (vec![0f32; total * kw], vec![0f32; total * kw]);

@@ -12,3 +12,4 @@ mod kernels;
 mod quant_fp8;
 mod quant_int;
 mod toy_format;
+mod toy_kv_format;

@@ -62,7 +62,7 @@ mod quat;
 #[cfg(test)]
 mod tests;
 
-use super::{bits, CodecOptions, HqmqParams, KvCodec, KvFormat, KvGeometry, KvPage, KvPageMut, KvRole};
+use super::{bits, CodecOptions, HqmqParams, KeyCalibration, KvCodec, KvFormat, KvGeometry, KvPage, KvPageMut, KvRole};
 use half::f16;
 use quat::{best_score, haar_codebook, mul, nearest, Quat, PRIMARY};
 use rand::SeedableRng;
@@ -239,6 +239,12 @@ fn f16_saturating(v: f32) -> u16 {
 impl KvCodec for HqmqCodec {
     fn name(&self) -> String {
         KvFormat::Hqmq(self.params).to_string()
+    }
+    /// Centering only: a direction's error stays in its 4-value chunk, where a per-channel
+    /// scale cancels out (measured with balancing, hqmq-s96-r4 gave PPL 22.67 against 22.68
+    /// without).
+    fn key_calibration(&self) -> KeyCalibration {
+        KeyCalibration::Center
     }
     fn head_dim(&self) -> usize {
         self.head_dim

@@ -23,7 +23,7 @@
 //! floats. The `qjl1` format's exact sink and window keys are not in these pages: the engine
 //! keeps them per sequence and attention scores them ([`crate::attention::ExactKeys`]).
 
-use super::{CodecOptions, KvCodec, KvGeometry, KvPage, KvPageMut};
+use super::{CodecOptions, KeyCalibration, KvCodec, KvGeometry, KvPage, KvPageMut};
 use crate::cpu::Isa;
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -167,6 +167,10 @@ fn record(page: &[u8], slot: usize) -> (&[u8; SIGN_BYTES], f32) {
 impl KvCodec for QjlCodec {
     fn name(&self) -> String {
         "qjl1".into()
+    }
+    /// The projection spreads each key's error over all channels.
+    fn key_calibration(&self) -> KeyCalibration {
+        KeyCalibration::CenterAndBalance
     }
     fn head_dim(&self) -> usize {
         self.head_dim

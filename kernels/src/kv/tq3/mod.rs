@@ -23,7 +23,7 @@
 //! and scored against the rotated reconstructions of the keys (the rotation is orthogonal, so
 //! the dot products are unchanged); values are summed rotated and rotated back once per call.
 
-use super::{KvCodec, KvGeometry, KvPage, KvPageMut};
+use super::{KeyCalibration, KvCodec, KvGeometry, KvPage, KvPageMut};
 use crate::cpu::dot::{dots_f32, weighted_sum_f32};
 use half::f16;
 use std::ops::Range;
@@ -267,6 +267,10 @@ fn per_block(x: &mut [f32], f: fn(&mut [f32; BLOCK])) {
 impl KvCodec for Tq3Codec {
     fn name(&self) -> String {
         "tq3_0".into()
+    }
+    /// The WHT spreads each block's error over its 32 channels.
+    fn key_calibration(&self) -> KeyCalibration {
+        KeyCalibration::CenterAndBalance
     }
     fn head_dim(&self) -> usize {
         self.head_dim
