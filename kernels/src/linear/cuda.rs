@@ -116,13 +116,17 @@ pub trait CudaFormat: Send + Sync + fmt::Debug {
     /// compile gate).
     fn source(&self) -> &'static KernelSource;
     /// The specialization of [`CudaFormat::source`] this weight's kernels are compiled with
-    /// (`NAME=value` defines, one of the source's variants).
-    fn defines(&self) -> &'static [&'static str];
+    /// (`NAME=value` defines, one of the source's variants; default: none).
+    fn defines(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// Kernel id for plans, e.g. `cuda.ggml.q4_1`, `cuda.w4a8.int4xint8.dp4a`.
     fn kernel_id(&self) -> String;
     /// Output rows per warp of the matmul kernel (its `TS_RW`): the grid is sized by it
-    /// ([`matmul_grid`]).
-    fn rows_per_warp(&self) -> usize;
+    /// ([`matmul_grid`]; default 1).
+    fn rows_per_warp(&self) -> usize {
+        1
+    }
     /// The activations the matmul kernel takes.
     fn activations(&self) -> CudaAct;
     /// Whether [`matmul`] hands batches of [`GEMM_MIN_TOKENS`] tokens or more to

@@ -139,16 +139,8 @@ impl CudaFormat for Int2Cuda {
         &INT2_SOURCE
     }
 
-    fn defines(&self) -> &'static [&'static str] {
-        &[]
-    }
-
     fn kernel_id(&self) -> String {
         "cuda.toy-int2xf32".into()
-    }
-
-    fn rows_per_warp(&self) -> usize {
-        1
     }
 
     fn activations(&self) -> CudaAct {

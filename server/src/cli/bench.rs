@@ -70,6 +70,12 @@ fn next_output(stream: &mut RequestStream) -> Result<Event> {
     }
 }
 
+/// Reads `stream` to its end.
+fn drain(stream: &mut RequestStream) -> Result<()> {
+    while !matches!(next_output(stream)?, Event::Finished { .. }) {}
+    Ok(())
+}
+
 impl Bench {
     /// Seconds each rank has spent inside collectives so far.
     fn comm_secs(&self) -> Vec<f64> {
@@ -94,7 +100,7 @@ impl Bench {
         let mut r = GenRequest::new("bench-depth", self.prefix.clone(), SamplingParams::greedy(), 1);
         r.ignore_eos = true;
         let mut stream = self.engine.submit(r)?;
-        while !matches!(next_output(&mut stream)?, Event::Finished { .. }) {}
+        drain(&mut stream)?;
         Ok(())
     }
 
@@ -107,7 +113,7 @@ impl Bench {
         next_output(&mut stream)?;
         let secs = t.elapsed().as_secs_f64();
         let comm = self.comm_secs().iter().zip(comm0).map(|(a, b)| (a - b) / secs).collect();
-        while !matches!(next_output(&mut stream)?, Event::Finished { .. }) {}
+        drain(&mut stream)?;
         Ok((n as f64 / secs, comm))
     }
 
@@ -121,7 +127,7 @@ impl Bench {
         }
         let (t, comm0) = (Instant::now(), self.comm_secs());
         for s in &mut streams {
-            while !matches!(next_output(s)?, Event::Finished { .. }) {}
+            drain(s)?;
         }
         let secs = t.elapsed().as_secs_f64();
         let comm = self.comm_secs().iter().zip(comm0).map(|(a, b)| (a - b) / secs).collect();

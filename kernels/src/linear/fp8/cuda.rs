@@ -36,16 +36,8 @@ impl CudaFormat for Fp8Cuda {
         &LINEAR_FP8
     }
 
-    fn defines(&self) -> &'static [&'static str] {
-        &[]
-    }
-
     fn kernel_id(&self) -> String {
         "cuda.w8a8.fp8xfp8".into()
-    }
-
-    fn rows_per_warp(&self) -> usize {
-        1
     }
 
     fn activations(&self) -> CudaAct {

@@ -31,16 +31,8 @@ impl CudaFormat for Int8Cuda {
         &LINEAR_INT8
     }
 
-    fn defines(&self) -> &'static [&'static str] {
-        &[]
-    }
-
     fn kernel_id(&self) -> String {
         "cuda.w8a8.int8xint8.dp4a".into()
-    }
-
-    fn rows_per_warp(&self) -> usize {
-        1
     }
 
     fn activations(&self) -> CudaAct {
