@@ -54,6 +54,10 @@ pub enum QuantMix {
     /// `ffn_down` in the layers llama.cpp gives more bits (the first and last eighth and every
     /// third layer between).
     Q4KM,
+    /// llama.cpp's Q3_K_M: Q3_K, with Q6_K for the embedding, Q4_K for `attn_output`, `attn_v`
+    /// in Q5_K for the first two layers and Q4_K after, `ffn_down` in Q5_K for the first
+    /// sixteenth of the layers and Q4_K in the layers that get more bits.
+    Q3KM,
     /// Every matrix in one type; the tied token embedding in Q6_K unless the type is Q8_0 (what
     /// `llama-quantize` does for a tied output).
     Uniform(GgmlType),
@@ -70,6 +74,11 @@ impl QuantMix {
             (_, "token_embd") => GgmlType::Q6K,
             (QuantMix::Q4KM, "attn_v" | "ffn_down") if more_bits => GgmlType::Q6K,
             (QuantMix::Q4KM, _) => GgmlType::Q4K,
+            (QuantMix::Q3KM, "attn_v") => if layer < 2 { GgmlType::Q5K } else { GgmlType::Q4K },
+            (QuantMix::Q3KM, "attn_output") => GgmlType::Q4K,
+            (QuantMix::Q3KM, "ffn_down") if layer < layers / 16 => GgmlType::Q5K,
+            (QuantMix::Q3KM, "ffn_down") if more_bits => GgmlType::Q4K,
+            (QuantMix::Q3KM, _) => GgmlType::Q3K,
             (QuantMix::Uniform(t), _) => t,
         }
     }
@@ -78,6 +87,8 @@ impl QuantMix {
     fn file_type(self) -> u32 {
         match self {
             QuantMix::Q4KM => 15,
+            QuantMix::Q3KM => 12,
+            QuantMix::Uniform(GgmlType::Q2K) => 10,
             QuantMix::Uniform(GgmlType::Q4_0) => 2,
             QuantMix::Uniform(GgmlType::Q4_1) => 3,
             QuantMix::Uniform(GgmlType::Q8_0) => 7,

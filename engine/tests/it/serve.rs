@@ -12,6 +12,7 @@ use tessera_engine::sample::{logsumexp, SamplingParams};
 use tessera_engine::serve::{Engine, EngineConfig, Event, FinishReason, GenRequest, OutputText, StopReason, SubmitError, Usage};
 use tessera_engine::synthetic::{write_random_llama, LlamaShape, QuantMix, RandomLlamaOptions};
 use tessera_engine::LoadedModel;
+use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::LinearPolicy;
 
 fn engine(cfg: EngineConfig) -> Engine {
@@ -244,18 +245,27 @@ fn prefix_hits_and_chunking_do_not_change_results() {
 }
 
 /// The same promise for GGUF k-quants, whose integer kernels compute a token's outputs the
-/// same way at every batch size: a tiny random Llama in llama.cpp's Q4_K_M mix (Q4_K and
-/// Q6_K matrices, a Q6_K tied output) over the whole grid of the default cache format.
+/// same way at every batch size: tiny random Llamas in llama.cpp's Q4_K_M mix (Q4_K and Q6_K
+/// matrices, a Q6_K tied output), its Q3_K_M mix (Q3_K, Q4_K, Q5_K, Q6_K) and in Q2_K, over
+/// the whole grid of the default cache format.
 #[test]
 fn prefix_hits_and_chunking_do_not_change_results_with_k_quants() {
-    let path = std::env::temp_dir().join(format!("tessera-serve-q4_k_m-{}.gguf", std::process::id()));
-    let opts = RandomLlamaOptions { shape: LlamaShape::TINY, mix: QuantMix::Q4KM, embedding: None, seed: 1, tokenizer: default_model_path() };
-    write_random_llama(&opts, &path).unwrap();
-    let model = LoadedModel::load(&path, LinearPolicy::DEFAULT).unwrap();
-    std::fs::remove_file(&path).unwrap();
-    let plan: Vec<String> = model.model.plan().iter().map(|p| p.kernel.clone()).collect();
-    assert!(plan.iter().any(|k| k.starts_with("cpu.q4_kx8")) && plan.iter().any(|k| k.starts_with("cpu.q6_kx8")), "{plan:?}");
-    prefix_and_chunking_invariance(Arc::new(model), &["f32"]);
+    for (name, mix, kernels) in [
+        ("q4_k_m", QuantMix::Q4KM, &["cpu.q4_kx8", "cpu.q6_kx8"][..]),
+        ("q3_k_m", QuantMix::Q3KM, &["cpu.q3_kx8", "cpu.q4_kx8", "cpu.q5_kx8", "cpu.q6_kx8"][..]),
+        ("q2_k", QuantMix::Uniform(GgmlType::Q2K), &["cpu.q2_kx8"][..]),
+    ] {
+        let path = std::env::temp_dir().join(format!("tessera-serve-{name}-{}.gguf", std::process::id()));
+        let opts = RandomLlamaOptions { shape: LlamaShape::TINY, mix, embedding: None, seed: 1, tokenizer: default_model_path() };
+        write_random_llama(&opts, &path).unwrap();
+        let model = LoadedModel::load(&path, LinearPolicy::DEFAULT).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let plan: Vec<String> = model.model.plan().iter().map(|p| p.kernel.clone()).collect();
+        for k in kernels {
+            assert!(plan.iter().any(|p| p.starts_with(k)), "{name}: no {k} in {plan:?}");
+        }
+        prefix_and_chunking_invariance(Arc::new(model), &["f32"]);
+    }
 }
 
 /// The same promise under tensor parallelism (issue 24): the default model over two ranks,

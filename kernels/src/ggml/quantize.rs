@@ -1,4 +1,4 @@
-//! Round-to-nearest quantization of f32 rows to GGML block types (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K):
+//! Round-to-nearest quantization of f32 rows to GGML block types (Q4_0, Q4_1, Q8_0, Q2_K..Q6_K):
 //! enough to write synthetic models and test data in the formats llama.cpp ships. The
 //! search llama.cpp's `llama-quantize` does for the k-quants' scales (weighted, iterative)
 //! is not attempted: scales come straight from each sub-block's range, so the error is that
@@ -8,7 +8,17 @@ use super::types::GgmlType;
 use half::f16;
 
 /// Types [`quantize_row`] writes.
-pub const QUANTIZABLE: [GgmlType; 7] = [GgmlType::F32, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+pub const QUANTIZABLE: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
 
 /// Quantizes `x` (whole blocks of `ty`) into `out` (`ty.row_bytes(x.len())` bytes).
 ///
@@ -29,6 +39,8 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
         GgmlType::Q4K => |x, b| k4(x, b, false),
         GgmlType::Q5K => |x, b| k4(x, b, true),
         GgmlType::Q6K => q6_k,
+        GgmlType::Q3K => q3_k,
+        GgmlType::Q2K => q2_k,
         _ => panic!("no quantizer for {ty}"),
     };
     for (xb, ob) in x.chunks_exact(ty.block_size()).zip(out.chunks_exact_mut(ty.type_size())) {
@@ -146,6 +158,62 @@ fn q6_k(x: &[f32], b: &mut [u8]) {
             let (n, quarter, l) = (v / 128, (v % 128) / 32, v % 32);
             ql[n * 64 + l + (quarter & 1) * 32] |= (q & 0x0F) << (4 * (quarter / 2));
             qh[n * 32 + l] |= (q >> 4) << (2 * quarter);
+        }
+    }
+}
+
+/// Where value `v` of a super-block keeps its 2-bit code in Q2_K's and Q3_K's `qs`: byte
+/// `32 (s / 4) + l` at bit `2 (s % 4)`, for value `l` of 32-value block `s`.
+fn two_bit_at(v: usize) -> (usize, usize) {
+    let (s, l) = (v / 32, v % 32);
+    (32 * (s / 4) + l, 2 * (s % 4))
+}
+
+/// Q3_K: per 16-value sub-block a signed scale putting the value of largest magnitude at
+/// code -4 (as `q4_0`), the scales in 6 signed bits against one f16 `d`, codes -4..3 as two
+/// low bits in `qs` and a third in `hmask` (set for codes >= 0).
+fn q3_k(x: &[f32], b: &mut [u8]) {
+    let scales: [f32; 16] = std::array::from_fn(|k| x[16 * k..16 * k + 16].iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m }) / -4.0);
+    let (d, db) = h(scales.iter().fold(0f32, |m, &v| m.max(v.abs())) / 31.0);
+    b.fill(0);
+    b[108..110].copy_from_slice(&db);
+    for (k, &sk) in scales.iter().enumerate() {
+        let sc = (sk * inv(d)).round().clamp(-32.0, 31.0) as i32;
+        let u = (sc + 32) as u8;
+        b[96 + if k < 8 { k } else { k - 8 }] |= (u & 0x0F) << (4 * (k / 8));
+        b[96 + 8 + k % 4] |= (u >> 4) << (2 * (k / 4));
+        let id = inv(d * sc as f32);
+        for (v, &xv) in x.iter().enumerate().skip(16 * k).take(16) {
+            let c = ((xv * id).round().clamp(-4.0, 3.0) as i32 + 4) as u8;
+            let (byte, shift) = two_bit_at(v);
+            b[32 + byte] |= (c & 3) << shift;
+            b[v % 32] |= (c >> 2) << (v / 32);
+        }
+    }
+}
+
+/// Q2_K: per 16-value sub-block the range [min(0, lo), hi] in 3 steps, scales and mins in 4
+/// bits against f16 `d` and `dmin`, codes 0..3.
+fn q2_k(x: &[f32], b: &mut [u8]) {
+    let ranges: [(f32, f32); 16] = std::array::from_fn(|k| {
+        let (lo, hi) = x[16 * k..16 * k + 16].iter().fold((0f32, f32::NEG_INFINITY), |(l, u), &v| (l.min(v), u.max(v)));
+        ((hi - lo) / 3.0, -lo)
+    });
+    let (d, db) = h(ranges.iter().fold(0f32, |m, r| m.max(r.0)) / 15.0);
+    let (dmin, mb) = h(ranges.iter().fold(0f32, |m, r| m.max(r.1)) / 15.0);
+    b.fill(0);
+    b[80..82].copy_from_slice(&db);
+    b[82..84].copy_from_slice(&mb);
+    for (k, &(scale, min)) in ranges.iter().enumerate() {
+        let sc = (scale * inv(d)).round().clamp(0.0, 15.0) as u8;
+        let m = (min * inv(dmin)).round().clamp(0.0, 15.0) as u8;
+        b[k] = sc | (m << 4);
+        let (step, off) = (d * sc as f32, dmin * m as f32);
+        let id = inv(step);
+        for (v, &xv) in x.iter().enumerate().skip(16 * k).take(16) {
+            let c = ((xv + off) * id).round().clamp(0.0, 3.0) as u8;
+            let (byte, shift) = two_bit_at(v);
+            b[16 + byte] |= c << shift;
         }
     }
 }

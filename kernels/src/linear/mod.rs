@@ -164,11 +164,11 @@ pub fn downcast_group<'a, T: LinearOp>(group: &[(&'a dyn LinearOp, usize)]) -> V
 /// (`--compute`), applied by each format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearPolicy {
-    /// Types whose small path dequantizes rows (floats, Q2_K, Q3_K): batches of at least
+    /// Types whose small path dequantizes rows (floats): batches of at least
     /// this many tokens use the panel GEMM.
     pub gemm_min_tokens: usize,
-    /// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K, whose small path is the integer GEMM: batches of at least this many
-    /// tokens leave it for the panel GEMM. Applies where the integer GEMM is vectorized
+    /// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K..Q6_K, whose small path is the integer GEMM:
+    /// batches of at least this many tokens leave it for the panel GEMM. Applies where the integer GEMM is vectorized
     /// (AVX2); with the scalar kernel these types switch at `gemm_min_tokens`.
     pub integer_gemm_min_tokens: usize,
     /// Checkpoint layers with weight-only int4 (W4A16) quantize their activations to int8 per

@@ -6,7 +6,7 @@ use common::{assert_close, randn, random_weights, rng};
 use tessera_kernels::cpu::dot::{axpy_f32, dot_f32, dots_f32, weighted_sum_f32};
 use tessera_kernels::cpu::GemmLevel;
 use tessera_kernels::linear::ggml::interleaved::{Interleaved, GROUP};
-use tessera_kernels::linear::ggml::kquant::{Q4K_RECORD, Q5K_RECORD};
+use tessera_kernels::linear::ggml::kquant::{Q3K_RECORD, Q4K_RECORD, Q5K_RECORD};
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::ggml::act_quant::{quantize_q8, quantize_q8_with, Q8Block};
 use tessera_kernels::ggml::GgmlType;
@@ -24,8 +24,18 @@ fn simd_isas() -> Vec<Isa> {
 }
 
 /// The integer types with an interleaved layout.
-const INTEGER_TYPES: [GgmlType; 8] =
-    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+const INTEGER_TYPES: [GgmlType; 10] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
 
 /// A width of `k32` columns for 32-value types, scaled to whole 256-value super-blocks for
 /// the k-quants (the same number of blocks per row).
@@ -46,11 +56,54 @@ fn q6k_codes(b: &[u8]) -> Vec<i32> {
         .collect()
 }
 
+/// The signed 6-bit scales (-32..32) of a GGML Q3_K block's 12 packed bytes, unpacked as
+/// llama.cpp's `dequantize_row_q3_K` does (four u32 words and two masks).
+fn q3k_scales(raw: &[u8]) -> [i32; 16] {
+    let (m1, m2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+    let w = |i: usize| u32::from_le_bytes(raw[4 * i..4 * i + 4].try_into().unwrap());
+    let (a0, a1, tmp) = (w(0), w(1), w(2));
+    let aux = [(a0 & m2) | ((tmp & m1) << 4), (a1 & m2) | (((tmp >> 2) & m1) << 4), ((a0 >> 4) & m2) | (((tmp >> 4) & m1) << 4), ((a1 >> 4) & m2) | (((tmp >> 6) & m1) << 4)];
+    std::array::from_fn(|k| (aux[k / 4].to_le_bytes()[k % 4] as i8) as i32 - 32)
+}
+
+/// The reference of the Q2_K / Q3_K integer GEMM from one GGML block (84 or 110 bytes; `a`:
+/// its 8 activation blocks): value `l` of 32-value block `s` has 2-bit code
+/// `qs[32 (s / 4) + l] >> 2 (s % 4)`, Q3_K less 4 unless bit `s` of `hmask[l]` is set; per
+/// 32-value block the exact `isum = sc_0 Σ_0 q·a + sc_1 Σ_1 q·a` over its 16-value halves,
+/// `fma(isum, d * d_a, acc)`, and for Q2_K then `fma(dmin * d_a, -(m_0 Σ_0 a + m_1 Σ_1 a), acc)`.
+fn low_kquant_block_dot(ty: GgmlType, b: &[u8], a: &[Q8Block], mut acc: f32) -> f32 {
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let q3 = ty == GgmlType::Q3K;
+    let (qs, d) = if q3 { (&b[32..96], f16(&b[108..])) } else { (&b[16..80], f16(&b[80..])) };
+    let sc3 = q3.then(|| q3k_scales(&b[96..108]));
+    for (s, ab) in a.iter().enumerate() {
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for h in 0..2 {
+            let k = 2 * s + h;
+            let (sc, m) = sc3.map_or(((b[k] & 15) as i32, (b[k] >> 4) as i32), |sc| (sc[k], 0));
+            let val = |l: usize| {
+                let code = ((qs[32 * (s / 4) + l] >> (2 * (s % 4))) & 3) as i32;
+                if q3 && (b[l] >> s) & 1 == 0 { code - 4 } else { code }
+            };
+            isum += sc * (16 * h..16 * h + 16).map(|l| val(l) * ab.qs[l] as i32).sum::<i32>();
+            msum += m * ab.qs[16 * h..16 * h + 16].iter().map(|&x| x as i32).sum::<i32>();
+        }
+        acc = (isum as f32).mul_add(d * ab.d, acc);
+        if !q3 {
+            acc = (f16(&b[82..]) * ab.d).mul_add(-(msum as f32), acc);
+        }
+    }
+    acc
+}
+
 /// The reference of the k-quant integer GEMM from one GGML super-block (`a`: its 8 activation
 /// blocks), the documented operations in `linear::ggml::kquant`: per 32-value sub-block, Q4_K
 /// `fma(isum, (d * sc) * d_a, acc)` then `fma(dmin * m, -(d_a * Σa), acc)`, Q6_K the exact
 /// `sc_lo * isum_lo + sc_hi * isum_hi` then `fma(isum, d * d_a, acc)`.
 fn kquant_block_dot(ty: GgmlType, b: &[u8], a: &[Q8Block], mut acc: f32) -> f32 {
+    if matches!(ty, GgmlType::Q2K | GgmlType::Q3K) {
+        return low_kquant_block_dot(ty, b, a, acc);
+    }
     let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     for (s, ab) in a.iter().enumerate() {
         if ty != GgmlType::Q6K {
@@ -185,6 +238,7 @@ fn interleaved_rows_dequantize_like_ggml() {
             let record_extra = match ty {
                 GgmlType::Q4K => Q4K_RECORD - GROUP * 144,
                 GgmlType::Q5K => Q5K_RECORD - GROUP * 176,
+                GgmlType::Q3K => Q3K_RECORD - GROUP * 110,
                 _ => 0,
             };
             let want_bytes = rows.div_ceil(GROUP) * (GROUP * w.len() / rows + record_extra * k / 256);
@@ -457,7 +511,7 @@ fn rope_pairs_first_and_second_half() {
 }
 
 /// Matrices grouped in one call whose kernels switch paths at different lengths (Q4_1 stays
-/// on the integer GEMM, Q3_K leaves its dequantizing dot at 32 tokens) give, per segment,
+/// on the integer GEMM, F16 leaves its dequantizing dot at 32 tokens) give, per segment,
 /// exactly what each matrix gives alone on that segment.
 #[test]
 fn grouped_matrices_with_different_switch_points() {
@@ -466,12 +520,12 @@ fn grouped_matrices_with_different_switch_points() {
     let m: usize = segments.iter().sum();
     let x = randn(&mut r, m * k);
     let q41 = random_weights(&mut r, GgmlType::Q4_1, 24, k);
-    let q3k = random_weights(&mut r, GgmlType::Q3K, 16, k);
+    let f16w = random_weights(&mut r, GgmlType::F16, 16, k);
     let packed = Interleaved::pack(&WeightView::new(GgmlType::Q4_1, 24, k, &q41).unwrap()).unwrap();
-    let view3 = WeightView::new(GgmlType::Q3K, 16, k, &q3k).unwrap();
+    let view_f16 = WeightView::new(GgmlType::F16, 16, k, &f16w).unwrap();
     for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
-        let (ka, kb) = (LinearKernel::with_isa(GgmlType::Q4_1, isa, LinearPolicy::DEFAULT), LinearKernel::with_isa(GgmlType::Q3K, isa, LinearPolicy::DEFAULT));
-        let (wa, wb) = (Weight::Interleaved(&packed), Weight::Rows(view3));
+        let (ka, kb) = (LinearKernel::with_isa(GgmlType::Q4_1, isa, LinearPolicy::DEFAULT), LinearKernel::with_isa(GgmlType::F16, isa, LinearPolicy::DEFAULT));
+        let (wa, wb) = (Weight::Interleaved(&packed), Weight::Rows(view_f16));
         let ldy = 24 + 16;
         let mut y = vec![f32::NAN; m * ldy];
         tessera_kernels::linear::ggml::forward_group(&[(&ka, wa, 0), (&kb, wb, 24)], &x, &segments, &mut y, ldy);
@@ -496,8 +550,9 @@ fn grouped_matrices_with_different_switch_points() {
 /// rounding error is about a uniform half-step: RMS = step / √12 relative to the RMS input,
 /// with the step ~ range / levels: Q8_0 ~2·3/254 → 0.007, Q6_K ~2·2.5/62 → 0.023 (plus the
 /// 8-bit scale), Q5_K ~4.5/31 → 0.042, Q4_0, Q4_1 and Q4_K ~4.5/15 → 0.087 (plus the k-quants'
-/// 6-bit scales and their min at most 0). The bounds leave about 50% over those estimates;
-/// F32 is exact.
+/// 6-bit scales and their min at most 0), Q3_K ~(amax 1.8 / 4)/√12 → 0.13 (plus its 6-bit
+/// scales), Q2_K ~(range 3.5 / 3)/√12 → 0.34. The bounds leave about 50% over those estimates
+/// (20-30% for Q3_K and Q2_K, whose estimate already sits near the measurement); F32 is exact.
 #[test]
 fn quantizers_round_trip_within_rounding_error() {
     use tessera_kernels::ggml::quantize::{quantize_row, QUANTIZABLE};
@@ -516,6 +571,8 @@ fn quantizers_round_trip_within_rounding_error() {
             GgmlType::Q8_0 => 0.011,
             GgmlType::Q6K => 0.035,
             GgmlType::Q5K => 0.065,
+            GgmlType::Q3K => 0.2,
+            GgmlType::Q2K => 0.4,
             _ => 0.13,
         };
         eprintln!("{ty}: relative RMS error {rel:.4} (bound {bound})");

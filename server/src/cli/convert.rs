@@ -53,6 +53,16 @@ enum MixArg {
     /// llama.cpp's Q4_K_M mix (Q4_K, Q6_K for the embedding and some attn_v / ffn_down).
     #[value(name = "q4_k_m")]
     Q4KM,
+    /// llama.cpp's Q3_K_M mix (Q3_K; Q4_K/Q5_K for attn_output, attn_v, some ffn_down; Q6_K
+    /// embedding).
+    #[value(name = "q3_k_m")]
+    Q3KM,
+    /// Q2_K everywhere but the Q6_K embedding.
+    #[value(name = "q2_k")]
+    Q2K,
+    /// Q3_K everywhere but the Q6_K embedding.
+    #[value(name = "q3_k")]
+    Q3K,
     /// Q4_K everywhere but the Q6_K embedding.
     #[value(name = "q4_k")]
     Q4K,
@@ -233,6 +243,9 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             };
             let mix = match a.mix {
                 MixArg::Q4KM => QuantMix::Q4KM,
+                MixArg::Q3KM => QuantMix::Q3KM,
+                MixArg::Q2K => QuantMix::Uniform(GgmlType::Q2K),
+                MixArg::Q3K => QuantMix::Uniform(GgmlType::Q3K),
                 MixArg::Q4K => QuantMix::Uniform(GgmlType::Q4K),
                 MixArg::Q6K => QuantMix::Uniform(GgmlType::Q6K),
                 MixArg::Q4_0 => QuantMix::Uniform(GgmlType::Q4_0),

@@ -16,8 +16,8 @@ pub enum ComputePath {
     /// Weights dequantized to f32 panels, f32 activations (compare with llama.cpp's F16 figure).
     Float,
     /// What `serve`, `generate` and `bench` run unless told otherwise: the integer GEMM for
-    /// GGUF quantized types but Q2_K/Q3_K at every batch size, and bf16 activations for W4A16 checkpoint layers
-    /// where the CPU has the AVX-512 BF16 dot.
+    /// GGUF quantized types at every batch size, and bf16 activations for W4A16 checkpoint
+    /// layers where the CPU has the AVX-512 BF16 dot.
     Default,
     /// Activations quantized per token to 8-bit blocks, integer dots (llama.cpp's Q4_1
     /// kernels); W4A16 checkpoint layers take int8 per-token activations and the W4A8 kernel.

@@ -1,4 +1,4 @@
-//! GGML Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights regrouped eight rows at
+//! GGML Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K..Q6_K weights regrouped eight rows at
 //! a time, and the integer GEMM that multiplies them with per-token Q8 activation blocks.
 //!
 //! Layout: rows are taken in groups of [`GROUP`] (the last group zero-padded). For each group
@@ -18,7 +18,7 @@
 //! scalar, AVX2 and AVX-512 VNNI kernels perform exactly these operations, so they agree bit
 //! for bit, and a token's result never depends on which other tokens share the call.
 //!
-//! The k-quants (Q4_K, Q5_K, Q6_K) have one record per 256-value super-block, laid out and computed
+//! The k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) have one record per 256-value super-block, laid out and computed
 //! as [`super::kquant`] describes. Their activations are the same per-token blocks of 32
 //! (llama.cpp quantizes them per 256 instead, Q8_K): one quantization then serves every matrix
 //! of a fused group whatever its type (Q4_K_M files put Q4_K and Q6_K side by side in Q/K/V),
@@ -27,7 +27,7 @@
 //! hidden behind the weight stream at decode.
 
 use crate::cpu::caps::GemmLevel;
-use super::kquant;
+use super::kquant::{self, Halves};
 use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
 use crate::ggml::{GgmlType, QK_K};
 use super::WeightView;
@@ -49,7 +49,8 @@ const TILE_512: usize = 8;
 const TOKEN_BLOCK: usize = 32;
 
 
-/// A Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K matrix in the interleaved layout.
+/// A Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix in the interleaved
+/// layout.
 #[derive(Clone)]
 pub struct Interleaved {
     ty: GgmlType,
@@ -120,6 +121,8 @@ impl Record {
             GgmlType::Q4K => Some(Record::k(144, kquant::Q4K_RECORD)),
             GgmlType::Q5K => Some(Record::k(176, kquant::Q5K_RECORD)),
             GgmlType::Q6K => Some(Record::k(210, kquant::Q6K_RECORD)),
+            GgmlType::Q3K => Some(Record::k(110, kquant::Q3K_RECORD)),
+            GgmlType::Q2K => Some(Record::k(84, kquant::Q2K_RECORD)),
             _ => None,
         }
     }
@@ -171,6 +174,8 @@ impl Interleaved {
                     match w.ty {
                         GgmlType::Q4K | GgmlType::Q5K => kquant::put_k4(dst, j, src, w.ty == GgmlType::Q5K),
                         GgmlType::Q6K => kquant::put_q6k(dst, j, src),
+                        GgmlType::Q3K => kquant::put_q3k(dst, j, src),
+                        GgmlType::Q2K => kquant::put_q2k(dst, j, src),
                         _ => {
                             dst[2 * j..2 * j + 2].copy_from_slice(&src[..2]);
                             if has_min(w.ty) {
@@ -253,7 +258,9 @@ impl Interleaved {
             let d = || f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
             match self.ty {
                 GgmlType::Q4K | GgmlType::Q5K => kquant::dequant_k4(blk, j, out, self.ty == GgmlType::Q5K),
-                GgmlType::Q6K => kquant::dequant_q6k(blk, j, out),
+                GgmlType::Q6K => kquant::dequant_halves(Halves::Q6K, blk, j, out),
+                GgmlType::Q3K => kquant::dequant_halves(Halves::Q3K, blk, j, out),
+                GgmlType::Q2K => kquant::dequant_halves(Halves::Q2K, blk, j, out),
                 GgmlType::Q8_0 => {
                     let d = d();
                     out.iter_mut().enumerate().for_each(|(c, o)| *o = blk[rec.code(j, c)] as i8 as f32 * d);
@@ -320,7 +327,9 @@ impl Interleaved {
                     if rec.values == QK_K {
                         for (blk, a) in self.group(g).chunks_exact(rec.bytes).zip(acts[t * nb..(t + 1) * nb].chunks_exact(QK_K / Q8_BLOCK)) {
                             acc = match self.ty {
-                                GgmlType::Q6K => kquant::dot_q6k(blk, j, a, acc),
+                                GgmlType::Q6K => kquant::dot_halves(Halves::Q6K, blk, j, a, acc),
+                                GgmlType::Q3K => kquant::dot_halves(Halves::Q3K, blk, j, a, acc),
+                                GgmlType::Q2K => kquant::dot_halves(Halves::Q2K, blk, j, a, acc),
                                 ty => kquant::dot_k4(blk, j, a, acc, ty == GgmlType::Q5K),
                             };
                         }
@@ -353,7 +362,7 @@ impl Interleaved {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{kquant, Interleaved, GROUP, TOKEN_BLOCK};
+    use super::{kquant, Halves, Interleaved, GROUP, TOKEN_BLOCK};
     use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
     use crate::ggml::{GgmlType, QK_K};
     use std::arch::x86_64::*;
@@ -388,11 +397,12 @@ mod avx2 {
         /// As [`Records::q4`].
         unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
 
-        /// Q6_K records against T tokens, as [`Records::q4k`].
+        /// Q6_K, Q3_K or Q2_K records (`KIND` names the [`Halves`] kind) against T tokens, as
+        /// [`Records::q4k`].
         ///
         /// # Safety
         /// As [`Records::q4`].
-        unsafe fn q6k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
     }
 
     /// Calls `<$k>::$f::<n, ...>` for `n` tokens (1..=8), with const arguments `$c` after `n`.
@@ -421,7 +431,9 @@ mod avx2 {
                 GgmlType::Q5_0 => by_tokens!($k, q4, $n, [, false, true], $($arg),*),
                 GgmlType::Q4K => by_tokens!($k, q4k, $n, [, false], $($arg),*),
                 GgmlType::Q5K => by_tokens!($k, q4k, $n, [, true], $($arg),*),
-                GgmlType::Q6K => by_tokens!($k, q6k, $n, [], $($arg),*),
+                GgmlType::Q6K => by_tokens!($k, halves, $n, [, { kquant::Q6K_KIND }], $($arg),*),
+                GgmlType::Q3K => by_tokens!($k, halves, $n, [, { kquant::Q3K_KIND }], $($arg),*),
+                GgmlType::Q2K => by_tokens!($k, halves, $n, [, { kquant::Q2K_KIND }], $($arg),*),
                 _ => by_tokens!($k, q8, $n, [], $($arg),*),
             }
         };
@@ -710,52 +722,115 @@ mod avx2 {
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q6k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            const RB: usize = kquant::Q6K_RECORD;
-            let nsb = recs.len() / RB;
+        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            let kind = Halves::of(KIND);
+            let rb = kind.record();
+            let nsb = recs.len() / rb;
             let nb = nsb * SUBS;
-            let mask = _mm256_set1_epi8(0x0F);
             let mut acc = [_mm256_setzero_ps(); T];
             for sb in 0..nsb {
-                let rec = &recs[sb * RB..(sb + 1) * RB];
-                // SAFETY: a record starts with 16 bytes of scales.
+                let rec = &recs[sb * rb..(sb + 1) * rb];
+                // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
                 let d = unsafe { f16x8(rec.as_ptr()) };
+                let dmin = if kind.has_min() { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
                 for s in 0..SUBS {
-                    let at = kquant::Q6K_CODES + s * kquant::Q6K_BLOCK;
-                    let sc: [__m256i; 2] = std::array::from_fn(|h| i8x8_pairs(rec, 16 + GROUP * (2 * s + h)));
-                    let lo: [__m256i; 4] = std::array::from_fn(|i| load32(rec, at + 32 * i));
-                    let q: [[__m256i; 4]; 2] = std::array::from_fn(|h| {
-                        let hb = load32(rec, at + 128 + 32 * h);
-                        std::array::from_fn(|i| {
-                            let l = if h == 0 { lo[i] } else { _mm256_srli_epi16::<4>(lo[i]) };
-                            _mm256_or_si256(_mm256_and_si256(l, mask), high_pair(hb, i))
-                        })
-                    });
+                    let q = halves_codes(kind, rec, s);
+                    let sm: [(__m256i, __m256i); 2] = std::array::from_fn(|h| scale_min_pairs(kind, rec, kind.scales_at() + GROUP * (2 * s + h)));
                     for t in 0..T {
                         let ab = &a[t * nb + sb * SUBS + s];
-                        let mut isum = _mm256_setzero_si256();
-                        for (h, (qh, sch)) in q.iter().zip(&sc).enumerate() {
+                        let (mut isum, mut msum) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                        for (h, (qh, &(sc, m))) in q.iter().zip(&sm).enumerate() {
                             // Two chunks per i16 sum: 4 products of at most 63 * 127.
                             let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[0], bcast(ab, 4 * h)), _mm256_maddubs_epi16(qh[1], bcast(ab, 4 * h + 1)));
                             let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[2], bcast(ab, 4 * h + 2)), _mm256_maddubs_epi16(qh[3], bcast(ab, 4 * h + 3)));
-                            // The codes' offset: sc * (-16 Σa) twice, |16 Σa| <= 16 * 16 * 127 fits in i16.
                             let asum = if h == 0 { ab.sum_lo } else { ab.sum - ab.sum_lo };
-                            let bias = _mm256_madd_epi16(*sch, _mm256_set1_epi16((-16 * asum) as i16));
-                            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p01, *sch), _mm256_madd_epi16(p23, *sch)), bias));
+                            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+                            if kind.offset() != 0 {
+                                // The codes' offset: sc * (-offset / 2 * Σa) twice; |16 Σa| <= 16 * 16 * 127 fits in i16.
+                                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(sc, _mm256_set1_epi16((-kind.offset() / 2 * asum) as i16)));
+                            }
+                            if kind.has_min() {
+                                // m in the low i16 of its lane, 0 in the high one: m * Σa.
+                                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(m, _mm256_set1_epi16(asum as i16)));
+                            }
                         }
                         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), acc[t]);
+                        if kind.has_min() {
+                            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(ab.d)), _mm256_cvtepi32_ps(msum), acc[t]);
+                        }
                     }
                 }
             }
             store::<T>(&acc, dst, width);
         }
     }
+
+    /// Bits `from..` of every byte moved to bit `to` (the caller masks).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn move_bits(v: __m256i, from: i32, to: i32) -> __m256i {
+        if from >= to {
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128(from - to))
+        } else {
+            _mm256_sll_epi16(v, _mm_cvtsi32_si128(to - from))
+        }
+    }
+
+    /// The codes of 32-value block `s` of a [`Halves`] record, eight rows: half `h`, chunk `i`
+    /// (values `16h + 4i..16h + 4i + 4`, one row per 32-bit lane), unsigned.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn halves_codes(kind: Halves, rec: &[u8], s: usize) -> [[__m256i; 4]; 2] {
+        let at = kind.codes_at() + s * kind.block();
+        let (mask, three) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+        match kind {
+            Halves::Q6K => {
+                let lo: [__m256i; 4] = std::array::from_fn(|i| load32(rec, at + 32 * i));
+                std::array::from_fn(|h| {
+                    let hb = load32(rec, at + 128 + 32 * h);
+                    std::array::from_fn(|i| {
+                        let l = if h == 0 { lo[i] } else { _mm256_srli_epi16::<4>(lo[i]) };
+                        _mm256_or_si256(_mm256_and_si256(l, mask), high_pair(hb, i))
+                    })
+                })
+            }
+            _ => {
+                let third = if kind == Halves::Q3K { load32(rec, at + 64) } else { _mm256_setzero_si256() };
+                std::array::from_fn(|h| {
+                    let pairs = load32(rec, at + 32 * h);
+                    std::array::from_fn(|i| {
+                        let q = _mm256_and_si256(move_bits(pairs, 2 * i as i32, 0), three);
+                        if kind == Halves::Q3K {
+                            _mm256_or_si256(q, _mm256_and_si256(move_bits(third, (4 * h + i) as i32, 2), _mm256_set1_epi8(4)))
+                        } else {
+                            q
+                        }
+                    })
+                })
+            }
+        }
+    }
+
+    /// Eight rows' scales of one 16-value sub-block (bytes at `at`) as i16 pairs for
+    /// `vpmaddwd` (see [`i8x8_pairs`]), and for Q2_K their mins as i32 lanes (else zeros).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn scale_min_pairs(kind: Halves, rec: &[u8], at: usize) -> (__m256i, __m256i) {
+        if !kind.has_min() {
+            return (i8x8_pairs(rec, at), _mm256_setzero_si256());
+        }
+        let c: &[u8; 8] = rec[at..at + 8].try_into().expect("8 bytes");
+        // SAFETY: `c` is 8 readable bytes.
+        let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(c.as_ptr() as *const __m128i) });
+        let sc = _mm256_and_si256(v, _mm256_set1_epi32(0x0F));
+        (_mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc)), _mm256_srli_epi32::<4>(v))
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::avx2::{Records, SUBS};
-    use super::{kquant, GROUP};
+    use super::{kquant, Halves, GROUP};
     use crate::ggml::act_quant::Q8Block;
     use std::arch::x86_64::*;
 
@@ -982,47 +1057,102 @@ mod avx512 {
             store16::<T>(&acc, dst, width);
         }
 
-        /// Q6_K over two groups: unsigned 6-bit codes into `vpdpbusd`, the offset of 32 taken
-        /// off each 16-value half's sum before its scale multiplies it.
+        /// Q6_K, Q3_K or Q2_K over two groups: unsigned codes into `vpdpbusd`, each 16-value
+        /// half's sum less its offset times the activation sum, times the half's scale.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q6k<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
-            const RB: usize = kquant::Q6K_RECORD;
-            let nsb = recs.len() / (2 * RB);
+        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+            let kind = Halves::of(KIND);
+            let rb = kind.record();
+            let nsb = recs.len() / (2 * rb);
             let nb = nsb * SUBS;
-            let mask = _mm512_set1_epi8(0x0F);
             let mut acc = [_mm512_setzero_ps(); T];
             for sb in 0..nsb {
-                let (r0, r1) = (&recs[sb * RB..(sb + 1) * RB], &recs[(nsb + sb) * RB..(nsb + sb + 1) * RB]);
-                // SAFETY: a record starts with 16 bytes of scales.
+                let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
+                // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
+                let dmin = if kind.has_min() { unsafe { f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16)) } } else { _mm512_setzero_ps() };
                 for s in 0..SUBS {
-                    let at = kquant::Q6K_CODES + s * kquant::Q6K_BLOCK;
-                    let sc: [__m512i; 2] = std::array::from_fn(|h| bytes16::<true>(r0, r1, 16 + GROUP * (2 * s + h)));
-                    let lo: [__m512i; 4] = std::array::from_fn(|i| join(r0, r1, at + 32 * i));
-                    let q: [[__m512i; 4]; 2] = std::array::from_fn(|h| {
-                        let hb = join(r0, r1, at + 128 + 32 * h);
-                        std::array::from_fn(|i| {
-                            let l = if h == 0 { lo[i] } else { _mm512_srli_epi16::<4>(lo[i]) };
-                            _mm512_or_si512(_mm512_and_si512(l, mask), high_pair16(hb, i))
-                        })
+                    let q = halves_codes16(kind, r0, r1, s);
+                    let sm: [(__m512i, __m512i); 2] = std::array::from_fn(|h| {
+                        let at = kind.scales_at() + GROUP * (2 * s + h);
+                        if kind.has_min() {
+                            let v = bytes16::<false>(r0, r1, at);
+                            (_mm512_and_si512(v, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32::<4>(v))
+                        } else {
+                            (bytes16::<true>(r0, r1, at), _mm512_setzero_si512())
+                        }
                     });
                     for t in 0..T {
                         let ab = &a[t * nb + sb * SUBS + s];
-                        let mut isum = _mm512_setzero_si512();
-                        for (h, (qh, sch)) in q.iter().zip(&sc).enumerate() {
+                        let (mut isum, mut msum) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                        for (h, (qh, &(sc, m))) in q.iter().zip(&sm).enumerate() {
                             let mut u = _mm512_setzero_si512();
                             for (i, qi) in qh.iter().enumerate() {
                                 u = _mm512_dpbusd_epi32(u, *qi, bcast16(ab, 4 * h + i));
                             }
                             let asum = if h == 0 { ab.sum_lo } else { ab.sum - ab.sum_lo };
-                            let u = _mm512_sub_epi32(u, _mm512_set1_epi32(32 * asum));
-                            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(u, *sch));
+                            if kind.offset() != 0 {
+                                u = _mm512_sub_epi32(u, _mm512_set1_epi32(kind.offset() * asum));
+                            }
+                            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(u, sc));
+                            if kind.has_min() {
+                                msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(m, _mm512_set1_epi32(asum)));
+                            }
                         }
                         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(ab.d)), acc[t]);
+                        if kind.has_min() {
+                            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), _mm512_cvtepi32_ps(msum), acc[t]);
+                        }
                     }
                 }
             }
             store16::<T>(&acc, dst, width);
+        }
+    }
+
+    /// Bits `from..` of every byte moved to bit `to` (the caller masks).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn move_bits16(v: __m512i, from: i32, to: i32) -> __m512i {
+        if from >= to {
+            _mm512_srl_epi16(v, _mm_cvtsi32_si128(from - to))
+        } else {
+            _mm512_sll_epi16(v, _mm_cvtsi32_si128(to - from))
+        }
+    }
+
+    /// The codes of 32-value block `s` of two groups' [`Halves`] records: half `h`, chunk `i`,
+    /// the first group's eight rows in the low half of the register.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn halves_codes16(kind: Halves, r0: &[u8], r1: &[u8], s: usize) -> [[__m512i; 4]; 2] {
+        let at = kind.codes_at() + s * kind.block();
+        let (mask, three) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+        match kind {
+            Halves::Q6K => {
+                let lo: [__m512i; 4] = std::array::from_fn(|i| join(r0, r1, at + 32 * i));
+                std::array::from_fn(|h| {
+                    let hb = join(r0, r1, at + 128 + 32 * h);
+                    std::array::from_fn(|i| {
+                        let l = if h == 0 { lo[i] } else { _mm512_srli_epi16::<4>(lo[i]) };
+                        _mm512_or_si512(_mm512_and_si512(l, mask), high_pair16(hb, i))
+                    })
+                })
+            }
+            _ => {
+                let third = if kind == Halves::Q3K { join(r0, r1, at + 64) } else { _mm512_setzero_si512() };
+                std::array::from_fn(|h| {
+                    let pairs = join(r0, r1, at + 32 * h);
+                    std::array::from_fn(|i| {
+                        let q = _mm512_and_si512(move_bits16(pairs, 2 * i as i32, 0), three);
+                        if kind == Halves::Q3K {
+                            _mm512_or_si512(q, _mm512_and_si512(move_bits16(third, (4 * h + i) as i32, 2), _mm512_set1_epi8(4)))
+                        } else {
+                            q
+                        }
+                    })
+                })
+            }
         }
     }
 }

@@ -139,7 +139,7 @@ pub struct GgmlLinear {
 /// The weights in the layout the kernel's small path reads.
 #[derive(Debug)]
 enum GgmlWeights {
-    /// As stored (floats, Q2_K, Q3_K: the dequantizing dot).
+    /// As stored (floats: the dequantizing dot).
     Rows(Arc<GgmlMatrix>),
     /// Regrouped eight rows at a time for the integer GEMM (the stored rows are not kept).
     Interleaved(Interleaved),

@@ -2,7 +2,7 @@
 //! types and plain floats), as [`GgmlMatrix`] and its op [`GgmlLinear`].
 //!
 //! Two paths, chosen per sequence segment by its token count (see [`LinearPolicy`]):
-//! - **the small path**: for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, activations are quantized per token to
+//! - **the small path**: for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and the k-quants Q2_K..Q6_K, activations are quantized per token to
 //!   8-bit blocks of 32 (llama.cpp's activation quantization of the 32-value types) and
 //!   multiplied with the weights regrouped eight rows at a time ([`Interleaved`]) by an
 //!   integer GEMM, one scale epilogue per eight rows and one or two fmas per block; by default
@@ -72,7 +72,7 @@ impl<'a> WeightView<'a> {
 pub enum Weight<'a> {
     /// GGML rows as stored in the file (every type).
     Rows(WeightView<'a>),
-    /// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K rows regrouped for the integer GEMM.
+    /// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K..Q6_K rows regrouped for the integer GEMM.
     Interleaved(&'a Interleaved),
 }
 
@@ -197,7 +197,7 @@ impl fmt::Display for LinearKernel {
             SmallPath::Integer => {
                 let w = self.ty.name().to_lowercase();
                 // Types with mins also use the activation blocks' sums.
-                let a = if matches!(self.ty, GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K) { "q8_1" } else { "q8_0" };
+                let a = if matches!(self.ty, GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q2K | GgmlType::Q4K | GgmlType::Q5K) { "q8_1" } else { "q8_0" };
                 format!("cpu.{w}x{GROUP}*{a}.{}", GemmLevel::for_isa(self.isa).name())
             }
             SmallPath::DequantDot => format!("cpu.dequant-dot.{}.{}", self.ty.name().to_lowercase(), self.isa.name()),
