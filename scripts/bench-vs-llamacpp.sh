@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Side-by-side speed comparison with llama.cpp's llama-bench on the same GGUF file:
-# alternates the two tools ROUNDS times (default 3) so machine noise hits both equally.
-# Usage: scripts/bench-vs-llamacpp.sh /path/to/llama-bench [model.gguf] [threads]
-# llama-bench is not built by this project; point at an existing build.
+# Side-by-side speed comparison with llama.cpp's llama-bench on the same GGUF files: for each
+# round and each file, llama-bench then `tessera bench` (same prompt and generation lengths,
+# same thread count), so machine noise hits both alike. Prints each tool's pp/tg lines with the
+# load average before it; take medians over rounds (docs/benchmarks/kquants.md does).
+# Usage: scripts/bench-vs-llamacpp.sh [model.gguf ...]   (default: the project's default model)
+# Env: LLAMA_BENCH (default: built by scripts/build-llama-cpp.sh), TESSERA (default
+#      target/release/tessera), THREADS (2), ROUNDS (3), PP (512), TG (64), REPS (2).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LLAMA_BENCH="${1:?usage: $0 /path/to/llama-bench [model.gguf] [threads]}"
-MODEL="${2:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
-THREADS="${3:-2}"
-ROUNDS="${ROUNDS:-3}"
-TESSERA="$ROOT/target/release/tessera"
+LLAMA_BENCH="${LLAMA_BENCH:-$("$ROOT/scripts/build-llama-cpp.sh")/llama-bench}"
+TESSERA="${TESSERA:-$ROOT/target/release/tessera}"
 [[ -x "$TESSERA" ]] || (cd "$ROOT" && cargo build --release --locked -p tessera-server)
+THREADS="${THREADS:-2}" ROUNDS="${ROUNDS:-3}" PP="${PP:-512}" TG="${TG:-64}" REPS="${REPS:-2}"
+MODELS=("$@")
+[[ ${#MODELS[@]} -gt 0 ]] || MODELS=("$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+load() { cut -d' ' -f1 /proc/loadavg; }
 for i in $(seq 1 "$ROUNDS"); do
-    echo "== round $i: llama.cpp"
-    "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p 512 -n 128 -r 5 -o md 2>/dev/null | grep -E "pp512|tg128"
-    echo "== round $i: tessera"
-    RAYON_NUM_THREADS="$THREADS" "$TESSERA" bench --model "$MODEL" -p 512 -n 128 -r 5 | grep -E "pp512|tg128|RSS"
+    for m in "${MODELS[@]}"; do
+        name=$(basename "$m" .gguf)
+        echo "== round $i $name llama.cpp load $(load)"
+        "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" -o md 2>/dev/null | grep -E "\| +(pp|tg)[0-9]+ " | awk -F'|' '{print $(NF-2), $(NF-1)}'
+        echo "== round $i $name tessera load $(load)"
+        RAYON_NUM_THREADS="$THREADS" "$TESSERA" bench --model "$m" -p "$PP" -n "$TG" -r "$REPS" 2>/dev/null | grep -E "^\| (pp|tg)[0-9]+ " | awk -F'|' '{print $2, $3}'
+    done
 done

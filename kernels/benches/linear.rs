@@ -61,7 +61,7 @@ fn gemv_bandwidth(c: &mut Criterion) {
     let mut r = ChaCha8Rng::seed_from_u64(2);
     let mut g = c.benchmark_group("gemv_8192x2048");
     g.sample_size(10).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q2K, GgmlType::Q3K, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
         let row_bytes = ty.row_bytes(cols).unwrap();
         let count = (64usize << 20).div_ceil(rows * row_bytes) + 1;
         let mats: Vec<Interleaved> = (0..count)

@@ -915,6 +915,18 @@ mod avx512 {
         }
     }
 
+    /// [`bytes16`] (unsigned) of two adjacent sub-blocks at once: 16 bytes at `at` of each
+    /// record, the first eight bytes of both for the first sub-block, the next eight for the
+    /// second.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn bytes16x2(r0: &[u8], r1: &[u8], at: usize) -> [__m512i; 2] {
+        let (c0, c1): (&[u8; 16], &[u8; 16]) = (r0[at..at + 16].try_into().expect("16 bytes"), r1[at..at + 16].try_into().expect("16 bytes"));
+        // SAFETY: `c0` and `c1` are 16 readable bytes each.
+        let (v0, v1) = unsafe { (_mm_loadu_si128(c0.as_ptr() as *const __m128i), _mm_loadu_si128(c1.as_ptr() as *const __m128i)) };
+        [_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(v0, v1)), _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(v0, v1))]
+    }
+
     /// Bits `2i..2i + 2` of every byte of a Q6_K high-bit chunk, moved to bits 4..6.
     #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
@@ -1016,9 +1028,9 @@ mod avx512 {
             }
             store16::<T>(&acc, dst, width);
         }
-        /// Q4_K (Q5_K when `HIGH`) over two groups: a sub-block's eight code chunks of both
-        /// groups, one nibble each (and the fifth bits), against the block's eight activation
-        /// dwords.
+        /// Q4_K (Q5_K when `HIGH`) over two groups: a pair of sub-blocks at a time, whose eight
+        /// code chunks of both groups (low nibbles: the first sub-block, high: the second) are
+        /// loaded once, with the pair's scales and mins; the fifth bits per sub-block.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
         unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
             let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
@@ -1030,27 +1042,31 @@ mod avx512 {
                 let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x16(r0.as_ptr(), r1.as_ptr()), f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16))) };
-                for s in 0..SUBS {
-                    let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes16::<false>(r0, r1, 32 + GROUP * s)));
-                    let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(bytes16::<false>(r0, r1, 96 + GROUP * s)));
-                    let hb = if HIGH { join(r0, r1, kquant::Q5K_HIGH + 32 * s) } else { _mm512_setzero_si512() };
-                    let q: [__m512i; 8] = std::array::from_fn(|i| {
-                        let c = join(r0, r1, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
-                        let n = _mm512_and_si512(if s.is_multiple_of(2) { c } else { _mm512_srli_epi16::<4>(c) }, mask);
-                        if HIGH {
-                            _mm512_or_si512(n, fifth_bit16(hb, i))
-                        } else {
-                            n
+                for p in 0..SUBS / 2 {
+                    let c: [__m512i; 8] = std::array::from_fn(|i| join(r0, r1, kquant::Q4K_CODES + p * 256 + 32 * i));
+                    let (sc, mn) = (bytes16x2(r0, r1, 32 + GROUP * 2 * p), bytes16x2(r0, r1, 96 + GROUP * 2 * p));
+                    for (k, (sc, mn)) in sc.into_iter().zip(mn).enumerate() {
+                        let s = 2 * p + k;
+                        let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+                        let dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn));
+                        let hb = if HIGH { join(r0, r1, kquant::Q5K_HIGH + 32 * s) } else { _mm512_setzero_si512() };
+                        let q: [__m512i; 8] = std::array::from_fn(|i| {
+                            let n = _mm512_and_si512(if k == 0 { c[i] } else { _mm512_srli_epi16::<4>(c[i]) }, mask);
+                            if HIGH {
+                                _mm512_or_si512(n, fifth_bit16(hb, i))
+                            } else {
+                                n
+                            }
+                        });
+                        for t in 0..T {
+                            let ab = &a[t * nb + sb * SUBS + s];
+                            let mut isum = _mm512_setzero_si512();
+                            for (i, qi) in q.iter().enumerate() {
+                                isum = _mm512_dpbusd_epi32(isum, *qi, bcast16(ab, i));
+                            }
+                            let acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, _mm512_set1_ps(ab.d)), acc[t]);
+                            acc[t] = _mm512_fmadd_ps(dm, _mm512_set1_ps(-(ab.d * ab.sum as f32)), acc1);
                         }
-                    });
-                    for t in 0..T {
-                        let ab = &a[t * nb + sb * SUBS + s];
-                        let mut isum = _mm512_setzero_si512();
-                        for (i, qi) in q.iter().enumerate() {
-                            isum = _mm512_dpbusd_epi32(isum, *qi, bcast16(ab, i));
-                        }
-                        let acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, _mm512_set1_ps(ab.d)), acc[t]);
-                        acc[t] = _mm512_fmadd_ps(dm, _mm512_set1_ps(-(ab.d * ab.sum as f32)), acc1);
                     }
                 }
             }
