@@ -900,31 +900,21 @@ mod avx512 {
         }
     }
 
-    /// Eight bytes at `at` of each of two records, sixteen rows' scales or mins, as i32 lanes
-    /// (zero- or sign-extended).
+    /// Sixteen rows' scales or mins of two adjacent sub-blocks as i32 lanes (zero- or
+    /// sign-extended): 16 bytes at `at` of each record, the first eight bytes of both for the
+    /// first sub-block, the next eight for the second.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn bytes16<const SIGNED: bool>(r0: &[u8], r1: &[u8], at: usize) -> __m512i {
-        let (c0, c1): (&[u8; 8], &[u8; 8]) = (r0[at..at + 8].try_into().expect("8 bytes"), r1[at..at + 8].try_into().expect("8 bytes"));
-        // SAFETY: `c0` and `c1` are 8 readable bytes each.
-        let v = unsafe { _mm_unpacklo_epi64(_mm_loadl_epi64(c0.as_ptr() as *const __m128i), _mm_loadl_epi64(c1.as_ptr() as *const __m128i)) };
-        if SIGNED {
-            _mm512_cvtepi8_epi32(v)
-        } else {
-            _mm512_cvtepu8_epi32(v)
-        }
-    }
-
-    /// [`bytes16`] (unsigned) of two adjacent sub-blocks at once: 16 bytes at `at` of each
-    /// record, the first eight bytes of both for the first sub-block, the next eight for the
-    /// second.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn bytes16x2(r0: &[u8], r1: &[u8], at: usize) -> [__m512i; 2] {
+    fn bytes16x2<const SIGNED: bool>(r0: &[u8], r1: &[u8], at: usize) -> [__m512i; 2] {
         let (c0, c1): (&[u8; 16], &[u8; 16]) = (r0[at..at + 16].try_into().expect("16 bytes"), r1[at..at + 16].try_into().expect("16 bytes"));
         // SAFETY: `c0` and `c1` are 16 readable bytes each.
         let (v0, v1) = unsafe { (_mm_loadu_si128(c0.as_ptr() as *const __m128i), _mm_loadu_si128(c1.as_ptr() as *const __m128i)) };
-        [_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(v0, v1)), _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(v0, v1))]
+        let (lo, hi) = (_mm_unpacklo_epi64(v0, v1), _mm_unpackhi_epi64(v0, v1));
+        if SIGNED {
+            [_mm512_cvtepi8_epi32(lo), _mm512_cvtepi8_epi32(hi)]
+        } else {
+            [_mm512_cvtepu8_epi32(lo), _mm512_cvtepu8_epi32(hi)]
+        }
     }
 
     /// Bits `2i..2i + 2` of every byte of a Q6_K high-bit chunk, moved to bits 4..6.
@@ -1044,7 +1034,7 @@ mod avx512 {
                 let (d, dmin) = unsafe { (f16x16(r0.as_ptr(), r1.as_ptr()), f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16))) };
                 for p in 0..SUBS / 2 {
                     let c: [__m512i; 8] = std::array::from_fn(|i| join(r0, r1, kquant::Q4K_CODES + p * 256 + 32 * i));
-                    let (sc, mn) = (bytes16x2(r0, r1, 32 + GROUP * 2 * p), bytes16x2(r0, r1, 96 + GROUP * 2 * p));
+                    let (sc, mn) = (bytes16x2::<false>(r0, r1, 32 + GROUP * 2 * p), bytes16x2::<false>(r0, r1, 96 + GROUP * 2 * p));
                     for (k, (sc, mn)) in sc.into_iter().zip(mn).enumerate() {
                         let s = 2 * p + k;
                         let dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
@@ -1089,15 +1079,13 @@ mod avx512 {
                 let dmin = if kind.has_min() { unsafe { f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16)) } } else { _mm512_setzero_ps() };
                 for s in 0..SUBS {
                     let q = halves_codes16(kind, r0, r1, s);
-                    let sm: [(__m512i, __m512i); 2] = std::array::from_fn(|h| {
-                        let at = kind.scales_at() + GROUP * (2 * s + h);
-                        if kind.has_min() {
-                            let v = bytes16::<false>(r0, r1, at);
-                            (_mm512_and_si512(v, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32::<4>(v))
-                        } else {
-                            (bytes16::<true>(r0, r1, at), _mm512_setzero_si512())
-                        }
-                    });
+                    // The scale bytes of the block's two halves are adjacent.
+                    let at = kind.scales_at() + GROUP * 2 * s;
+                    let sm: [(__m512i, __m512i); 2] = if kind.has_min() {
+                        bytes16x2::<false>(r0, r1, at).map(|v| (_mm512_and_si512(v, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32::<4>(v)))
+                    } else {
+                        bytes16x2::<true>(r0, r1, at).map(|v| (v, _mm512_setzero_si512()))
+                    };
                     for t in 0..T {
                         let ab = &a[t * nb + sb * SUBS + s];
                         let (mut isum, mut msum) = (_mm512_setzero_si512(), _mm512_setzero_si512());
@@ -1126,6 +1114,14 @@ mod avx512 {
         }
     }
 
+    /// `(a & mask) | b` in one `vpternlogd`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn or_masked(a: __m512i, mask: __m512i, b: __m512i) -> __m512i {
+        // Truth table over (a, b, mask) as bits 7..0 of the immediate: a & mask | b.
+        _mm512_ternarylogic_epi32::<0xEC>(a, b, mask)
+    }
+
     /// Bits `from..` of every byte moved to bit `to` (the caller masks).
     #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
@@ -1151,7 +1147,7 @@ mod avx512 {
                     let hb = join(r0, r1, at + 128 + 32 * h);
                     std::array::from_fn(|i| {
                         let l = if h == 0 { lo[i] } else { _mm512_srli_epi16::<4>(lo[i]) };
-                        _mm512_or_si512(_mm512_and_si512(l, mask), high_pair16(hb, i))
+                        or_masked(l, mask, high_pair16(hb, i))
                     })
                 })
             }
@@ -1160,11 +1156,11 @@ mod avx512 {
                 std::array::from_fn(|h| {
                     let pairs = join(r0, r1, at + 32 * h);
                     std::array::from_fn(|i| {
-                        let q = _mm512_and_si512(move_bits16(pairs, 2 * i as i32, 0), three);
+                        let q = move_bits16(pairs, 2 * i as i32, 0);
                         if kind == Halves::Q3K {
-                            _mm512_or_si512(q, _mm512_and_si512(move_bits16(third, (4 * h + i) as i32, 2), _mm512_set1_epi8(4)))
+                            or_masked(q, three, _mm512_and_si512(move_bits16(third, (4 * h + i) as i32, 2), _mm512_set1_epi8(4)))
                         } else {
-                            q
+                            _mm512_and_si512(q, three)
                         }
                     })
                 })
