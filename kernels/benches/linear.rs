@@ -3,7 +3,9 @@
 //! portable gemm-crate panel path. This is the data behind `LinearPolicy::DEFAULT`'s switch.
 //! Then the integer GEMV of every interleaved GGUF type on 8192x2048 matrices (a 1B model's
 //! FFN gate/up), cycling over enough of them (> 64 MiB) that the weights stream from DRAM as
-//! in decode: throughput in bytes of weights per second.
+//! in decode: throughput in bytes of weights per second. Last, the roofline those figures are
+//! read against: summing a 512 MiB buffer on the kernel thread pool (every core reading), in
+//! bytes per second.
 //! Run: `cargo bench -p tessera-kernels --bench linear`.
 
 #![allow(missing_docs)] // criterion's macros generate undocumented functions
@@ -91,5 +93,57 @@ fn gemv_bandwidth(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, linear, gemv_bandwidth);
+/// The wrapping sum of `w` (a multiple of 16 words), with 256-bit loads where the CPU has AVX2.
+fn sum_words(w: &[u64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present.
+        return unsafe { sum_words_avx2(w) };
+    }
+    w.iter().fold(0u64, |a, &x| a.wrapping_add(x))
+}
+
+/// [`sum_words`] with four 256-bit accumulators, so the adds keep up with the loads.
+///
+/// # Safety
+/// AVX2 available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_words_avx2(w: &[u64]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for c in w.chunks_exact(16) {
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: words 4k..4k + 4 of a 16-word chunk.
+            *a = _mm256_add_epi64(*a, unsafe { _mm256_loadu_si256(c.as_ptr().add(4 * k) as *const __m256i) });
+        }
+    }
+    let mut out = [0u64; 4];
+    let total = _mm256_add_epi64(_mm256_add_epi64(acc[0], acc[1]), _mm256_add_epi64(acc[2], acc[3]));
+    // SAFETY: `out` is 32 writable bytes.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, total) };
+    out.iter().fold(0u64, |a, &x| a.wrapping_add(x))
+}
+
+/// DRAM read bandwidth as the kernels see it: a 512 MiB buffer summed in 1 MiB tasks on the
+/// kernels' thread pool (`RAYON_NUM_THREADS` threads), the decode roofline's denominator.
+fn read_bandwidth(c: &mut Criterion) {
+    const TASK: usize = 1 << 20;
+    let words = (512usize << 20) / 8;
+    let mut r = ChaCha8Rng::seed_from_u64(3);
+    let buf: Vec<u64> = (0..words).map(|_| r.gen()).collect();
+    let mut g = c.benchmark_group("dram_read");
+    g.sample_size(10).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(3));
+    g.throughput(Throughput::Bytes((words * 8) as u64));
+    g.bench_function("sum_512MiB", |b| {
+        b.iter(|| {
+            let chunks: Vec<&[u64]> = buf.chunks(TASK / 8).collect();
+            let sums = tessera_kernels::cpu::pool::map(chunks.len(), |i| sum_words(chunks[i]));
+            std::hint::black_box(sums)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, linear, gemv_bandwidth, read_bandwidth);
 criterion_main!(benches);

@@ -1081,11 +1081,16 @@ mod avx512 {
                     let q = halves_codes16(kind, r0, r1, s);
                     // The scale bytes of the block's two halves are adjacent.
                     let at = kind.scales_at() + GROUP * 2 * s;
-                    let sm: [(__m512i, __m512i); 2] = if kind.has_min() {
-                        bytes16x2::<false>(r0, r1, at).map(|v| (_mm512_and_si512(v, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32::<4>(v)))
+                    let mut sm = [(_mm512_setzero_si512(), _mm512_setzero_si512()); 2];
+                    if kind.has_min() {
+                        for (smh, v) in sm.iter_mut().zip(bytes16x2::<false>(r0, r1, at)) {
+                            *smh = (_mm512_and_si512(v, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32::<4>(v));
+                        }
                     } else {
-                        bytes16x2::<true>(r0, r1, at).map(|v| (v, _mm512_setzero_si512()))
-                    };
+                        for (smh, v) in sm.iter_mut().zip(bytes16x2::<true>(r0, r1, at)) {
+                            smh.0 = v;
+                        }
+                    }
                     for t in 0..T {
                         let ab = &a[t * nb + sb * SUBS + s];
                         let (mut isum, mut msum) = (_mm512_setzero_si512(), _mm512_setzero_si512());
@@ -1138,33 +1143,34 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
     fn halves_codes16(kind: Halves, r0: &[u8], r1: &[u8], s: usize) -> [[__m512i; 4]; 2] {
+        // Plain loops, no closures: a closure would not inherit the target features, and the
+        // calls it then needs cost more than the work (measured).
         let at = kind.codes_at() + s * kind.block();
-        let (mask, three) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
-        match kind {
-            Halves::Q6K => {
-                let lo: [__m512i; 4] = std::array::from_fn(|i| join(r0, r1, at + 32 * i));
-                std::array::from_fn(|h| {
-                    let hb = join(r0, r1, at + 128 + 32 * h);
-                    std::array::from_fn(|i| {
-                        let l = if h == 0 { lo[i] } else { _mm512_srli_epi16::<4>(lo[i]) };
-                        or_masked(l, mask, high_pair16(hb, i))
-                    })
-                })
+        let (mask, three, four) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3), _mm512_set1_epi8(4));
+        let mut q = [[_mm512_setzero_si512(); 4]; 2];
+        if kind == Halves::Q6K {
+            let lo = [join(r0, r1, at), join(r0, r1, at + 32), join(r0, r1, at + 64), join(r0, r1, at + 96)];
+            for (h, qh) in q.iter_mut().enumerate() {
+                let hb = join(r0, r1, at + 128 + 32 * h);
+                for (i, qi) in qh.iter_mut().enumerate() {
+                    let l = if h == 0 { lo[i] } else { _mm512_srli_epi16::<4>(lo[i]) };
+                    *qi = or_masked(l, mask, high_pair16(hb, i));
+                }
             }
-            _ => {
-                let third = if kind == Halves::Q3K { join(r0, r1, at + 64) } else { _mm512_setzero_si512() };
-                std::array::from_fn(|h| {
-                    let pairs = join(r0, r1, at + 32 * h);
-                    std::array::from_fn(|i| {
-                        let q = move_bits16(pairs, 2 * i as i32, 0);
-                        if kind == Halves::Q3K {
-                            or_masked(q, three, _mm512_and_si512(move_bits16(third, (4 * h + i) as i32, 2), _mm512_set1_epi8(4)))
-                        } else {
-                            _mm512_and_si512(q, three)
-                        }
-                    })
-                })
+        } else {
+            let third = if kind == Halves::Q3K { join(r0, r1, at + 64) } else { _mm512_setzero_si512() };
+            for (h, qh) in q.iter_mut().enumerate() {
+                let pairs = join(r0, r1, at + 32 * h);
+                for (i, qi) in qh.iter_mut().enumerate() {
+                    let p = move_bits16(pairs, 2 * i as i32, 0);
+                    *qi = if kind == Halves::Q3K {
+                        or_masked(p, three, _mm512_and_si512(move_bits16(third, (4 * h + i) as i32, 2), four))
+                    } else {
+                        _mm512_and_si512(p, three)
+                    };
+                }
             }
         }
+        q
     }
 }
