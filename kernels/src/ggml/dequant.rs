@@ -157,18 +157,22 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// The 16 signed 6-bit scales (-32..32) of a Q3_K block's 12 packed bytes: low 4 bits from
+/// `raw[0..8]` (low nibbles, then high), top 2 bits from `raw[8..12]`.
+pub(crate) fn q3k_scales(raw: &[u8]) -> [i32; 16] {
+    std::array::from_fn(|i| {
+        let low = if i < 8 { raw[i] & 0x0F } else { raw[i - 8] >> 4 };
+        let high = (raw[8 + i % 4] >> (2 * (i / 4))) & 3;
+        (low | (high << 4)) as i32 - 32
+    })
+}
+
 fn q3_k(b: &[u8], y: &mut [f32]) {
     let hmask = &b[0..32];
     let qs = &b[32..96];
     let raw = &b[96..108];
     let d_all = f16_at(b, 108);
-    // 16 signed 6-bit scales: low 4 bits from raw[0..8], high 2 bits from raw[8..12].
-    let mut scales = [0i32; 16];
-    for (i, s) in scales.iter_mut().enumerate() {
-        let low = if i < 8 { raw[i] & 0x0F } else { raw[i - 8] >> 4 };
-        let high = (raw[8 + i % 4] >> (2 * (i / 4))) & 3;
-        *s = (low | (high << 4)) as i32 - 32;
-    }
+    let scales = q3k_scales(raw);
     let mut out = 0;
     let mut is = 0;
     let mut m = 1u8;

@@ -252,6 +252,13 @@ fn interleaved_rows_dequantize_like_ggml() {
         }
     }
     assert!(Interleaved::pack(&WeightView::new(GgmlType::F32, 1, 32, &[0; 128]).unwrap()).is_err());
+    // The README's "every quantized type on an integer kernel": every GGML type but the floats
+    // and the activation-only Q8_1 / Q8_K (no llama.cpp file stores weights in them).
+    for ty in GgmlType::ALL {
+        let weights_only = !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_1 | GgmlType::Q8K);
+        assert_eq!(Interleaved::supports(ty), weights_only, "{ty}");
+        assert_eq!(INTEGER_TYPES.contains(&ty), weights_only, "{ty}: INTEGER_TYPES lists every integer type");
+    }
 }
 
 /// Every integer GEMM level this CPU has (scalar, AVX2, AVX-512 VNNI) equals the independent

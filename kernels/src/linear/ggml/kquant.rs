@@ -31,6 +31,7 @@
 
 use super::interleaved::GROUP;
 use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
+use crate::ggml::dequant::q3k_scales;
 use crate::ggml::QK_K;
 use half::f16;
 
@@ -316,12 +317,8 @@ pub(crate) fn put_q6k(rec: &mut [u8], j: usize, src: &[u8]) {
 /// scales 12, `d`) into record `rec`.
 pub(crate) fn put_q3k(rec: &mut [u8], j: usize, src: &[u8]) {
     rec[2 * j..2 * j + 2].copy_from_slice(&src[108..110]);
-    let raw = &src[96..108];
-    for k in 0..16 {
-        // Low 4 bits from raw[0..8] (low then high nibbles), top 2 bits from raw[8..12].
-        let low = if k < 8 { raw[k] & 0x0F } else { raw[k - 8] >> 4 };
-        let high = (raw[8 + k % 4] >> (2 * (k / 4))) & 3;
-        rec[16 + k * GROUP + j] = ((low | (high << 4)) as i32 - 32) as i8 as u8;
+    for (k, sc) in q3k_scales(&src[96..108]).into_iter().enumerate() {
+        rec[16 + k * GROUP + j] = sc as i8 as u8;
     }
     let (hmask, low) = (&src[0..32], two_bit_codes(&src[32..96]));
     let block = Halves::Q3K.block();
