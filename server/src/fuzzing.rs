@@ -58,7 +58,7 @@ pub fn openai_request(data: &[u8]) {
     let value = ctx.runtime.block_on(json::read_object(Body::from(body.to_vec()), MAX_BODY));
     let result = value.and_then(|v| {
         if endpoint % 2 == 1 {
-            let parser = ToolParser::ALL[usize::from(endpoint / 2) % ToolParser::ALL.len()];
+            let parser = ToolParser::SYNTAXES[usize::from(endpoint / 2) % ToolParser::SYNTAXES.len()];
             chat::validate(&v, "chatcmpl-fuzz", &ctx.template, parser, ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs)
         } else {
             completions::validate(&v, "cmpl-fuzz", ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs)

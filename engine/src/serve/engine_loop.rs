@@ -7,7 +7,7 @@ use super::sequence::Sequence;
 use super::{Event, FinishReason, StopReason, TokenLogprob, Usage};
 use super::backend::{Backend, StepSeq};
 use crate::sample::{logsumexp, top_n, Sampled};
-use crate::structured::{Guide, TokenSet};
+use crate::structured::{Guide, Masker, TokenSet};
 use crate::tokenizer::Tokenizer;
 use crate::LoadedModel;
 use std::collections::HashMap;
@@ -44,6 +44,8 @@ pub(crate) struct EngineLoop {
     pub max_model_len: usize,
     /// Set once shutdown was asked for.
     pub deadline: Option<Instant>,
+    /// Computes the structured outputs' masks during the forward pass.
+    pub masker: Masker,
 }
 
 impl EngineLoop {
@@ -118,8 +120,9 @@ impl EngineLoop {
             return;
         }
         let t_fwd = Instant::now();
-        let mut guides = self.take_sampling_guides(&work);
-        let (result, masks) = {
+        let guides = self.take_sampling_guides(&work);
+        self.masker.start(guides);
+        let result = {
             // Each scheduled sequence's block table, and its exact keys to write in the pass.
             let keys: Vec<u64> = work.iter().map(|w| w.key).collect();
             let caches = self.sched.kv.step_caches(&keys);
@@ -133,15 +136,11 @@ impl EngineLoop {
                     StepSeq { tokens, blocks: c.blocks, cached: s.computed, shared: s.shared, logits_from, exact: c.exact }
                 })
                 .collect();
-            let backend = &mut self.backend;
-            // The structured outputs' masks are computed beside the forward pass (a mask that
-            // takes longer is waited for inside the step's forward time).
-            std::thread::scope(|scope| {
-                let masking = (!guides.is_empty()).then(|| scope.spawn(|| guides.iter_mut().map(|(_, g)| g.allowed()).collect::<Vec<_>>()));
-                let result = backend.forward(&mut batch);
-                (result, masking.map(|h| h.join().expect("the mask thread does not panic")).unwrap_or_default())
-            })
+            self.backend.forward(&mut batch)
         };
+        // The masks were computed beside the forward pass (one that takes longer is waited
+        // for inside the step's forward time).
+        let (guides, masks) = self.masker.wait();
         let mut masks: HashMap<u64, Result<TokenSet, String>> = guides.iter().map(|(k, _)| *k).zip(masks).collect();
         for (key, guide) in guides {
             self.seqs.get_mut(&key).expect("scheduled sequences exist").guide = Some(guide);

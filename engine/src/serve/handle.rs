@@ -9,7 +9,7 @@ use super::backend::{Backend, CpuBackend, CudaBackend, TpBackend};
 use crate::device::Device;
 use crate::kv_cache::{ExactKeyStore, KvCacheManager};
 use crate::model::cuda::CudaLlama;
-use crate::structured::Grammars;
+use crate::structured::{Grammars, Masker};
 use crate::LoadedModel;
 use tessera_kernels::cuda::CudaDevice;
 use std::collections::hash_map::Entry;
@@ -171,6 +171,7 @@ impl Engine {
             metrics: metrics.clone(),
             max_model_len,
             deadline: None,
+            masker: Masker::new(),
         };
         let thread = std::thread::Builder::new()
             .name("tessera-engine".into())

@@ -8,6 +8,7 @@
 //! the output is complete), the sampler draws only from it, and the guide advances with the
 //! chosen token; once the grammar allows nothing more the sequence finishes.
 
+mod masker;
 mod vocab;
 
 use crate::tokenizer::Tokenizer;
@@ -17,6 +18,7 @@ use serde_json::Value;
 
 /// A set of token ids (a bit per vocabulary entry), as llguidance computes it.
 pub use toktrie::SimpleVob as TokenSet;
+pub use masker::{Guides, Masker, Masks};
 
 /// What a constrained request's output must be.
 #[derive(Clone, Debug, PartialEq)]

@@ -135,3 +135,24 @@ fn clones_advance_independently() {
     let no = tok.encode_with("no", false).unwrap();
     assert!(b.allowed().unwrap().is_allowed(no[0]));
 }
+
+#[test]
+fn the_mask_thread_gives_each_guide_its_own_mask_and_it_back_in_order() {
+    let choice = Constraint::Choice(vec!["apple pie".into(), "banana split".into()]);
+    let regex = Constraint::Regex("[0-9]{2,6}".into());
+    let mut masker = Masker::new();
+    assert_eq!(masker.wait().0.len(), 0, "nothing started, nothing to wait for");
+    for step in 0..3 {
+        let prefixes = ["", "apple ", "12"];
+        let guides: Guides = vec![(7, guide_after(&choice, prefixes[step % 2])), (3, guide_after(&regex, prefixes[2])), (9, guide_after(&choice, ""))];
+        let mut direct: Vec<TokenSet> = guides.iter().map(|(_, g)| g.clone().allowed().unwrap()).collect();
+        masker.start(guides);
+        let (back, masks) = masker.wait();
+        assert_eq!(back.iter().map(|(k, _)| *k).collect::<Vec<_>>(), [7, 3, 9]);
+        for (m, d) in masks.into_iter().zip(direct.drain(..)) {
+            let m = m.unwrap();
+            assert!(m.num_set() > 0);
+            assert!(m == d, "step {step}: the thread's mask differs from the guide's own");
+        }
+    }
+}

@@ -458,8 +458,8 @@ pub fn run(args: ServeArgs, log_format: Option<LogFormat>) -> Result<()> {
     let tp = TpOptions { size: cfg.tensor_parallel_size, cpu_bind: cfg.cpu_bind.clone() };
     let model = LoadedModel::load_parallel(&cfg.model, policy, &tp).with_context(|| format!("loading {}", cfg.model.display()))?;
     let template = model.weights.checkpoint.special.chat_template.as_deref().unwrap_or_default();
-    let tool_parser = cfg.tool_call_parser.unwrap_or_else(|| ToolParser::for_template(template));
-    tracing::info!(tool_call_parser = %tool_parser, from_chat_template = cfg.tool_call_parser.is_none(), "tool-call parser");
+    let tool_parser = ToolParser::resolve(cfg.tool_call_parser, template);
+    tracing::info!(tool_call_parser = %tool_parser, syntax = ?tool_parser, from_chat_template = cfg.tool_call_parser.is_none(), "tool-call parser");
     let engine = Engine::start(Arc::new(model), cfg.engine_config()).map_err(|e| anyhow!("starting the engine: {e}"))?;
     let options = ServerOptions {
         served_model_name: cfg.served_model_name.clone(),

@@ -46,6 +46,12 @@ async fn tokenize_messages_as_chat_does() {
     let (_, text) = s.post("/detokenize", &json!({"tokens": bare["tokens"]})).await;
     assert!(text["prompt"].as_str().unwrap().ends_with("<|im_end|>\n"), "{text}");
     assert!(bare["count"].as_u64() < v["count"].as_u64());
+    // Tools go to the template as chat sends them, checked as chat checks them.
+    let tools = json!([{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]);
+    let (status, with_tools) = s.post("/tokenize", &json!({"messages": messages, "tools": tools})).await;
+    assert_eq!(status, 200, "{with_tools}");
+    let chat = s.chat(json!({"messages": messages, "tools": tools, "max_tokens": 1})).await;
+    assert_eq!(chat["usage"]["prompt_tokens"], with_tools["count"]);
 }
 
 #[tokio::test]
@@ -58,6 +64,9 @@ async fn bad_tokenize_requests_are_400s_naming_the_field() {
         ("/tokenize", json!({"messages": [{"role": "robot", "content": "b"}]}), "messages[0].role"),
         ("/tokenize", json!({"messages": [{"role": "user", "content": "b"}], "chat_template": "{{ 1 }}"}), "chat_template"),
         ("/tokenize", json!({"prompt": "a", "add_special_tokens": "yes"}), "add_special_tokens"),
+        ("/tokenize", json!({"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "retrieval"}]}), "tools[0].type"),
+        ("/tokenize", json!({"messages": [{"role": "user", "content": "b"}], "tool_choice": "required"}), "tool_choice"),
+        ("/tokenize", json!({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
         ("/detokenize", json!({}), "tokens"),
         ("/detokenize", json!({"tokens": [1, -2]}), "tokens[1]"),
         ("/detokenize", json!({"tokens": [1, 4000000]}), "tokens[1]"),

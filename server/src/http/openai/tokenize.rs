@@ -1,13 +1,14 @@
 //! `POST /tokenize` and `POST /detokenize`: vLLM's tokenizer endpoints, for routers and
 //! evaluation harnesses that count or align tokens without generating.
 //!
-//! `/tokenize` takes a `prompt` (tokenized as `/v1/completions` does) or `messages`
-//! (rendered and tokenized as `/v1/chat/completions` does) and answers `count`,
+//! `/tokenize` takes a `prompt` (tokenized as `/v1/completions` does) or `messages` with
+//! optional `tools` (rendered and tokenized as `/v1/chat/completions` does) and answers `count`,
 //! `max_model_len`, `tokens` and, with `return_token_strs`, `token_strs`. `/detokenize`
 //! turns `tokens` back into `prompt`.
 
 use super::chat::{self, Conversation, MessageIn};
 use super::request::refuse_set;
+use super::tools::ToolCalling;
 use crate::http::errors::ApiError;
 use crate::http::{json, AppState};
 use axum::body::Body;
@@ -59,17 +60,21 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Respons
         let tok = &state.engine().model().tokenizer;
         let tokens = match (p.prompt.as_deref(), p.messages.is_some()) {
             (Some(text), false) => {
+                if value.get("tools").is_some_and(|t| !t.is_null()) {
+                    return Err(ApiError::invalid("tools", "tools are rendered with messages, not with a prompt"));
+                }
                 let add_bos = p.add_special_tokens.unwrap_or(true) && tok.special().add_bos;
                 tok.encode_with(text, add_bos).map_err(|e| ApiError::invalid("prompt", format!("tokenizing the prompt failed: {e}")))?
             }
             (None, true) => {
                 refuse_set(&value, &chat::UNSUPPORTED)?;
                 let template = state.chat_template().map_err(ApiError::bad_request)?;
+                let tools = ToolCalling::from_request(&value, state.tool_parser())?;
                 let how = Conversation {
                     add_generation_prompt: p.add_generation_prompt.unwrap_or(true),
                     add_special_tokens: p.add_special_tokens.unwrap_or(true),
                 };
-                chat::conversation_tokens(template, tok, &chat::messages(p.messages)?, how, None)?
+                chat::conversation_tokens(template, tok, &chat::messages(p.messages)?, how, tools.as_ref().map(ToolCalling::template_tools))?
             }
             (Some(_), true) => return Err(ApiError::invalid("messages", "give either prompt or messages, not both")),
             (None, false) => return Err(ApiError::invalid("prompt", "prompt (a string) or messages is required")),

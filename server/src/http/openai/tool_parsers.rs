@@ -18,6 +18,10 @@ const TOOL_CALL_END: &str = "</tool_call>";
 const PYTHON_TAG: &str = "<|python_tag|>";
 /// Mistral's tool-call token.
 const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+/// Mistral's (tokenizer v11 and later) token between a call's name and its arguments.
+const MISTRAL_ARGS: &str = "[ARGS]";
+/// Mistral's (v13) token before a call id it writes itself, between the name and `[ARGS]`.
+const MISTRAL_CALL_ID: &str = "[CALL_ID]";
 
 /// A tool-call syntax (`--tool-call-parser`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,23 +31,31 @@ pub enum ToolParser {
     /// `{"name": ..., "parameters": {...}}` (or `"arguments"`), several separated by `;`,
     /// possibly after `<|python_tag|>` (Llama 3.1 / 3.2).
     Llama3Json,
-    /// `[TOOL_CALLS]` and a JSON array of `{"name": ..., "arguments": ...}` (Mistral).
+    /// `[TOOL_CALLS]` and a JSON array of `{"name": ..., "arguments": ...}` (Mistral up to
+    /// tokenizer v7: Mistral 7B v0.3, Mixtral 8x22B).
     Mistral,
+    /// `[TOOL_CALLS]NAME[ARGS]{...}`, once per call (Mistral tokenizer v11 and later: Mistral
+    /// Small 3.2, Magistral, Devstral). Also named `mistral`: chosen when the chat template
+    /// writes `[ARGS]`.
+    MistralArgs,
     /// `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`
     /// (Qwen3-Coder); values are text unless the parameter's schema types them otherwise.
     Qwen3Coder,
 }
 
 impl ToolParser {
-    /// Every parser.
+    /// Every parser name (`--tool-call-parser`).
     pub const ALL: [ToolParser; 4] = [ToolParser::Hermes, ToolParser::Llama3Json, ToolParser::Mistral, ToolParser::Qwen3Coder];
+    /// Every syntax (Mistral's has two forms under one name).
+    pub const SYNTAXES: [ToolParser; 5] =
+        [ToolParser::Hermes, ToolParser::Llama3Json, ToolParser::Mistral, ToolParser::MistralArgs, ToolParser::Qwen3Coder];
 
     /// vLLM's name for it.
     pub fn name(self) -> &'static str {
         match self {
             ToolParser::Hermes => "hermes",
             ToolParser::Llama3Json => "llama3_json",
-            ToolParser::Mistral => "mistral",
+            ToolParser::Mistral | ToolParser::MistralArgs => "mistral",
             ToolParser::Qwen3Coder => "qwen3_coder",
         }
     }
@@ -58,9 +70,23 @@ impl ToolParser {
         } else if has(PYTHON_TAG) || (has("\"parameters\"") && has("ipython")) {
             ToolParser::Llama3Json
         } else if has(MISTRAL_CALLS) {
-            ToolParser::Mistral
+            ToolParser::Mistral.form_for(source)
         } else {
             ToolParser::Hermes
+        }
+    }
+
+    /// The parser named on the command line (`None`: the template's), in the form the chat
+    /// template shows (Mistral's with `[ARGS]` when it writes that token).
+    pub fn resolve(named: Option<ToolParser>, template: &str) -> ToolParser {
+        named.map_or_else(|| ToolParser::for_template(template), |p| p.form_for(template))
+    }
+
+    fn form_for(self, template: &str) -> ToolParser {
+        match self {
+            ToolParser::Mistral | ToolParser::MistralArgs if template.contains(MISTRAL_ARGS) => ToolParser::MistralArgs,
+            ToolParser::MistralArgs => ToolParser::Mistral,
+            p => p,
         }
     }
 
@@ -69,7 +95,7 @@ impl ToolParser {
         match self {
             ToolParser::Hermes | ToolParser::Qwen3Coder => TOOL_CALL,
             ToolParser::Llama3Json => PYTHON_TAG,
-            ToolParser::Mistral => MISTRAL_CALLS,
+            ToolParser::Mistral | ToolParser::MistralArgs => MISTRAL_CALLS,
         }
     }
 
@@ -103,11 +129,25 @@ impl ToolParser {
         match self {
             ToolParser::Hermes => tagged(text, |body| json_call(&serde_json::from_str(body.trim()).ok()?, &["arguments"])),
             ToolParser::Qwen3Coder => tagged(text, |body| xml_call(body, specs)),
-            ToolParser::Mistral => {
+            // Either of Mistral's forms, whichever the model wrote.
+            ToolParser::Mistral | ToolParser::MistralArgs => {
                 let start = text.find(MISTRAL_CALLS)?;
-                let (list, rest) = json_prefix(&text[start + MISTRAL_CALLS.len()..])?;
-                let calls = list.as_array()?.iter().map(|c| json_call(c, &["arguments"])).collect::<Option<Vec<_>>>()?;
-                rest.trim().is_empty().then_some((start, calls))
+                let after = &text[start + MISTRAL_CALLS.len()..];
+                if after.trim_start().starts_with('[') {
+                    let (list, rest) = json_prefix(after)?;
+                    let calls = list.as_array()?.iter().map(|c| json_call(c, &["arguments"])).collect::<Option<Vec<_>>>()?;
+                    return rest.trim().is_empty().then_some((start, calls));
+                }
+                let mut calls = Vec::new();
+                let mut rest = &text[start..];
+                while let Some(call) = rest.strip_prefix(MISTRAL_CALLS) {
+                    let (head, args) = call.split_once(MISTRAL_ARGS)?;
+                    let name = head.split_once(MISTRAL_CALL_ID).map_or(head, |(n, _)| n).trim();
+                    let (args, after) = json_prefix(args)?;
+                    calls.push((name.to_owned(), args));
+                    rest = after.trim_start();
+                }
+                rest.is_empty().then_some((start, calls))
             }
             ToolParser::Llama3Json => {
                 let (start, mut rest) = match text.find(PYTHON_TAG) {
@@ -137,14 +177,20 @@ impl ToolParser {
             ToolParser::Hermes | ToolParser::Qwen3Coder => ("", "\n", ""),
             ToolParser::Llama3Json => ("", "; ", ""),
             ToolParser::Mistral => ("[TOOL_CALLS][", ", ", "]"),
+            ToolParser::MistralArgs => ("", "", ""),
         };
         let around = |s: &str| if s.is_empty() { String::new() } else { format!("{} ", lit(s)) };
-        let more = if many { format!(" ({} call)*", lit(sep)) } else { String::new() };
+        let more = match (many, sep) {
+            (false, _) => String::new(),
+            (true, "") => " call*".to_owned(),
+            (true, sep) => format!(" ({} call)*", lit(sep)),
+        };
         let start = format!("start: {}call{more}{}", around(before), if after.is_empty() { String::new() } else { format!(" {}", lit(after)) });
         let rules = match self {
             ToolParser::Hermes => format!("call: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {}", json_calls(specs, "arguments")),
             ToolParser::Llama3Json => format!("call: %json {}", json_calls(specs, "parameters")),
             ToolParser::Mistral => format!("call: %json {}", json_calls(specs, "arguments")),
+            ToolParser::MistralArgs => mistral_args_rules(specs),
             ToolParser::Qwen3Coder => xml_rules(specs),
         };
         format!("{start}\n{rules}\n")
@@ -259,6 +305,17 @@ fn json_calls(specs: &[&(String, Value)], arg_key: &str) -> Value {
         })
         .collect();
     compact_schema(json!({"anyOf": calls}))
+}
+
+/// Mistral v11's call rules: `[TOOL_CALLS]NAME[ARGS]` and arguments valid against that tool's
+/// schema, one rule per tool.
+fn mistral_args_rules(specs: &[&(String, Value)]) -> String {
+    let funcs: Vec<String> = (0..specs.len()).map(|i| format!("f{i}")).collect();
+    let mut rules = vec![format!("call: {}", funcs.join(" | "))];
+    for (i, (name, params)) in specs.iter().enumerate() {
+        rules.push(format!("f{i}: {} %json {}", lit(&format!("{MISTRAL_CALLS}{name}{MISTRAL_ARGS}")), compact_schema(params.clone())));
+    }
+    rules.join("\n")
 }
 
 /// Qwen3-Coder's call rules: one function rule per tool, with its required parameters in

@@ -39,6 +39,7 @@ fn render(p: ToolParser, calls: &[(&str, Value)]) -> String {
         ToolParser::Hermes => objects("arguments").iter().map(|o| format!("<tool_call>\n{o}\n</tool_call>")).collect::<Vec<_>>().join("\n"),
         ToolParser::Llama3Json => format!("<|python_tag|>{}", objects("parameters").iter().map(Value::to_string).collect::<Vec<_>>().join("; ")),
         ToolParser::Mistral => format!("[TOOL_CALLS] {}", Value::Array(objects("arguments"))),
+        ToolParser::MistralArgs => calls.iter().map(|(n, a)| format!("[TOOL_CALLS]{n}[ARGS]{a}")).collect(),
         ToolParser::Qwen3Coder => calls
             .iter()
             .map(|(n, a)| {
@@ -70,7 +71,7 @@ fn owned(calls: &[(&str, Value)]) -> Vec<(String, Value)> {
 fn outputs_with_no_one_or_two_calls_parse_and_text_before_is_content() {
     let weather = ("get_weather", json!({"city": "42", "unit": "celsius", "days": 3}));
     let alarm = ("set_alarm", json!({"at": {"h": 7}, "loud": true, "tags": ["work"]}));
-    for p in ToolParser::ALL {
+    for p in ToolParser::SYNTAXES {
         let t = calling(p, json!("auto"));
         assert_eq!(parsed(&t, "Just text."), (Some("Just text.".into()), vec![]), "{p}");
         assert_eq!(parsed(&t, ""), (None, vec![]), "{p}");
@@ -92,6 +93,14 @@ fn syntax_variants_each_model_family_writes() {
     let t = calling(ToolParser::Mistral, json!("auto"));
     let (_, calls) = t.parse("[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": \"{\\\"zone\\\": 1}\"}]", "c");
     assert_eq!(calls[0].function.arguments, "{\"zone\": 1}");
+    // Mistral v11+ writes name and arguments apart, v13 with a call id of its own between;
+    // either Mistral parser reads both forms.
+    for p in [ToolParser::Mistral, ToolParser::MistralArgs] {
+        let t = calling(p, json!("auto"));
+        let text = "[TOOL_CALLS]get_time[CALL_ID]a1B2c3D4e[ARGS]{} [TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\", \"unit\": \"celsius\"}";
+        assert_eq!(parsed(&t, text).1, owned(&[("get_time", json!({})), ("get_weather", json!({"city": "Rome", "unit": "celsius"}))]), "{p:?}");
+        assert_eq!(parsed(&t, "[TOOL_CALLS] [{\"name\": \"get_time\", \"arguments\": {}}]").1, owned(&[("get_time", json!({}))]), "{p:?}");
+    }
     // Qwen3-Coder: text stays text where the schema says string (or says nothing), typed
     // values are JSON, and a typed value that is not JSON is kept as text.
     let t = calling(ToolParser::Qwen3Coder, json!("auto"));
@@ -101,7 +110,7 @@ fn syntax_variants_each_model_family_writes() {
 
 #[test]
 fn malformed_calls_unknown_tools_and_text_after_stay_content() {
-    let cases: [(ToolParser, &[&str]); 4] = [
+    let cases: [(ToolParser, &[&str]); 5] = [
         (ToolParser::Hermes, &["<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}", "<tool_call>{\"name\": \"get_time\", \"arguments\": {}</tool_call>"]),
         (
             ToolParser::Llama3Json,
@@ -113,6 +122,7 @@ fn malformed_calls_unknown_tools_and_text_after_stay_content() {
             ],
         ),
         (ToolParser::Mistral, &["[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {}}", "[TOOL_CALLS]{\"name\": \"get_time\", \"arguments\": {}}", "[TOOL_CALLS][3]"]),
+        (ToolParser::MistralArgs, &["[TOOL_CALLS]get_time[ARGS]{", "[TOOL_CALLS]get_time{}", "[TOOL_CALLS]get_time[ARGS]{} get_time[ARGS]{}"]),
         (
             ToolParser::Qwen3Coder,
             &[
@@ -134,7 +144,7 @@ fn malformed_calls_unknown_tools_and_text_after_stay_content() {
 
 #[test]
 fn streaming_holds_back_every_prefix_of_a_call_start() {
-    for p in ToolParser::ALL {
+    for p in ToolParser::SYNTAXES {
         let marker = p.marker();
         for k in 1..=marker.len() {
             let text = format!("Hi {}", &marker[..k]);
@@ -163,7 +173,7 @@ fn random_text(rng: &mut StdRng, max: usize) -> String {
 fn random_calls_round_trip_and_never_stream_as_content() {
     let mut rng = StdRng::seed_from_u64(26);
     for round in 0..400 {
-        let p = ToolParser::ALL[round % 4];
+        let p = ToolParser::SYNTAXES[round % ToolParser::SYNTAXES.len()];
         let t = calling(p, json!("auto"));
         let calls: Vec<(&str, Value)> = (0..rng.gen_range(1..=3))
             .map(|_| match rng.gen_range(0..3) {
@@ -237,7 +247,7 @@ fn check_args(name: &str, args: &Value) {
 #[test]
 fn forced_call_grammars_compile_and_their_sentences_parse_back() {
     let mut rng = StdRng::seed_from_u64(6);
-    for p in ToolParser::ALL {
+    for p in ToolParser::SYNTAXES {
         for (choice, parallel) in [(json!("required"), true), (json!("required"), false), (json!({"type": "function", "function": {"name": "get_weather"}}), true)] {
             let body = json!({"tools": tools(), "tool_choice": choice, "parallel_tool_calls": parallel});
             let t = ToolCalling::from_request(&body, p).unwrap().unwrap();
@@ -274,9 +284,14 @@ fn the_chat_template_picks_the_default() {
         ("{{ '<|python_tag|>' }}", ToolParser::Llama3Json),
         ("{\"name\": function name, \"parameters\": ...} {% if role == 'ipython' %}", ToolParser::Llama3Json),
         ("[AVAILABLE_TOOLS] ... [TOOL_CALLS]", ToolParser::Mistral),
+        ("[AVAILABLE_TOOLS] ... [TOOL_CALLS]{{ name }}[ARGS]{{ arguments }}", ToolParser::MistralArgs),
         ("{{ messages }}", ToolParser::Hermes),
     ];
     for (template, want) in cases {
         assert_eq!(ToolParser::for_template(template), want, "{template}");
+        // Named on the command line, Mistral still takes the template's form.
+        assert_eq!(ToolParser::resolve(Some(ToolParser::Hermes), template), ToolParser::Hermes);
+        let mistral = ToolParser::resolve(Some(ToolParser::Mistral), template);
+        assert_eq!(mistral == ToolParser::MistralArgs, template.contains("[ARGS]"), "{template}");
     }
 }
