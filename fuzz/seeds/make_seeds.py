@@ -6,7 +6,8 @@
 - hf_checkpoint: `config.json NUL tokenizer_config.json NUL model.safetensors` for a tiny
   Llama (F32/F16/BF16 tensors) and two of engine/tests/fixtures/quant (AWQ, compressed-tensors W4A16);
 - tokenizer_decode: u16 id sequences (ASCII, multi-byte UTF-8 split across tokens, control tokens);
-- openai_request: typical completions and chat bodies (first byte: 0 completions, 1 chat);
+- openai_request: typical completions, chat and Responses bodies (first byte: 0 completions,
+  1 chat, 2 responses);
 - chat_template: the default model's template (read from its GGUF when present), Llama-2 and
   Jinja feature templates, and hostile ones (loops, recursion, huge output), each followed by
   `NUL role NUL content` messages.
@@ -279,6 +280,19 @@ def main():
         write("openai_request", name, b"\0" + json.dumps(body).encode())
     for name, body in chats.items():
         write("openai_request", name, b"\1" + json.dumps(body).encode())
+    responses = {
+        "responses-text": {"input": "Hi", "instructions": "Be brief.", "max_output_tokens": 8, "temperature": 0},
+        "responses-items": {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                                      {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                                      {"type": "function_call_output", "call_id": "c1", "output": "rain"}],
+                            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+                            "tool_choice": {"type": "function", "name": "get_weather"}, "stream": True},
+        "responses-format": {"input": "A city", "text": {"format": {"type": "json_schema", "name": "c", "schema": {
+                                 "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
+                             "top_logprobs": 2, "include": ["message.output_text.logprobs"]},
+    }
+    for name, body in responses.items():
+        write("openai_request", name, b"\2" + json.dumps(body).encode())
     write("openai_request", "not-json", b"\0{\"prompt\": ")
 
     # chat_template: template NUL role NUL content ...

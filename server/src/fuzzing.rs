@@ -7,10 +7,11 @@
 use crate::http::chat_template::{ChatMessage, ChatTemplate, RenderLimits};
 use crate::http::json;
 use crate::http::openai::tool_parsers::ToolParser;
-use crate::http::openai::{chat, completions};
+use crate::http::openai::{chat, completions, responses};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use std::sync::OnceLock;
+use serde_json::Value;
 use tessera_engine::structured::Grammars;
 use tessera_engine::tokenizer::Tokenizer;
 
@@ -49,17 +50,20 @@ impl RequestContext {
 }
 
 /// A request body through the endpoints' parsing and validation up to the engine requests:
-/// the first byte picks the endpoint (even: `/v1/completions`, odd: `/v1/chat/completions`)
-/// and, for chat, the tool-call parser (the byte halved, modulo their number), the rest is the
-/// body. Refusals become their JSON error response, as in the server.
+/// the first byte picks the endpoint (odd: `/v1/chat/completions`, 2 modulo 4:
+/// `/v1/responses`, else `/v1/completions`) and, for chat and responses, the tool-call parser
+/// (the byte halved, modulo their number), the rest is the body. Refusals become their JSON error response, as in the server.
 pub fn openai_request(data: &[u8]) {
     let Some((&endpoint, body)) = data.split_first() else { return };
     let ctx = RequestContext::get();
     let value = ctx.runtime.block_on(json::read_object(Body::from(body.to_vec()), MAX_BODY));
     let result = value.and_then(|v| {
+        let parser = ToolParser::SYNTAXES[usize::from(endpoint / 2) % ToolParser::SYNTAXES.len()];
+        let chat = |v: &Value| chat::validate(v, "chatcmpl-fuzz", &ctx.template, parser, ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs);
         if endpoint % 2 == 1 {
-            let parser = ToolParser::SYNTAXES[usize::from(endpoint / 2) % ToolParser::SYNTAXES.len()];
-            chat::validate(&v, "chatcmpl-fuzz", &ctx.template, parser, ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs)
+            chat(&v)
+        } else if endpoint % 4 == 2 {
+            responses::to_chat(&v).and_then(|c| chat(&c)).map_err(responses::renamed)
         } else {
             completions::validate(&v, "cmpl-fuzz", ctx.tokenizer, Ok(&ctx.grammars), MAX_MODEL_LEN).map(|v| v.reqs)
         }

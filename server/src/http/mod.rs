@@ -142,6 +142,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let mut v1 = Router::new()
         .route("/v1/completions", post(openai::completions::completions))
         .route("/v1/chat/completions", post(openai::chat::chat_completions))
+        .route("/v1/responses", post(openai::responses::responses))
         .route("/v1/models", get(models::list))
         .route("/v1/models/:id", get(models::retrieve))
         .route("/tokenize", post(openai::tokenize::tokenize))

@@ -39,6 +39,13 @@ impl SseSender {
         self.tx.send(Ok(frame(&json))).await.map_err(|_| Closed)
     }
 
+    /// Sends one JSON event named `event` (an `event:` line before its data, as the Responses
+    /// API's streams name theirs).
+    pub async fn send_named(&self, event: &str, value: &impl Serialize) -> Result<(), Closed> {
+        let json = serde_json::to_string(value).expect("responses serialize");
+        self.tx.send(Ok(Bytes::from(format!("event: {event}\ndata: {json}\n\n")))).await.map_err(|_| Closed)
+    }
+
     /// Sends `[DONE]`, ending the stream.
     pub async fn done(self) -> Result<(), Closed> {
         self.tx.send(Ok(Bytes::from_static(DONE))).await.map_err(|_| Closed)

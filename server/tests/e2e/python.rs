@@ -43,3 +43,8 @@ fn tool_calls_round_trip_with_the_openai_client() {
 fn structured_outputs_parse_with_the_openai_client() {
     run_script("structured_outputs.py");
 }
+
+#[test]
+fn the_responses_api_works_with_the_openai_client() {
+    run_script("responses_api.py");
+}

@@ -460,7 +460,7 @@ mod tests {
         let d = serde_json::to_value(s.delta(1, "Hi".into(), vec![]).unwrap()).unwrap();
         assert_eq!(d["delta"], json!({"content": "Hi"}));
         assert!(s.delta(1, String::new(), vec![]).is_none());
-        let f = Finish { reason: FinishReason::Stop, stop_reason: Some(StopReason::Token(2)), completion_tokens: 1 };
+        let f = Finish { reason: FinishReason::Stop, stop_reason: Some(StopReason::Token(2)), completion_tokens: 1, cached_tokens: 0 };
         let end = serde_json::to_value(s.finish(1, f.clone())).unwrap();
         assert_eq!(end, json!({"index": 1, "delta": {}, "logprobs": null, "finish_reason": "stop", "stop_reason": 2}));
         let tok = TokenLogprob { id: 3, text: "Hi".into(), logprob: Some(-0.1), top: vec![("Hi".into(), -0.1)] };

@@ -271,7 +271,7 @@ mod tests {
     }
 
     fn finish() -> Finish {
-        Finish { reason: FinishReason::Length, stop_reason: None, completion_tokens: 2 }
+        Finish { reason: FinishReason::Length, stop_reason: None, completion_tokens: 2, cached_tokens: 0 }
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct Finish {
     pub stop_reason: Option<StopReason>,
     /// Tokens generated.
     pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
 }
 
 /// Everything one choice produced.
@@ -53,10 +55,10 @@ pub struct ChoiceOutput {
 }
 
 /// A choice's `Finished` event as a [`Finish`]; `None` for other events.
-fn finish_of(event: &Event) -> Option<Finish> {
+pub(super) fn finish_of(event: &Event) -> Option<Finish> {
     match event {
         Event::Finished { reason, stop_reason, usage } => {
-            Some(Finish { reason: *reason, stop_reason: stop_reason.clone(), completion_tokens: usage.completion_tokens })
+            Some(Finish { reason: *reason, stop_reason: stop_reason.clone(), completion_tokens: usage.completion_tokens, cached_tokens: usage.cached_tokens })
         }
         _ => None,
     }

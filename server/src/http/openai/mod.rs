@@ -6,6 +6,7 @@ mod generation;
 mod logprobs;
 mod request;
 mod response;
+pub mod responses;
 mod structured;
 pub mod tool_parsers;
 pub mod tools;
@@ -106,6 +107,21 @@ impl Interrupts {
     }
 }
 
+/// Every choice's output, unless the deadline passes first (a 408) or the client closes its
+/// side (499); either way the choices are aborted.
+async fn collect(events: Events, choices: usize, interrupts: &Interrupts) -> Result<Vec<generation::ChoiceOutput>, ApiError> {
+    tokio::select! {
+        outputs = generation::collect(events, choices) => outputs,
+        () = generation::until(interrupts.deadline.as_ref()) => {
+            Err(interrupts.deadline.as_ref().map(Deadline::expired).expect("only a deadline expires"))
+        }
+        () = interrupts.client_closed() => {
+            tracing::info!("the client closed its side of the connection; aborting the request");
+            Err(ApiError::client_closed())
+        }
+    }
+}
+
 /// The response to submitted choices: an SSE stream fed from a task in the current span, or
 /// (not streaming) every choice collected into one JSON body with usage. Past the deadline a
 /// collected request is answered 408 and a stream gets an error event; a client that closes
@@ -120,16 +136,7 @@ async fn deliver<S: ChunkShaper>(
     interrupts: Interrupts,
 ) -> Result<Response, ApiError> {
     if !common.stream() {
-        let outputs = tokio::select! {
-            outputs = generation::collect(events, choices) => outputs?,
-            () = generation::until(interrupts.deadline.as_ref()) => {
-                return Err(interrupts.deadline.as_ref().map(Deadline::expired).expect("only a deadline expires"));
-            }
-            () = interrupts.client_closed() => {
-                tracing::info!("the client closed its side of the connection; aborting the request");
-                return Err(ApiError::client_closed());
-            }
-        };
+        let outputs = collect(events, choices, &interrupts).await?;
         let completion_tokens = generation::completion_tokens(&outputs);
         let whole: Vec<S::Whole> = outputs.into_iter().enumerate().map(|(i, o)| shaper.whole(i, o)).collect();
         log_done(completion_tokens);

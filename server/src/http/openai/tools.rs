@@ -185,9 +185,11 @@ impl ToolCalling {
     }
 
     /// How much of `text` can be streamed as content now, `sent` bytes having gone out: the
-    /// text before the calls, less a tail that could begin them.
+    /// text before the calls, less a tail that could begin them and the whitespace before it
+    /// (content before calls is sent trimmed, so what streams is what a whole answer holds).
     pub fn streamable(&self, text: &str, sent: usize) -> usize {
-        self.parser.streamable(text, sent)
+        let upto = self.parser.streamable(text, sent);
+        sent + text[sent..upto].trim_end().len()
     }
 }
 
