@@ -381,12 +381,21 @@ impl Shape {
         }
     }
 
+    /// The tokens' logprobs as `output_text.logprobs` (none unless asked for).
+    fn token_logprobs(&self, tokens: &[TokenLogprob]) -> Vec<ChatTokenLogprob> {
+        if self.logprobs {
+            ChatLogprobs::of(tokens).content
+        } else {
+            Vec::new()
+        }
+    }
+
     /// A finished output's items: the message (when there is text, or no call) and the calls.
     fn output(&self, text: &str, tokens: &[TokenLogprob], finish: &Finish) -> Vec<Value> {
         let (content, calls) = self.split(text);
         let mut items = Vec::new();
         if content.is_some() || calls.is_empty() {
-            let logprobs = self.logprobs.then(|| ChatLogprobs::of(tokens).content).unwrap_or_default();
+            let logprobs = self.token_logprobs(tokens);
             items.push(message_item(&item_id("msg"), content.as_deref().unwrap_or(""), logprobs, item_status(finish)));
         }
         items.extend(calls.iter().map(|c| call_item(&item_id("fc"), c, &c.function.arguments, "completed")));
@@ -469,7 +478,7 @@ impl Streamer {
         let upto = self.shape.tools.as_ref().map_or(self.text.len(), |t| t.streamable(&self.text, self.sent));
         let piece = self.text[self.sent..upto].to_owned();
         self.sent = upto;
-        let logprobs = if self.shape.logprobs { ChatLogprobs::of(tokens).content } else { Vec::new() };
+        let logprobs = self.shape.token_logprobs(tokens);
         if piece.is_empty() && logprobs.is_empty() {
             return Vec::new();
         }
