@@ -15,20 +15,10 @@ import jsonschema
 import openai
 import pydantic
 
-TOOLS = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    }
-]
+import tool_calls
+
+# The chat test's tool, in the Responses API's flat form.
+TOOLS = [{"type": "function", **tool_calls.TOOLS[0]["function"], "strict": True}]
 
 
 class City(pydantic.BaseModel):
