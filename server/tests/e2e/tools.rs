@@ -42,7 +42,7 @@ fn checked(call: &Value) -> (String, Value) {
 }
 
 /// `tool_choice: "required"` without parallel calls gives one call that matches its schema,
-/// the same streamed (no content, one chunk with the whole call) or not.
+/// the same streamed (no content; the call's arguments as they are written) or not.
 async fn one_required_call_streamed_or_not(s: &Server) {
     let v = s.chat(ask(json!({"tool_choice": "required", "parallel_tool_calls": false}))).await;
     let choice = &v["choices"][0];
@@ -51,14 +51,20 @@ async fn one_required_call_streamed_or_not(s: &Server) {
     let calls = choice["message"]["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 1, "{v}");
     let whole = checked(&calls[0]);
-    // Streamed: no content, then one chunk with the whole call and finish_reason tool_calls.
+    // Streamed: no content, the call as it is written, and finish_reason tool_calls.
     let events = s.stream("/v1/chat/completions", ask(json!({"tool_choice": "required", "parallel_tool_calls": false, "stream": true}))).await;
     let content: String = events.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(content, "", "{events:?}");
+    // The call streams as OpenAI's do: a first chunk with its id, type and name, then pieces
+    // of its arguments, which add up to the whole call's.
     let deltas: Vec<&Value> = events.iter().filter_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
-    assert_eq!(deltas.len(), 1, "{events:?}");
-    assert_eq!(deltas[0]["index"], 0);
-    assert_eq!(checked(deltas[0]), whole, "streamed and whole calls differ");
+    assert!(deltas.iter().all(|d| d["index"] == 0), "{events:?}");
+    assert!(deltas[0]["id"].is_string() && deltas[0]["function"]["name"].is_string(), "{events:?}");
+    assert!(deltas[1..].iter().all(|d| d.get("id").is_none() && d["function"].get("name").is_none()), "{events:?}");
+    assert!(deltas.len() > 2, "the arguments came in pieces: {events:?}");
+    let arguments: String = deltas.iter().map(|d| d["function"]["arguments"].as_str().unwrap()).collect();
+    let streamed = json!({"id": deltas[0]["id"], "type": deltas[0]["type"], "function": {"name": deltas[0]["function"]["name"], "arguments": arguments}});
+    assert_eq!(checked(&streamed), whole, "streamed and whole calls differ");
     let last = events.iter().rev().find(|e| e["choices"][0]["finish_reason"].is_string()).unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
 }

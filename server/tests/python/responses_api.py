@@ -88,6 +88,7 @@ def main(base_url: str, model: str) -> None:
     jsonschema.validate(args, TOOLS[0]["parameters"])
     types, text, final = streamed(client, input=question, **call_ask)
     assert text == "" and "response.function_call_arguments.done" in types, types
+    assert types.count("response.function_call_arguments.delta") > 1, "the arguments stream as written"
     (again,) = final.output
     assert (again.name, json.loads(again.arguments)) == (call.name, args), (again, call)
     named = client.responses.create(input=question, **{**call_ask, "tool_choice": {"type": "function", "name": "get_weather"}})

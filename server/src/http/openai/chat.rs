@@ -8,7 +8,7 @@ use super::request::{self, refuse_set, CommonParams, DefaultMaxTokens, RequestSh
 use super::response::{stop_reason_json, Meta};
 use super::structured;
 use super::tool_parsers::ToolParser;
-use super::tools::{ToolCall, ToolCallDelta, ToolCalling};
+use super::tools::{CallsSent, ToolCall, ToolCallDelta, ToolCalling};
 use crate::http::chat_template::{ChatMessage, ChatTemplate};
 use crate::http::errors::ApiError;
 use crate::http::conn::PeerSocket;
@@ -295,8 +295,17 @@ struct Shaper {
     tools: Option<ToolCalling>,
     /// Tool-call ids start with this (`call_` and the response id's tail).
     call_id: String,
-    /// Streaming with tools: per choice, the text so far and how much of it went out as content.
-    streamed: Vec<(String, usize)>,
+    /// Streaming with tools: per choice, what it generated and sent.
+    streamed: Vec<ChoiceStream>,
+}
+
+/// A streamed choice with tools: its text so far, how much went out as content, and the calls
+/// begun.
+#[derive(Debug, Default)]
+struct ChoiceStream {
+    text: String,
+    sent: usize,
+    calls: CallsSent,
 }
 
 impl Shaper {
@@ -305,8 +314,8 @@ impl Shaper {
         Shaper { logprobs, tools, call_id: format!("call_{tail}"), streamed: Vec::new() }
     }
 
-    /// The streamed text of choice `i`, and the tool parsing, borrowed together.
-    fn stream_state(&mut self, i: usize) -> (&mut (String, usize), Option<&ToolCalling>) {
+    /// The stream of choice `i`, and the tool parsing, borrowed together.
+    fn stream_state(&mut self, i: usize) -> (&mut ChoiceStream, Option<&ToolCalling>) {
         if self.streamed.len() <= i {
             self.streamed.resize_with(i + 1, Default::default);
         }
@@ -344,38 +353,43 @@ impl ChunkShaper for Shaper {
     }
 
     fn delta(&mut self, i: usize, text: String, tokens: Vec<TokenLogprob>) -> Option<ChunkChoice> {
-        // With tools, text that may be (or is) a call is held back until the choice ends.
-        let text = if let ((full, sent), Some(t)) = self.stream_state(i) {
-            full.push_str(&text);
-            let upto = t.streamable(full, *sent);
-            let out = full[*sent..upto].to_owned();
-            *sent = upto;
-            out
+        // With tools, text that may be a call is held back; a call goes out as it is written
+        // (its name once complete, then its arguments).
+        let id = format!("{}-{i}", self.call_id);
+        let (text, calls) = if let (st, Some(t)) = self.stream_state(i) {
+            st.text.push_str(&text);
+            let upto = t.streamable(&st.text, st.sent);
+            let out = st.text[st.sent..upto].to_owned();
+            st.sent = upto;
+            (out, t.stream_calls(&st.text, &mut st.calls, &id))
         } else {
-            text
+            (text, Vec::new())
         };
-        if text.is_empty() && (tokens.is_empty() || !self.logprobs) {
+        if text.is_empty() && calls.is_empty() && (tokens.is_empty() || !self.logprobs) {
             return None;
         }
         let logprobs = self.logprobs.then(|| ChatLogprobs::of(&tokens));
-        Some(ChunkChoice::delta(i, Delta { content: Some(text), ..Delta::default() }, logprobs))
+        let content = Some(text).filter(|t| !t.is_empty() || calls.is_empty());
+        Some(ChunkChoice::delta(i, Delta { content, tool_calls: Some(calls).filter(|c| !c.is_empty()), ..Delta::default() }, logprobs))
     }
 
     fn finish(&mut self, i: usize, f: Finish) -> ChunkChoice {
-        // The held-back text: the calls it holds, or else the rest of the content.
+        // The held-back text: the rest of the calls it holds, or else the rest of the content.
         let mut delta = Delta::default();
+        let mut called = false;
         if let Some(t) = &self.tools {
-            let (full, sent) = self.streamed.get_mut(i).map(std::mem::take).unwrap_or_default();
-            let (content, calls) = t.parse(&full, &format!("{}-{i}", self.call_id));
-            if calls.is_empty() {
-                delta.content = Some(full[sent..].to_owned()).filter(|c| !c.is_empty());
-            } else {
+            let st = self.streamed.get_mut(i).map(std::mem::take).unwrap_or_default();
+            let (content, calls) = t.parse(&st.text, &format!("{}-{i}", self.call_id));
+            called = !calls.is_empty();
+            if called {
                 // Content before the calls that was held back (llama3_json's text opening with `{`).
-                delta.content = content.and_then(|c| c.get(sent..).filter(|c| !c.is_empty()).map(str::to_owned));
-                delta.tool_calls = Some(calls.into_iter().enumerate().map(|(index, call)| ToolCallDelta { index, call }).collect());
+                delta.content = content.and_then(|c| c.get(st.sent..).filter(|c| !c.is_empty()).map(str::to_owned));
+                delta.tool_calls = Some(ToolCalling::finish_calls(calls, &st.calls)).filter(|d: &Vec<ToolCallDelta>| !d.is_empty());
+            } else if !st.calls.any() {
+                delta.content = Some(st.text[st.sent..].to_owned()).filter(|c| !c.is_empty());
             }
+            // A call begun and never finished (cut short, or malformed) stays as streamed.
         }
-        let called = delta.tool_calls.is_some();
         ChunkChoice {
             finish_reason: Some(finish_reason(&f, called)),
             stop_reason: Some(stop_reason_json(f.stop_reason.as_ref())),

@@ -15,7 +15,7 @@
 use super::chat;
 use super::generation::{self, Deadline, Events, Finish};
 use super::logprobs::{ChatLogprobs, ChatTokenLogprob};
-use super::tools::{ToolCall, ToolCalling};
+use super::tools::{CallsSent, FunctionCall, ToolCall, ToolCallDelta, ToolCalling};
 use super::request::refuse_set;
 use super::Interrupts;
 use crate::http::conn::PeerSocket;
@@ -373,10 +373,15 @@ impl Shape {
         Value::Object(r)
     }
 
+    /// The prefix of the calls' ids.
+    fn call_id(&self) -> String {
+        format!("call_{}", &self.id["resp_".len()..])
+    }
+
     /// The text and the calls in a finished output (all text without tools).
     fn split(&self, text: &str) -> (Option<String>, Vec<ToolCall>) {
         match &self.tools {
-            Some(t) => t.parse(text, &format!("call_{}", &self.id["resp_".len()..])),
+            Some(t) => t.parse(text, &self.call_id()),
             None => (Some(text.to_owned()), Vec::new()),
         }
     }
@@ -433,15 +438,19 @@ struct Streamer {
     /// All generated text, and how much of it went out as message text.
     text: String,
     sent: usize,
-    /// The message item, once text has gone out: its id.
-    message: Option<String>,
-    /// The logprobs of the text sent.
-    logprobs: Vec<ChatTokenLogprob>,
+    /// The message item while it is open: its id, its text and logprobs so far.
+    message: Option<(String, String, Vec<ChatTokenLogprob>)>,
+    /// Output items done (the message once closed, then each call once finished).
+    items: Vec<Value>,
+    /// The calls begun: what the tool parsing has streamed of them.
+    calls: CallsSent,
+    /// Each call begun: its item id, output index, call id, name and arguments so far.
+    call_items: Vec<(String, usize, ToolCall)>,
 }
 
 impl Streamer {
     fn new(shape: Shape) -> Self {
-        Streamer { shape, seq: 0, text: String::new(), sent: 0, message: None, logprobs: Vec::new() }
+        Streamer { shape, seq: 0, text: String::new(), sent: 0, message: None, items: Vec::new(), calls: CallsSent::default(), call_items: Vec::new() }
     }
 
     /// An event of `kind` with `fields`, numbered.
@@ -458,74 +467,114 @@ impl Streamer {
         vec![self.event("response.created", json!({"response": r})), self.event("response.in_progress", json!({"response": r}))]
     }
 
-    /// Opens the message item and its text part (once).
-    fn open_message(&mut self, out: &mut Vec<(String, Value)>) -> String {
-        if let Some(id) = &self.message {
-            return id.clone();
+    /// Sends `piece` (and its tokens' logprobs) as message text, opening the message first.
+    fn message_text(&mut self, piece: &str, logprobs: Vec<ChatTokenLogprob>, out: &mut Vec<(String, Value)>) {
+        if self.message.is_none() {
+            let id = item_id("msg");
+            let index = self.items.len();
+            let item = message_item(&id, "", Vec::new(), "in_progress");
+            out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
+            out.push(self.event("response.content_part.added", json!({"item_id": id, "output_index": index, "content_index": 0, "part": text_part("", Vec::new())})));
+            self.message = Some((id, String::new(), Vec::new()));
         }
-        let id = item_id("msg");
-        self.message = Some(id.clone());
-        let item = message_item(&id, "", Vec::new(), "in_progress");
-        out.push(self.event("response.output_item.added", json!({"output_index": 0, "item": item})));
-        out.push(self.event("response.content_part.added", json!({"item_id": id, "output_index": 0, "content_index": 0, "part": text_part("", Vec::new())})));
-        id
+        let index = self.items.len();
+        let (id, text, all) = self.message.as_mut().expect("opened above");
+        text.push_str(piece);
+        all.extend(logprobs.iter().cloned());
+        let id = id.clone();
+        out.push(self.event("response.output_text.delta", json!({"item_id": id, "output_index": index, "content_index": 0, "delta": piece, "logprobs": logprobs})));
     }
 
-    /// New text: the part that can go out as message text (with tools, text that may be a
-    /// call is held back until the end).
+    /// Closes the message, if open.
+    fn close_message(&mut self, status: &str, out: &mut Vec<(String, Value)>) {
+        let Some((id, text, logprobs)) = self.message.take() else { return };
+        let index = self.items.len();
+        out.push(self.event("response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": logprobs})));
+        out.push(self.event("response.content_part.done", json!({"item_id": id, "output_index": index, "content_index": 0, "part": text_part(&text, logprobs.clone())})));
+        let item = message_item(&id, &text, logprobs, status);
+        out.push(self.event("response.output_item.done", json!({"output_index": index, "item": item})));
+        self.items.push(item);
+    }
+
+    /// A streamed call chunk: a new call's item (the message, before it, closed), or more of
+    /// a call's arguments.
+    fn call_chunk(&mut self, d: ToolCallDelta, out: &mut Vec<(String, Value)>) {
+        if let (Some(id), Some(name)) = (d.id, d.function.name) {
+            self.close_message("completed", out);
+            let (item, index) = (item_id("fc"), self.items.len() + self.call_items.len());
+            let call = ToolCall { id, kind: "function", function: FunctionCall { name, arguments: String::new() } };
+            out.push(self.event("response.output_item.added", json!({"output_index": index, "item": call_item(&item, &call, "", "in_progress")})));
+            self.call_items.push((item, index, call));
+        }
+        let Some((item, index, call)) = self.call_items.get_mut(d.index) else { return };
+        if d.function.arguments.is_empty() {
+            return;
+        }
+        call.function.arguments.push_str(&d.function.arguments);
+        let (item, index) = (item.clone(), *index);
+        out.push(self.event("response.function_call_arguments.delta", json!({"item_id": item, "output_index": index, "delta": d.function.arguments})));
+    }
+
+    /// New text: what can go out as message text (with tools, text that may be a call is held
+    /// back) and the calls as they are written.
     fn delta(&mut self, text: &str, tokens: &[TokenLogprob]) -> Vec<(String, Value)> {
         self.text.push_str(text);
-        let upto = self.shape.tools.as_ref().map_or(self.text.len(), |t| t.streamable(&self.text, self.sent));
+        let mut out = Vec::new();
+        let logprobs = self.shape.token_logprobs(tokens);
+        // Taken out while the stream's state changes, and put back.
+        let Some(t) = self.shape.tools.take() else {
+            self.sent = self.text.len();
+            if !text.is_empty() || !logprobs.is_empty() {
+                self.message_text(text, logprobs, &mut out);
+            }
+            return out;
+        };
+        let upto = t.streamable(&self.text, self.sent);
         let piece = self.text[self.sent..upto].to_owned();
         self.sent = upto;
-        let logprobs = self.shape.token_logprobs(tokens);
-        if piece.is_empty() && logprobs.is_empty() {
-            return Vec::new();
+        if !piece.is_empty() || (!logprobs.is_empty() && self.message.is_some()) {
+            self.message_text(&piece, logprobs, &mut out);
         }
-        let mut out = Vec::new();
-        let id = self.open_message(&mut out);
-        self.logprobs.extend(logprobs.iter().cloned());
-        out.push(self.event("response.output_text.delta", json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": piece, "logprobs": logprobs})));
+        let call_id = self.shape.call_id();
+        for d in t.stream_calls(&self.text, &mut self.calls, &call_id) {
+            self.call_chunk(d, &mut out);
+        }
+        self.shape.tools = Some(t);
         out
     }
 
-    /// The end: the held-back text, the message closed, each call as an item, then
+    /// The end: the held-back text, the rest of the calls, every item closed, then
     /// `response.completed` (or `response.incomplete`) with the whole output.
     fn finish(&mut self, finish: &Finish) -> Vec<(String, Value)> {
         let (content, calls) = self.shape.split(&self.text);
-        // The message's text: all of it, or what comes before the calls.
-        let text = if calls.is_empty() { self.text.clone() } else { content.unwrap_or_default() };
         let mut out = Vec::new();
-        // Text held back that turned out not to be calls (or to come before them).
-        let rest = text.get(self.sent..).unwrap_or("").to_owned();
-        if !rest.is_empty() || (calls.is_empty() && self.message.is_none()) {
-            let id = self.open_message(&mut out);
-            if !rest.is_empty() {
-                out.push(self.event("response.output_text.delta", json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": rest, "logprobs": []})));
+        let status = item_status(finish);
+        if calls.is_empty() && !self.calls.any() {
+            let rest = self.text[self.sent..].to_owned();
+            if !rest.is_empty() || self.message.is_none() && self.items.is_empty() {
+                self.message_text(&rest, Vec::new(), &mut out);
             }
+        } else if let Some(rest) = content.as_deref().and_then(|c| c.get(self.sent..)).filter(|r| !r.is_empty()) {
+            // Content before the calls that was held back (llama3_json's text opening with `{`).
+            let rest = rest.to_owned();
+            self.message_text(&rest, Vec::new(), &mut out);
         }
-        let mut items = Vec::new();
-        if let Some(id) = self.message.clone() {
-            let logprobs = std::mem::take(&mut self.logprobs);
-            let status = item_status(finish);
-            out.push(self.event("response.output_text.done", json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text, "logprobs": logprobs})));
-            out.push(self.event("response.content_part.done", json!({"item_id": id, "output_index": 0, "content_index": 0, "part": text_part(&text, logprobs.clone())})));
-            let item = message_item(&id, &text, logprobs, status);
-            out.push(self.event("response.output_item.done", json!({"output_index": 0, "item": item})));
-            items.push(item);
+        self.close_message(status, &mut out);
+        // A call begun and never finished (cut short, or malformed) stays as streamed.
+        let parsed = !calls.is_empty();
+        for d in ToolCalling::finish_calls(calls, &self.calls) {
+            self.call_chunk(d, &mut out);
         }
-        for call in &calls {
-            let (index, id) = (items.len(), item_id("fc"));
-            let args = &call.function.arguments;
-            out.push(self.event("response.output_item.added", json!({"output_index": index, "item": call_item(&id, call, "", "in_progress")})));
-            out.push(self.event("response.function_call_arguments.delta", json!({"item_id": id, "output_index": index, "delta": args})));
-            out.push(self.event("response.function_call_arguments.done", json!({"item_id": id, "output_index": index, "arguments": args})));
-            let item = call_item(&id, call, args, "completed");
-            out.push(self.event("response.output_item.done", json!({"output_index": index, "item": item})));
-            items.push(item);
+        let call_status = if parsed { "completed" } else { "incomplete" };
+        for (item, index, call) in std::mem::take(&mut self.call_items) {
+            let args = call.function.arguments.clone();
+            out.push(self.event("response.function_call_arguments.done", json!({"item_id": item, "output_index": index, "arguments": args})));
+            let done = call_item(&item, &call, &args, call_status);
+            out.push(self.event("response.output_item.done", json!({"output_index": index, "item": done})));
+            self.items.push(done);
         }
         let kind = if finish.reason == FinishReason::Length { "response.incomplete" } else { "response.completed" };
-        let r = self.shape.response(items, Some(finish));
+        let r = self.shape.response(std::mem::take(&mut self.items), Some(finish));
         out.push(self.event(kind, json!({"response": r})));
         out
     }

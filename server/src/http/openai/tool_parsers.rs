@@ -5,10 +5,11 @@
 //! tool's JSON schema.
 
 use serde::{Serialize, Serializer};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::fmt;
 use std::str::FromStr;
 use tessera_engine::structured::compact_schema;
+
 
 /// Hermes and Qwen3-Coder open a call with this tag.
 const TOOL_CALL: &str = "<tool_call>";
@@ -125,27 +126,39 @@ impl ToolParser {
     /// or `None` when the text holds no calls in this syntax (then it is all content). The
     /// calls must run to the end of the text. `specs` (each tool's name and parameter schema)
     /// type Qwen3-Coder's parameter values.
-    pub(crate) fn calls(self, text: &str, specs: &[(String, Value)]) -> Option<(usize, Vec<(String, Value)>)> {
+    pub(crate) fn calls(self, text: &str, specs: &[(String, Value)]) -> Option<(usize, Vec<(String, String)>)> {
         match self {
-            ToolParser::Hermes => tagged(text, |body| json_call(&serde_json::from_str(body.trim()).ok()?, &["arguments"])),
+            ToolParser::Hermes => tagged(text, |body| {
+                let (call, end) = json_object_call(body, &["arguments"])?;
+                body[end..].trim().is_empty().then_some(call)
+            }),
             ToolParser::Qwen3Coder => tagged(text, |body| xml_call(body, specs)),
             // Either of Mistral's forms, whichever the model wrote.
             ToolParser::Mistral | ToolParser::MistralArgs => {
                 let start = text.find(MISTRAL_CALLS)?;
                 let after = &text[start + MISTRAL_CALLS.len()..];
-                if after.trim_start().starts_with('[') {
-                    let (list, rest) = json_prefix(after)?;
-                    let calls = list.as_array()?.iter().map(|c| json_call(c, &["arguments"])).collect::<Option<Vec<_>>>()?;
-                    return rest.trim().is_empty().then_some((start, calls));
+                if let Some(mut rest) = after.trim_start().strip_prefix('[') {
+                    let mut calls = Vec::new();
+                    loop {
+                        let (call, end) = json_object_call(rest, &["arguments"])?;
+                        calls.push(call);
+                        rest = rest[end..].trim_start();
+                        match rest.strip_prefix(',') {
+                            Some(r) => rest = r,
+                            None => break,
+                        }
+                    }
+                    return rest.strip_prefix(']')?.trim().is_empty().then_some((start, calls));
                 }
                 let mut calls = Vec::new();
                 let mut rest = &text[start..];
                 while let Some(call) = rest.strip_prefix(MISTRAL_CALLS) {
                     let (head, args) = call.split_once(MISTRAL_ARGS)?;
                     let name = head.split_once(MISTRAL_CALL_ID).map_or(head, |(n, _)| n).trim();
-                    let (args, after) = json_prefix(args)?;
-                    calls.push((name.to_owned(), args));
-                    rest = after.trim_start();
+                    let value = partial::scan_value(args);
+                    serde_json::from_str::<Value>(&value.compact).ok().filter(|_| value.complete && value.valid)?;
+                    calls.push((name.to_owned(), value.compact));
+                    rest = args[value.end..].trim_start();
                 }
                 rest.is_empty().then_some((start, calls))
             }
@@ -157,9 +170,9 @@ impl ToolParser {
                 };
                 let mut calls = Vec::new();
                 loop {
-                    let (v, after) = json_prefix(rest)?;
-                    calls.push(json_call(&v, &["parameters", "arguments"])?);
-                    rest = after.trim_start();
+                    let (call, end) = json_object_call(rest, &["parameters", "arguments"])?;
+                    calls.push(call);
+                    rest = rest[end..].trim_start();
                     match rest.strip_prefix(';') {
                         Some(r) => rest = r,
                         None => break,
@@ -225,24 +238,20 @@ fn lit(s: &str) -> String {
     Value::from(s).to_string()
 }
 
-/// One JSON value at the start of `text` (after whitespace) and the text after it.
-fn json_prefix(text: &str) -> Option<(Value, &str)> {
-    let mut values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
-    let v = values.next()?.ok()?;
-    Some((v, &text[values.byte_offset()..]))
-}
-
-/// A call written as a JSON object: its `name` and its arguments, under the first of
-/// `arg_keys` it has.
-fn json_call(v: &Value, arg_keys: &[&str]) -> Option<(String, Value)> {
-    let name = v.get("name")?.as_str()?;
-    let args = arg_keys.iter().find_map(|k| v.get(*k))?;
-    Some((name.to_owned(), args.clone()))
+/// A call written as a JSON object at the start of `text` (after whitespace): its `name` and
+/// its arguments (under the first of `arg_keys` it has) as [`partial::call_arguments`] reports
+/// them, and the bytes up to the object's end. The object must be valid JSON.
+fn json_object_call(text: &str, arg_keys: &[&str]) -> Option<((String, String), usize)> {
+    let scan = partial::scan_call(text, arg_keys);
+    let end = scan.end.filter(|_| scan.valid)?;
+    serde_json::from_str::<Value>(&text[..end]).ok()?;
+    let args = partial::call_arguments(&text[..end], arg_keys)?;
+    Some(((scan.name?, args), end))
 }
 
 /// Calls each inside `<tool_call>...</tool_call>`, separated by whitespace, the body of each
 /// read by `call`.
-fn tagged(text: &str, mut call: impl FnMut(&str) -> Option<(String, Value)>) -> Option<(usize, Vec<(String, Value)>)> {
+fn tagged(text: &str, mut call: impl FnMut(&str) -> Option<(String, String)>) -> Option<(usize, Vec<(String, String)>)> {
     let first = text.find(TOOL_CALL)?;
     let mut calls = Vec::new();
     let mut rest = &text[first..];
@@ -254,27 +263,42 @@ fn tagged(text: &str, mut call: impl FnMut(&str) -> Option<(String, Value)>) -> 
     rest.is_empty().then_some((first, calls))
 }
 
-/// A Qwen3-Coder call body: `<function=NAME>` and its `<parameter=KEY>\nVALUE\n</parameter>`s.
-fn xml_call(body: &str, specs: &[(String, Value)]) -> Option<(String, Value)> {
-    let inner = body.trim().strip_prefix("<function=")?.strip_suffix("</function>")?;
-    let (name, mut rest) = inner.split_once('>')?;
+/// A Qwen3-Coder call body: `<function=NAME>` and its `<parameter=KEY>\nVALUE\n</parameter>`s,
+/// as the name and the arguments' JSON text.
+fn xml_call(body: &str, specs: &[(String, Value)]) -> Option<(String, String)> {
+    let (name, rest) = body.trim_start().strip_prefix("<function=")?.split_once('>')?;
+    let (args, after, closed) = xml_arguments(rest, name, specs);
+    (closed && after.trim().is_empty()).then(|| (name.to_owned(), args))
+}
+
+/// The parameters at the start of `body` (of a call of `name`) as the arguments' JSON text so
+/// far, `{"key":value` for the first complete one and `,"key":value` for each next (the value
+/// typed by the tool's schema), closed by `}` at `</function>`; the text after what was read;
+/// whether `</function>` was reached.
+fn xml_arguments<'a>(mut body: &'a str, name: &str, specs: &[(String, Value)]) -> (String, &'a str, bool) {
     let properties = specs.iter().find(|(n, _)| n == name).and_then(|(_, s)| s.get("properties"));
-    let mut args = Map::new();
+    let mut args = String::new();
     loop {
-        rest = rest.trim_start();
-        if rest.is_empty() {
-            break;
+        body = body.trim_start();
+        if let Some(after) = body.strip_prefix("</function>") {
+            if args.is_empty() {
+                args.push('{');
+            }
+            args.push('}');
+            return (args, after, true);
         }
-        let (key, after) = rest.strip_prefix("<parameter=")?.split_once('>')?;
-        let end = after.find("</parameter>")?;
+        let Some((key, after)) = body.strip_prefix("<parameter=").and_then(|b| b.split_once('>')) else { return (args, body, false) };
+        let Some(end) = after.find("</parameter>") else { return (args, body, false) };
         let raw = after[..end].strip_prefix('\n').unwrap_or(&after[..end]);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
         let schema = properties.and_then(|p| p.get(key));
         let value = if is_text(schema) { Value::from(raw) } else { serde_json::from_str(raw).unwrap_or_else(|_| Value::from(raw)) };
-        args.insert(key.to_owned(), value);
-        rest = &after[end + "</parameter>".len()..];
+        args.push(if args.is_empty() { '{' } else { ',' });
+        args.push_str(&Value::from(key).to_string());
+        args.push(':');
+        args.push_str(&value.to_string());
+        body = &after[end + "</parameter>".len()..];
     }
-    Some((name.to_owned(), Value::Object(args)))
 }
 
 /// Whether a Qwen3-Coder parameter with this schema is written as bare text (a string, or an
@@ -353,6 +377,8 @@ fn xml_value(schema: &Value) -> String {
     let max = schema.get("maxLength").and_then(Value::as_u64).map_or(String::new(), |m| m.to_string());
     format!("/[^<\\n]{{{min},{max}}}/")
 }
+
+mod partial;
 
 #[cfg(test)]
 mod tests;

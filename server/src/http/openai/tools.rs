@@ -60,15 +60,53 @@ pub struct FunctionCall {
     pub arguments: String,
 }
 
-/// A chunk's `delta.tool_calls[i]` (the whole call in one chunk, as vLLM sends a call it has
-/// parsed completely).
+/// A chunk's `delta.tool_calls[i]`, as OpenAI streams a call: its first chunk carries the id,
+/// type and name (with the arguments written so far), the next ones more of its arguments.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ToolCallDelta {
     /// Position of the call in the message.
     pub index: usize,
-    /// The call.
-    #[serde(flatten)]
-    pub call: ToolCall,
+    /// The call's id (first chunk only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first chunk only).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name (first chunk only) and a piece of the arguments.
+    pub function: FunctionDelta,
+}
+
+/// A piece of a streamed call's function.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FunctionDelta {
+    /// The function's name (first chunk only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next piece of the arguments' text.
+    pub arguments: String,
+}
+
+impl ToolCallDelta {
+    /// A call's first chunk.
+    fn head(index: usize, id: String, name: String, arguments: String) -> Self {
+        ToolCallDelta { index, id: Some(id), kind: Some("function"), function: FunctionDelta { name: Some(name), arguments } }
+    }
+
+    /// More of call `index`'s arguments.
+    fn more(index: usize, arguments: String) -> Self {
+        ToolCallDelta { index, id: None, kind: None, function: FunctionDelta { name: None, arguments } }
+    }
+}
+
+/// What a stream has sent of its calls: each begun call's arguments so far.
+#[derive(Clone, Debug, Default)]
+pub struct CallsSent(Vec<String>);
+
+impl CallsSent {
+    /// Whether any call has begun streaming.
+    pub fn any(&self) -> bool {
+        !self.0.is_empty()
+    }
 }
 
 fn valid_name(n: &str) -> bool {
@@ -171,17 +209,50 @@ impl ToolCalling {
         let calls = found
             .into_iter()
             .enumerate()
-            .map(|(i, (name, args))| {
-                // Arguments sent as a JSON text stay as they are; others are written out.
-                let arguments = match args {
-                    Value::String(s) => s,
-                    other => other.to_string(),
-                };
-                ToolCall { id: format!("{id}-{i}"), kind: "function", function: FunctionCall { name, arguments } }
-            })
+            .map(|(i, (name, arguments))| ToolCall { id: format!("{id}-{i}"), kind: "function", function: FunctionCall { name, arguments } })
             .collect();
         let content = text[..start].trim_end();
         (Some(content.to_owned()).filter(|c| !c.is_empty()), calls)
+    }
+
+    /// The calls `text` (all generated so far) shows beyond what `sent` holds: a new call's
+    /// first chunk (ids `{id}-{i}`, as [`ToolCalling::parse`] gives them), more arguments of
+    /// one already begun. Only calls of the request's tools, in order, are streamed.
+    pub fn stream_calls(&self, text: &str, sent: &mut CallsSent, id: &str) -> Vec<ToolCallDelta> {
+        let known = |n: &str| self.specs.iter().any(|(s, _)| s == n);
+        let mut out = Vec::new();
+        for (i, call) in self.parser.partial_calls(text, &self.specs).into_iter().enumerate().take_while(|(_, c)| known(&c.name)) {
+            match sent.0.get_mut(i) {
+                None => {
+                    sent.0.push(call.arguments.clone());
+                    out.push(ToolCallDelta::head(i, format!("{id}-{i}"), call.name, call.arguments));
+                }
+                Some(so_far) => {
+                    if let Some(more) = call.arguments.strip_prefix(so_far.as_str()).filter(|m| !m.is_empty()) {
+                        out.push(ToolCallDelta::more(i, more.to_owned()));
+                        *so_far = call.arguments.clone();
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The last chunks of a stream whose text parsed into `calls`: the rest of each call begun
+    /// (the whole of each call not yet begun).
+    pub fn finish_calls(calls: Vec<ToolCall>, sent: &CallsSent) -> Vec<ToolCallDelta> {
+        let mut out = Vec::new();
+        for (i, call) in calls.into_iter().enumerate() {
+            match sent.0.get(i) {
+                None => out.push(ToolCallDelta::head(i, call.id, call.function.name, call.function.arguments)),
+                Some(so_far) => match call.function.arguments.strip_prefix(so_far.as_str()) {
+                    Some("") => {}
+                    Some(rest) => out.push(ToolCallDelta::more(i, rest.to_owned())),
+                    None => tracing::warn!(call = i, "a streamed call's arguments differ from the finished call's; the stream keeps what it sent"),
+                },
+            }
+        }
+        out
     }
 
     /// How much of `text` can be streamed as content now, `sent` bytes having gone out: the

@@ -169,7 +169,7 @@ fn streamed_text_adds_up_to_the_whole_response() {
 }
 
 #[test]
-fn streamed_calls_are_held_back_then_sent_as_items() {
+fn streamed_calls_go_out_as_items_as_they_are_written() {
     let body = json!({"tools": [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]});
     let tools = || ToolCalling::from_request(&body, ToolParser::Hermes).unwrap();
     let f = finish(FinishReason::Stop, 20);
@@ -182,6 +182,15 @@ fn streamed_calls_are_held_back_then_sent_as_items() {
     assert_eq!((items[0]["type"].as_str(), items[0]["content"][0]["text"].as_str()), (Some("message"), Some("Let me look.")));
     assert_eq!((items[1]["type"].as_str(), items[1]["name"].as_str(), items[1]["arguments"].as_str()), (Some("function_call"), Some("get_time"), Some("{}")));
     assert_eq!(items[1]["call_id"], "call_ab12-0");
+    // The message closes when the call begins; the call's arguments stream as written.
+    let at = |kind: &str, item: &str| events.iter().position(|e| e["type"] == kind && (e["item"]["type"] == item || item.is_empty())).unwrap();
+    assert!(at("response.output_item.done", "message") < at("response.output_item.added", "function_call"));
+    let streamed: String = events.iter().filter(|e| e["type"] == "response.function_call_arguments.delta").map(|e| e["delta"].as_str().unwrap()).collect();
+    assert_eq!(streamed, "{}");
+    let mut s = Streamer::new(shape(tools()));
+    s.start();
+    let early: Vec<String> = pieces[..3].iter().flat_map(|p| s.delta(p, &[])).map(|(k, _)| k).collect();
+    assert!(early.contains(&"response.output_item.added".to_owned()), "the call's item is added once its name is written: {early:?}");
     let args: Vec<&Value> = events.iter().filter(|e| e["type"] == "response.function_call_arguments.done").collect();
     assert_eq!((args.len(), args[0]["output_index"].as_u64(), args[0]["arguments"].as_str()), (1, Some(1), Some("{}")));
     let whole = shape(tools()).output(&pieces.concat(), &[], &f);

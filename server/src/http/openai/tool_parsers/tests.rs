@@ -295,3 +295,57 @@ fn the_chat_template_picks_the_default() {
         assert_eq!(mistral == ToolParser::MistralArgs, template.contains("[ARGS]"), "{template}");
     }
 }
+
+/// Accumulates streamed call chunks by index, as the openai client's users do: (id, name,
+/// arguments) per call.
+fn accumulate(deltas: &[crate::http::openai::tools::ToolCallDelta]) -> Vec<(String, String, String)> {
+    let mut calls: Vec<(String, String, String)> = Vec::new();
+    for d in deltas {
+        if d.index == calls.len() {
+            calls.push(Default::default());
+        }
+        let c = &mut calls[d.index];
+        c.0 += d.id.as_deref().unwrap_or("");
+        c.1 += d.function.name.as_deref().unwrap_or("");
+        c.2 += &d.function.arguments;
+    }
+    calls
+}
+
+#[test]
+fn arguments_stream_as_written_and_add_up_to_the_finished_calls() {
+    use crate::http::openai::tools::CallsSent;
+    let mut rng = StdRng::seed_from_u64(28);
+    for round in 0..400 {
+        let p = ToolParser::SYNTAXES[round % ToolParser::SYNTAXES.len()];
+        let t = calling(p, json!("auto"));
+        let calls: Vec<(&str, Value)> = (0..rng.gen_range(1..=3))
+            .map(|_| match rng.gen_range(0..3) {
+                0 => ("get_weather", json!({"city": random_text(&mut rng, 12), "unit": "celsius", "days": rng.gen_range(1..=7)})),
+                1 => ("get_time", json!({})),
+                _ => ("set_alarm", json!({"at": {"h": rng.gen_range(0..24)}, "tags": ["home"], "loud": rng.gen_bool(0.5)})),
+            })
+            .collect();
+        // Spaces inside the JSON, as models write it.
+        let text = format!("x\n{}", render(p, &calls).replace("\":", "\": ").replace(",\"", ", \""));
+        let (_, whole) = t.parse(&text, "c");
+        assert_eq!(whole.len(), calls.len(), "{p:?}: {text:?}");
+        let (mut full, mut sent, mut deltas) = (String::new(), CallsSent::default(), Vec::new());
+        let chars: Vec<char> = text.chars().collect();
+        let mut begun_at = Vec::new();
+        for piece in chars.chunks(rng.gen_range(1..8)) {
+            full.extend(piece);
+            let new = t.stream_calls(&full, &mut sent, "c");
+            begun_at.extend(new.iter().filter(|d| d.id.is_some()).map(|_| full.len()));
+            deltas.extend(new);
+        }
+        deltas.extend(ToolCalling::finish_calls(whole.clone(), &sent));
+        let streamed = accumulate(&deltas);
+        let expect: Vec<(String, String, String)> = whole.iter().map(|c| (c.id.clone(), c.function.name.clone(), c.function.arguments.clone())).collect();
+        assert_eq!(streamed, expect, "{p:?}: {text:?}");
+        // Calls went out while the text was being written, not all at the end (a first call
+        // with arguments longer than a piece).
+        assert!(!begun_at.is_empty(), "{p:?}: {text:?}");
+        assert!(calls[0].0 == "get_time" || begun_at[0] < text.len(), "{p:?}: {text:?}");
+    }
+}
