@@ -41,6 +41,16 @@ SUITE="$(sed -n 's/^debian:\([a-z]*\).*/\1/p' <<<"$BASE_IMAGE")"
 [[ "$(id -u)" == 0 ]] || { echo "error: run as root (buildah's storage, debootstrap and chroot need it)" >&2; exit 1; }
 scripts/ensure-container-tools.sh >/dev/null
 
+# Removes DIR unless something is mounted below it (debootstrap's /proc, a layer): rm -rf would
+# reach through the mount.
+remove_unmounted() {
+    if grep -q " $1/" /proc/self/mountinfo; then
+        echo "warning: mounts left under $1; not removing it" >&2
+    else
+        rm -rf "$1"
+    fi
+}
+
 # 1. The base root filesystem, made once (one maker at a time).
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/tessera/container-base"
 BASE_TAR="$CACHE/debian-$SUITE-minbase.tar"
@@ -52,13 +62,15 @@ if [[ ! -f "$BASE_TAR" ]]; then
     rootfs="$(mktemp -d -p "$CACHE" rootfs.XXXXXX)"
     if ! debootstrap --variant=minbase "$SUITE" "$rootfs" "$MIRROR" >"$rootfs.log" 2>&1; then
         tail -n 20 "$rootfs.log" >&2
-        rm -rf "$rootfs" "$rootfs.log"
+        remove_unmounted "$rootfs"
+        rm -f "$rootfs.log"
         exit 1
     fi
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
     tar --numeric-owner -C "$rootfs" -cf "$BASE_TAR.part" .
     mv "$BASE_TAR.part" "$BASE_TAR"
-    rm -rf "$rootfs" "$rootfs.log"
+    remove_unmounted "$rootfs"
+    rm -f "$rootfs.log"
 fi
 flock -u 9
 
@@ -67,12 +79,7 @@ B=(buildah --root "$STORE/root" --runroot "$STORE/run" --storage-driver vfs)
 cleanup() {
     "${B[@]}" rm --all >/dev/null 2>&1 || true
     "${B[@]}" rmi --all --force >/dev/null 2>&1 || true
-    # vfs layers are plain directories; never remove through a mount left behind.
-    if grep -q " $STORE/" /proc/self/mountinfo; then
-        echo "warning: mounts left under $STORE; not removing it" >&2
-    else
-        rm -rf "$STORE"
-    fi
+    remove_unmounted "$STORE"
 }
 trap cleanup EXIT
 
