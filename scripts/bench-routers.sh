@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tessera replicas behind vLLM's router (from PyPI, in .venv-test/), measured with tessera-bench:
+# Tessera replicas behind a router from PyPI (in .venv-test/): vLLM's router (ROUTER=vllm-router,
+# the default) or SGLang's gateway (ROUTER=smg), measured with tessera-bench:
 # throughput against the number of replicas, and the prefix-cache hit rate with the router's
 # round-robin policy against its cache-aware one, on a workload of GROUPS system prompts shared
 # by QUESTIONS requests each (interleaved). Loopback only. Writes one line per run to stdout and
@@ -7,12 +8,19 @@
 #
 #   scripts/bench-routers.sh                  # replicas 1,2,3 x round_robin,cache_aware
 #   REPLICAS="1 2" POLICIES=cache_aware THREADS=1 PREFIX_GROUPS=12 QUESTIONS=8 scripts/bench-routers.sh
+#   ROUTER=smg scripts/bench-routers.sh
 #
 # THREADS is each replica's RAYON_NUM_THREADS (its compute threads); on a small machine give
 # each replica a share of the cores, or replicas only fight over them.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+ROUTER="${ROUTER:-vllm-router}"
+case "$ROUTER" in
+    vllm-router) LAUNCH=(-m vllm_router.launch_router --log-level warning) ;;
+    smg) LAUNCH=(-m smg launch --log-level warn) ;;
+    *) echo "ROUTER must be vllm-router or smg, not $ROUTER" >&2; exit 1 ;;
+esac
 REPLICAS="${REPLICAS:-1 2 3}"
 POLICIES="${POLICIES:-round_robin cache_aware}"
 THREADS="${THREADS:-1}"
@@ -67,18 +75,19 @@ for n in $REPLICAS; do
             urls+=("http://127.0.0.1:$port")
         done
         for u in "${urls[@]}"; do wait_http "$u/health"; done
-        "$PY" -m vllm_router.launch_router --host 127.0.0.1 --port "$BASE_PORT" --policy "$policy" \
-            --health-check-interval-secs 5 --log-level warning --worker-urls "${urls[@]}" >"$OUT/router.log" 2>&1 &
+        "$PY" "${LAUNCH[@]}" --host 127.0.0.1 --port "$BASE_PORT" --policy "$policy" \
+            --prometheus-host 127.0.0.1 --prometheus-port "$((BASE_PORT + 99))" \
+            --health-check-interval-secs 5 --worker-urls "${urls[@]}" >"$OUT/$ROUTER.log" 2>&1 &
         pids+=($!)
         wait_http "http://127.0.0.1:$BASE_PORT/v1/models"
         q0="$(scrape "$n" tessera_prefix_cache_queries_total)"; h0="$(scrape "$n" tessera_prefix_cache_hits_total)"
-        json="$OUT/r$n-$policy.json"
+        json="$OUT/$ROUTER-r$n-$policy.json"
         target/release/tessera-bench --base-url "http://127.0.0.1:$BASE_PORT" --dataset-name prompts --dataset-path "$PROMPTS" \
             --num-prompts "$NUM" --output-len "$OUTPUT_LEN" --max-concurrency "$CONCURRENCY" --no-progress \
-            --output-json "$json" >"$OUT/r$n-$policy.txt" 2>&1
+            --output-json "$json" >"$OUT/$ROUTER-r$n-$policy.txt" 2>&1
         q1="$(scrape "$n" tessera_prefix_cache_queries_total)"; h1="$(scrape "$n" tessera_prefix_cache_hits_total)"
-        python3 - "$json" "$n" "$policy" "$THREADS" "$q0" "$q1" "$h0" "$h1" <<'PY'
-import json, sys
+        ROUTER="$ROUTER" python3 - "$json" "$n" "$policy" "$THREADS" "$q0" "$q1" "$h0" "$h1" <<'PY'
+import json, os, sys
 path, n, policy, threads = sys.argv[1:5]
 q0, q1, h0, h1 = map(float, sys.argv[5:9])
 r = json.load(open(path))
@@ -91,7 +100,7 @@ def find(d, *names):
             if x is not None: return x
     return None
 print(json.dumps({
-    "replicas": int(n), "policy": policy, "threads_per_replica": int(threads),
+    "router": os.environ["ROUTER"], "replicas": int(n), "policy": policy, "threads_per_replica": int(threads),
     "completed": find(r, "completed"), "failed": find(r, "failed"),
     "output_tok_s": find(r, "output_throughput"), "req_s": find(r, "request_throughput"),
     "mean_ttft_ms": (r.get("ttft_ms") or {}).get("mean"), "p99_ttft_ms": (r.get("ttft_ms") or {}).get("p99"),

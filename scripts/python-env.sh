@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Makes .venv-test/ (git-ignored) with the Python packages the end-to-end tests use, all from
 # PyPI: the official `openai` client (with `pydantic`) and `jsonschema` for the structured-output
-# checks, vLLM's router (`vllm-router`, prebuilt wheels; the router tests put it in front of
-# tessera replicas), and `yamllint` plus `kubernetes-validate` (which ships the Kubernetes
-# schemas) for deploy/'s offline checks. Does nothing when they are there. Prints the path
-# of the python to run on stdout.
+# checks, vLLM's router (`vllm-router`) and SGLang's model gateway (`smg`), both Rust binaries in
+# prebuilt wheels (the router tests put them in front of tessera replicas), and `yamllint` plus
+# `kubernetes-validate` (which ships the Kubernetes schemas) for deploy/'s offline checks. Does
+# nothing when they are there. Prints the path of the python to run on stdout.
 #
 # Without the venv module (Debian's python3 without python3-venv), the packages go into
 # .venv-test/site-packages and .venv-test/bin/python is a wrapper that puts them on the path.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv-test"
-PACKAGES=("openai>=1.40" "jsonschema>=4" "vllm-router==0.1.17" "yamllint>=1.35" "kubernetes-validate>=1.31")
-IMPORTS="import openai, jsonschema, pydantic, vllm_router.launch_router, yamllint, kubernetes_validate"
+PACKAGES=("openai>=1.40" "jsonschema>=4" "vllm-router==0.1.17" "smg==1.13.0" "yamllint>=1.35" "kubernetes-validate>=1.31")
+IMPORTS="import openai, jsonschema, pydantic, vllm_router.launch_router, smg.launch_router, yamllint, kubernetes_validate"
 PIP_FLAGS=(--quiet --disable-pip-version-check)
 # Tests call this concurrently: one at a time, so none removes a venv another is checking.
 exec 9>"$ROOT/.venv-test.lock"

@@ -1,7 +1,8 @@
-//! deploy/: the offline checks (scripts/check-deploy.sh) and every metric the Grafana
+//! deploy/: the offline checks (scripts/check-deploy.sh), the CPU container image built from
+//! deploy/Dockerfile and run (scripts/container-test.sh), and every metric the Grafana
 //! dashboard, the alert rules and the autoscalers query exists on a live server's /metrics.
 
-use crate::harness::shared;
+use crate::harness::{shared, Server};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,30 @@ fn deploy_files_pass_offline_checks() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// deploy/Dockerfile's runtime stage, built by buildah around the binary these tests run (the
+/// base image debootstrapped from Debian's mirror, no registry), serves a completion as the
+/// image's non-root user and stops on SIGTERM; its greedy answer is the one the same binary
+/// gives outside the image.
+#[tokio::test]
+async fn the_container_image_serves_a_completion() {
+    let out = Command::new(root().join("scripts/container-test.sh"))
+        .arg(env!("CARGO_BIN_EXE_tessera"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running scripts/container-test.sh");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "scripts/container-test.sh failed:\n{stdout}{stderr}");
+    let r: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(r["user"], "10001:10001", "{r}");
+    assert_eq!((r["uid"].as_u64(), r["gid"].as_u64()), (Some(10001), Some(10001)), "the server runs as the image's user: {r}");
+    assert_eq!(r["exit"], 0, "{r}");
+    let completion = &r["completion"];
+    assert_eq!(completion["model"], "SmolLM2-135M-Instruct.Q4_1", "the image serves its model: {r}");
+    assert_eq!(completion["usage"]["completion_tokens"], 8, "{r}");
+    let outside = Server::start(&[]).complete(r["request"].clone()).await;
+    assert_eq!(completion["choices"][0]["text"], outside["choices"][0]["text"], "{r}\n{outside}");
 }
 
 /// PromQL's aggregation operators and keywords (never metric names).
