@@ -93,6 +93,14 @@ pub fn default_tokenizer() -> &'static Tokenizer {
     })
 }
 
+/// The default model's tokenizer with `texts` added as special tokens (ids after the
+/// vocabulary's): for tests of syntaxes whose markers are special tokens in other models.
+pub fn default_tokenizer_with_special(texts: &[&str]) -> Tokenizer {
+    let mut tok = default_tokenizer().clone();
+    tok.add_special_tokens(texts);
+    tok
+}
+
 /// What a server does with a checkpoint after reading it: touch every tensor, build the
 /// tokenizer and decode a few ids, build the model.
 fn use_checkpoint(weights: &ModelWeights) -> Result<(), LoadError> {

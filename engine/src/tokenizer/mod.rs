@@ -59,6 +59,19 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The id of the special token whose text is exactly `text` (an added token the vocabulary
+    /// marks special, such as `<|python_tag|>` or `[TOOL_CALLS]`), if there is one.
+    pub fn special_token_id(&self, text: &str) -> Option<u32> {
+        let added = self.inner.get_added_vocabulary().get_added_tokens_decoder();
+        added.iter().find(|(_, t)| t.special && t.content == text).map(|(id, _)| *id)
+    }
+
+    /// Adds special tokens to the vocabulary (test vocabularies, [`crate::fuzzing`]).
+    pub(crate) fn add_special_tokens(&mut self, texts: &[&str]) {
+        let tokens: Vec<tokenizers::AddedToken> = texts.iter().map(|t| tokenizers::AddedToken::from(t.to_string(), true)).collect();
+        self.inner.add_special_tokens(&tokens);
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -197,7 +197,7 @@ pub(crate) fn validate(
         add_special_tokens: own.add_special_tokens.unwrap_or(true),
     };
     let prompt = conversation_tokens(template, tok, &messages, how, tools.as_ref().map(ToolCalling::template_tools))?;
-    let guide = match tools.as_ref().and_then(ToolCalling::constraint) {
+    let guide = match tools.as_ref().and_then(|t| t.constraint(tok)) {
         Some(c) => {
             if structured::is_set(value)? {
                 return Err(ApiError::invalid("tool_choice", "tool_choice required or a named function cannot be combined with a structured-output constraint"));

@@ -184,27 +184,30 @@ impl ToolParser {
     }
 
     /// A Lark grammar whose sentences are calls of `specs` in this syntax: one, or with `many`
-    /// one or more, each naming a tool and with arguments valid against its schema.
-    pub(crate) fn grammar(self, specs: &[&(String, Value)], many: bool) -> String {
+    /// one or more, each naming a tool and with arguments valid against its schema. A marker
+    /// that is a special token of the vocabulary (`special(text)` gives its id) is written as
+    /// that token, as the model was trained to write it, not spelled out in text.
+    pub(crate) fn grammar(self, specs: &[&(String, Value)], many: bool, special: impl Fn(&str) -> Option<u32>) -> String {
+        let mark = |s: &str| special(s).map_or_else(|| lit(s), |id| format!("<[{id}]>"));
         let (before, sep, after) = match self {
-            ToolParser::Hermes | ToolParser::Qwen3Coder => ("", "\n", ""),
-            ToolParser::Llama3Json => ("", "; ", ""),
-            ToolParser::Mistral => ("[TOOL_CALLS][", ", ", "]"),
-            ToolParser::MistralArgs => ("", "", ""),
+            ToolParser::Hermes | ToolParser::Qwen3Coder => (String::new(), "\n", ""),
+            ToolParser::Llama3Json => (String::new(), "; ", ""),
+            ToolParser::Mistral => (format!("{} \"[\" ", mark(MISTRAL_CALLS)), ", ", "]"),
+            ToolParser::MistralArgs => (String::new(), "", ""),
         };
-        let around = |s: &str| if s.is_empty() { String::new() } else { format!("{} ", lit(s)) };
         let more = match (many, sep) {
             (false, _) => String::new(),
             (true, "") => " call*".to_owned(),
             (true, sep) => format!(" ({} call)*", lit(sep)),
         };
-        let start = format!("start: {}call{more}{}", around(before), if after.is_empty() { String::new() } else { format!(" {}", lit(after)) });
+        let start = format!("start: {before}call{more}{}", if after.is_empty() { String::new() } else { format!(" {}", lit(after)) });
+        let (open, close) = (mark(TOOL_CALL), mark(TOOL_CALL_END));
         let rules = match self {
-            ToolParser::Hermes => format!("call: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {}", json_calls(specs, "arguments")),
+            ToolParser::Hermes => format!("call: {open} \"\\n\" body \"\\n\" {close}\nbody: %json {}", json_calls(specs, "arguments")),
             ToolParser::Llama3Json => format!("call: %json {}", json_calls(specs, "parameters")),
             ToolParser::Mistral => format!("call: %json {}", json_calls(specs, "arguments")),
-            ToolParser::MistralArgs => mistral_args_rules(specs),
-            ToolParser::Qwen3Coder => xml_rules(specs),
+            ToolParser::MistralArgs => mistral_args_rules(specs, &mark),
+            ToolParser::Qwen3Coder => xml_rules(specs, &open, &close),
         };
         format!("{start}\n{rules}\n")
     }
@@ -333,28 +336,32 @@ fn json_calls(specs: &[&(String, Value)], arg_key: &str) -> Value {
 
 /// Mistral v11's call rules: `[TOOL_CALLS]NAME[ARGS]` and arguments valid against that tool's
 /// schema, one rule per tool.
-fn mistral_args_rules(specs: &[&(String, Value)]) -> String {
+fn mistral_args_rules(specs: &[&(String, Value)], mark: &dyn Fn(&str) -> String) -> String {
     let funcs: Vec<String> = (0..specs.len()).map(|i| format!("f{i}")).collect();
     let mut rules = vec![format!("call: {}", funcs.join(" | "))];
+    let (calls, args) = (mark(MISTRAL_CALLS), mark(MISTRAL_ARGS));
     for (i, (name, params)) in specs.iter().enumerate() {
-        rules.push(format!("f{i}: {} %json {}", lit(&format!("{MISTRAL_CALLS}{name}{MISTRAL_ARGS}")), compact_schema(params.clone())));
+        rules.push(format!("f{i}: {calls} {} {args} %json {}", lit(name), compact_schema(params.clone())));
     }
     rules.join("\n")
 }
 
 /// Qwen3-Coder's call rules: one function rule per tool, with its required parameters in
-/// order and the others optional. A text value follows its `enum` or `const`, and its
-/// `minLength`/`maxLength`, on one line without `<` (a `pattern` is not enforced); a typed
-/// value is JSON valid against its schema.
-fn xml_rules(specs: &[&(String, Value)]) -> String {
+/// order and the others optional. A text value follows its `enum` or `const`, its
+/// `minLength`/`maxLength` and its `pattern`, on one line without `<`; a typed value is JSON
+/// valid against its schema.
+fn xml_rules(specs: &[&(String, Value)], open: &str, close: &str) -> String {
     let mut rules = Vec::new();
     let funcs: Vec<String> = (0..specs.len()).map(|i| format!("f{i}")).collect();
-    rules.push(format!("call: \"<tool_call>\\n\" ({}) \"</tool_call>\"", funcs.join(" | ")));
+    rules.push(format!("call: {open} \"\\n\" ({}) {close}", funcs.join(" | ")));
     for (i, (name, params)) in specs.iter().enumerate() {
         let required: Vec<&str> = params.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
         let mut items = Vec::new();
         for (j, (key, schema)) in params.get("properties").and_then(Value::as_object).into_iter().flatten().enumerate() {
-            let (p, v) = (format!("p{i}_{j}"), format!("v{i}_{j}"));
+            // Text values are lexemes (upper-case names: the pattern's `&` needs one), typed
+            // values rules.
+            let p = format!("p{i}_{j}");
+            let v = if is_text(Some(schema)) { format!("V{i}_{j}") } else { format!("v{i}_{j}") };
             items.push(if required.contains(&key.as_str()) { p.clone() } else { format!("{p}?") });
             rules.push(format!("{p}: {} {v} \"\\n</parameter>\\n\"", lit(&format!("<parameter={key}>\n"))));
             rules.push(format!("{v}: {}", xml_value(schema)));
@@ -375,7 +382,27 @@ fn xml_value(schema: &Value) -> String {
     }
     let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
     let max = schema.get("maxLength").and_then(Value::as_u64).map_or(String::new(), |m| m.to_string());
-    format!("/[^<\\n]{{{min},{max}}}/")
+    let line = format!("/[^<\\n]{{{min},{max}}}/");
+    match schema.get("pattern").and_then(Value::as_str) {
+        // Both: a line that the pattern also matches (llguidance intersects the two lexemes).
+        Some(pattern) => format!("{line} & /{}/", searched(pattern).replace('/', "\\/")),
+        None => line,
+    }
+}
+
+/// A JSON-schema `pattern` (which matches anywhere in the string unless anchored) as a regular
+/// expression the whole value must match (a pattern the grammar compiler cannot take, say with
+/// anchors inside an alternation, makes the request a 400).
+fn searched(pattern: &str) -> String {
+    // With an alternation the anchors may belong to one branch: left as they are.
+    if pattern.contains('|') {
+        return format!(".*(?:{pattern}).*");
+    }
+    let start = pattern.strip_prefix('^');
+    let inner = start.unwrap_or(pattern);
+    let end = inner.strip_suffix('$').filter(|i| !i.ends_with('\\'));
+    let inner = end.unwrap_or(inner);
+    format!("{}(?:{inner}){}", if start.is_some() { "" } else { ".*" }, if end.is_some() { "" } else { ".*" })
 }
 
 mod partial;

@@ -10,6 +10,7 @@ use crate::http::errors::ApiError;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tessera_engine::structured::Constraint;
+use tessera_engine::tokenizer::Tokenizer;
 
 /// What `tool_choice` asks for.
 #[derive(Clone, Debug, PartialEq)]
@@ -190,14 +191,15 @@ impl ToolCalling {
 
     /// The grammar that enforces `required` or a named function: one call (several with
     /// `parallel_tool_calls` and `required`) in the parser's syntax, each naming a tool and
-    /// with arguments that match that tool's parameter schema.
-    pub fn constraint(&self) -> Option<Constraint> {
+    /// with arguments that match that tool's parameter schema; markers that are special tokens
+    /// of `tok` are forced as those tokens.
+    pub fn constraint(&self, tok: &Tokenizer) -> Option<Constraint> {
         let (specs, many): (Vec<&(String, Value)>, bool) = match &self.choice {
             ToolChoice::None | ToolChoice::Auto => return None,
             ToolChoice::Required => (self.specs.iter().collect(), self.parallel),
             ToolChoice::Named(n) => (self.specs.iter().filter(|(s, _)| s == n).collect(), false),
         };
-        Some(Constraint::Lark(self.parser.grammar(&specs, many)))
+        Some(Constraint::Lark(self.parser.grammar(&specs, many, |m| tok.special_token_id(m))))
     }
 
     /// The calls in `text` and the text before the first one (`None` when empty). Calls that
@@ -267,6 +269,7 @@ impl ToolCalling {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_engine::fuzzing::default_tokenizer;
 
     fn weather() -> Value {
         json!({
@@ -345,16 +348,16 @@ mod tests {
     #[test]
     fn required_and_named_choices_have_a_grammar_auto_and_none_do_not() {
         let t = hermes(&weather()).unwrap().unwrap();
-        assert_eq!(t.constraint(), None);
+        assert_eq!(t.constraint(default_tokenizer()), None);
         let none = hermes(&with(weather(), "tool_choice", json!("none"))).unwrap().unwrap();
-        assert!(!none.parses() && none.constraint().is_none());
-        let Some(Constraint::Lark(g)) = hermes(&with(weather(), "tool_choice", json!("required"))).unwrap().unwrap().constraint() else { panic!() };
+        assert!(!none.parses() && none.constraint(default_tokenizer()).is_none());
+        let Some(Constraint::Lark(g)) = hermes(&with(weather(), "tool_choice", json!("required"))).unwrap().unwrap().constraint(default_tokenizer()) else { panic!() };
         assert!(g.starts_with("start: call (\"\\n\" call)*") && g.contains("get_weather") && g.contains("get_time"), "{g}");
         let one = with(with(weather(), "tool_choice", json!("required")), "parallel_tool_calls", json!(false));
-        let Some(Constraint::Lark(g)) = hermes(&one).unwrap().unwrap().constraint() else { panic!() };
+        let Some(Constraint::Lark(g)) = hermes(&one).unwrap().unwrap().constraint(default_tokenizer()) else { panic!() };
         assert!(g.starts_with("start: call\n"), "{g}");
         let named = with(weather(), "tool_choice", json!({"type": "function", "function": {"name": "get_time"}}));
-        let Some(Constraint::Lark(g)) = hermes(&named).unwrap().unwrap().constraint() else { panic!() };
+        let Some(Constraint::Lark(g)) = hermes(&named).unwrap().unwrap().constraint(default_tokenizer()) else { panic!() };
         assert!(g.contains("get_time") && !g.contains("get_weather"), "{g}");
     }
 }

@@ -8,7 +8,8 @@ use super::*;
 use crate::http::openai::tools::ToolCalling;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera_engine::fuzzing::default_tokenizer;
+use tessera_engine::fuzzing::{default_tokenizer, default_tokenizer_with_special};
+use tessera_engine::tokenizer::Tokenizer;
 use tessera_engine::structured::{Constraint, Grammars};
 
 fn tools() -> Value {
@@ -206,9 +207,13 @@ fn grammars() -> &'static Grammars {
 /// A sentence of `c` drawn token by token at random from the allowed ones (ending when EOS
 /// is allowed and drawn, or the grammar is complete).
 fn sample(c: &Constraint, rng: &mut StdRng) -> String {
-    let tok = default_tokenizer();
+    sample_ids(c, rng, grammars(), default_tokenizer()).1
+}
+
+/// [`sample`] over `tok`'s vocabulary: the ids drawn and their text.
+fn sample_ids(c: &Constraint, rng: &mut StdRng, grammars: &Grammars, tok: &Tokenizer) -> (Vec<u32>, String) {
     let eos = tok.special().eos[0];
-    let mut guide = grammars().compile(c).unwrap_or_else(|e| panic!("{e}: {c:?}"));
+    let mut guide = grammars.compile(c).unwrap_or_else(|e| panic!("{e}: {c:?}"));
     let mut ids = Vec::new();
     while !guide.is_complete() {
         assert!(ids.len() < 400, "no end in sight: {:?}", tok.decode(&ids));
@@ -221,7 +226,7 @@ fn sample(c: &Constraint, rng: &mut StdRng) -> String {
         guide.advance(id).unwrap();
         ids.push(id);
     }
-    tok.decode(&ids)
+    (ids.clone(), tok.decode(&ids))
 }
 
 /// Checks arguments against the test tools' schemas.
@@ -251,7 +256,7 @@ fn forced_call_grammars_compile_and_their_sentences_parse_back() {
         for (choice, parallel) in [(json!("required"), true), (json!("required"), false), (json!({"type": "function", "function": {"name": "get_weather"}}), true)] {
             let body = json!({"tools": tools(), "tool_choice": choice, "parallel_tool_calls": parallel});
             let t = ToolCalling::from_request(&body, p).unwrap().unwrap();
-            let c = t.constraint().unwrap();
+            let c = t.constraint(default_tokenizer()).unwrap();
             for _ in 0..4 {
                 let text = sample(&c, &mut rng);
                 let (content, calls) = parsed(&t, &text);
@@ -348,4 +353,56 @@ fn arguments_stream_as_written_and_add_up_to_the_finished_calls() {
         assert!(!begun_at.is_empty(), "{p:?}: {text:?}");
         assert!(calls[0].0 == "get_time" || begun_at[0] < text.len(), "{p:?}: {text:?}");
     }
+}
+
+#[test]
+fn markers_that_are_special_tokens_are_forced_as_those_tokens() {
+    // A vocabulary where every syntax's markers are special tokens, as in Qwen's, Llama 3's
+    // and Mistral's tokenizers.
+    let markers = ["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]"];
+    let tok = default_tokenizer_with_special(&markers);
+    let ids: Vec<u32> = markers.iter().map(|m| tok.special_token_id(m).unwrap()).collect();
+    assert!(ids.iter().all(|&id| id as usize >= default_tokenizer().vocab_size()), "{ids:?}");
+    assert_eq!(tok.special_token_id("<|im_start|>"), default_tokenizer().special_token_id("<|im_start|>"));
+    assert_eq!(tok.special_token_id("hello"), None);
+    let grammars = Grammars::new(&tok, tok.vocab_size()).unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+    for p in [ToolParser::Hermes, ToolParser::Qwen3Coder, ToolParser::Mistral, ToolParser::MistralArgs] {
+        let t = calling(p, json!("required"));
+        let Some(Constraint::Lark(g)) = t.constraint(&tok) else { panic!("{p:?}") };
+        assert!(!markers.iter().any(|m| g.contains(&lit(m))), "{p:?} spells a marker out: {g}");
+        for _ in 0..3 {
+            let (drawn, text) = sample_ids(&Constraint::Lark(g.clone()), &mut rng, &grammars, &tok);
+            // The call opens with the marker's one token, and the text parses back.
+            assert!(ids.contains(&drawn[0]), "{p:?}: {text:?} opens with {}", drawn[0]);
+            let (content, calls) = parsed(&t, &text);
+            assert!(content.is_none() && !calls.is_empty(), "{p:?}: {text:?}");
+            for (name, args) in &calls {
+                check_args(name, args);
+            }
+        }
+    }
+}
+
+#[test]
+fn qwen3_coder_text_values_follow_their_pattern() {
+    let body = json!({"tools": [{"type": "function", "function": {"name": "book", "parameters": {"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2,4}$"},
+        "note": {"type": "string", "pattern": "ok/fine", "maxLength": 12},
+    }, "required": ["code", "note"]}}}], "tool_choice": "required", "parallel_tool_calls": false});
+    let t = ToolCalling::from_request(&body, ToolParser::Qwen3Coder).unwrap().unwrap();
+    let c = t.constraint(default_tokenizer()).unwrap();
+    let code = regex::Regex::new("^[A-Z]{3}-[0-9]{2,4}$").unwrap();
+    let mut rng = StdRng::seed_from_u64(3);
+    for _ in 0..12 {
+        let text = sample(&c, &mut rng);
+        let (_, calls) = parsed(&t, &text);
+        let args = &calls[0].1;
+        assert!(code.is_match(args["code"].as_str().unwrap()), "{text:?}");
+        let note = args["note"].as_str().unwrap();
+        assert!(note.contains("ok/fine") && note.chars().count() <= 12 && !note.contains('<'), "{text:?}");
+    }
+    assert_eq!(searched("^ab$"), "(?:ab)");
+    assert_eq!(searched("^a|b$"), ".*(?:^a|b$).*");
+    assert_eq!(searched("x\\$"), ".*(?:x\\$).*");
 }
