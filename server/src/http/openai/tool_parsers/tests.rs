@@ -170,19 +170,24 @@ fn random_text(rng: &mut StdRng, max: usize) -> String {
     (0..rng.gen_range(0..=max)).map(|_| CHARS[rng.gen_range(0..CHARS.len())]).collect()
 }
 
+/// One to three random calls of the test tools, with arguments valid against their schemas.
+fn random_calls(rng: &mut StdRng) -> Vec<(&'static str, Value)> {
+    (0..rng.gen_range(1..=3))
+        .map(|_| match rng.gen_range(0..3) {
+            0 => ("get_weather", json!({"city": random_text(rng, 12), "unit": "fahrenheit", "days": rng.gen_range(1..=7)})),
+            1 => ("get_time", json!({})),
+            _ => ("set_alarm", json!({"at": {"h": rng.gen_range(0..24)}, "tags": ["home"], "loud": rng.gen_bool(0.5)})),
+        })
+        .collect()
+}
+
 #[test]
 fn random_calls_round_trip_and_never_stream_as_content() {
     let mut rng = StdRng::seed_from_u64(26);
     for round in 0..400 {
         let p = ToolParser::SYNTAXES[round % ToolParser::SYNTAXES.len()];
         let t = calling(p, json!("auto"));
-        let calls: Vec<(&str, Value)> = (0..rng.gen_range(1..=3))
-            .map(|_| match rng.gen_range(0..3) {
-                0 => ("get_weather", json!({"city": random_text(&mut rng, 12), "unit": "fahrenheit", "days": rng.gen_range(1..=7)})),
-                1 => ("get_time", json!({})),
-                _ => ("set_alarm", json!({"at": {"h": rng.gen_range(0..24)}, "loud": rng.gen_bool(0.5)})),
-            })
-            .collect();
+        let calls = random_calls(&mut rng);
         // Content that cannot be taken for a call: no `<`, and not opening with `{`.
         let content = format!("x{}", random_text(&mut rng, 20).replace("[TOOL_CALLS]", "")).trim_end().to_owned();
         let text = format!("{content}\n{}", render(p, &calls));
@@ -324,13 +329,7 @@ fn arguments_stream_as_written_and_add_up_to_the_finished_calls() {
     for round in 0..400 {
         let p = ToolParser::SYNTAXES[round % ToolParser::SYNTAXES.len()];
         let t = calling(p, json!("auto"));
-        let calls: Vec<(&str, Value)> = (0..rng.gen_range(1..=3))
-            .map(|_| match rng.gen_range(0..3) {
-                0 => ("get_weather", json!({"city": random_text(&mut rng, 12), "unit": "celsius", "days": rng.gen_range(1..=7)})),
-                1 => ("get_time", json!({})),
-                _ => ("set_alarm", json!({"at": {"h": rng.gen_range(0..24)}, "tags": ["home"], "loud": rng.gen_bool(0.5)})),
-            })
-            .collect();
+        let calls = random_calls(&mut rng);
         // Spaces inside the JSON, as models write it.
         let text = format!("x\n{}", render(p, &calls).replace("\":", "\": ").replace(",\"", ", \""));
         let (_, whole) = t.parse(&text, "c");
