@@ -94,7 +94,7 @@ pub fn chat_template(data: &[u8]) -> Result<String, String> {
         messages.push(ChatMessage { role: role.into_owned(), content, name, ..Default::default() });
     }
     let t = ChatTemplate::with_limits(&source, "<|endoftext|>", "<|im_end|>", TEMPLATE_FUZZ_LIMITS)?;
-    let rendered = t.render(&messages, true, None)?;
+    let rendered = t.render(&messages, true, None, None)?;
     std::hint::black_box(t.without_duplicate_bos(&rendered, true));
     Ok(rendered)
 }

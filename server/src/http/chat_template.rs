@@ -79,9 +79,10 @@ impl ChatTemplate {
     }
 
     /// The prompt text for `messages`, ending with the assistant's turn opener when
-    /// `add_generation_prompt`. The error is the template's own complaint (e.g. from
+    /// `add_generation_prompt`; `tools` and `reasoning_effort` are the template's variables of
+    /// those names (none when not given), as transformers passes them. The error is the template's own complaint (e.g. from
     /// `raise_exception`), a limit of [`RenderLimits`] reached, or another rendering failure.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, tools: Option<&serde_json::Value>) -> Result<String, String> {
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, tools: Option<&serde_json::Value>, reasoning_effort: Option<&str>) -> Result<String, String> {
         let tmpl = self.env.get_template(NAME).map_err(|e| e.to_string())?;
         let mut out = BoundedWriter { buf: Vec::new(), limit: self.limits.max_output_bytes };
         // `tools` as transformers passes them: the request's list, or none.
@@ -91,6 +92,7 @@ impl ChatTemplate {
             bos_token => self.bos_token,
             eos_token => self.eos_token,
             tools => tools,
+            reasoning_effort => reasoning_effort,
         };
         tmpl.render_captured_to(ctx, &mut out).map_err(|e| match e.kind() {
             ErrorKind::OutOfFuel => format!(
@@ -178,6 +180,13 @@ mod tests {
     }
 
     #[test]
+    fn reasoning_effort_reaches_the_template() {
+        let t = ChatTemplate::new("{% if reasoning_effort is none %}default{% else %}effort={{ reasoning_effort }}{% endif %}", "", "").unwrap();
+        assert_eq!(t.render(&[msg("user", "x")], false, None, None).unwrap(), "default");
+        assert_eq!(t.render(&[msg("user", "x")], false, None, Some("high")).unwrap(), "effort=high");
+    }
+
+    #[test]
     fn tools_and_tool_turns_reach_the_template() {
         let src = "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}[{{ m.role }} {{ m.tool_call_id }} {{ m.tool_calls[0].function.name if m.tool_calls else '' }}]{% endfor %}";
         let t = ChatTemplate::new(src, "", "").unwrap();
@@ -187,22 +196,22 @@ mod tests {
             ChatMessage { tool_calls: Some(call), ..msg("assistant", "") },
             ChatMessage { tool_call_id: Some("c1".into()), ..msg("tool", "sunny") },
         ];
-        assert_eq!(t.render(&msgs, false, Some(&tools)).unwrap(), "get_weather;[assistant  get_weather][tool c1 ]");
+        assert_eq!(t.render(&msgs, false, Some(&tools), None).unwrap(), "get_weather;[assistant  get_weather][tool c1 ]");
         // Without tools the variable is none, as transformers passes it (`tools=None`).
         let plain = ChatTemplate::new("{% if tools is none %}none{% else %}tools{% endif %}", "", "").unwrap();
-        assert_eq!(plain.render(&[msg("user", "x")], false, None).unwrap(), "none");
+        assert_eq!(plain.render(&[msg("user", "x")], false, None, None).unwrap(), "none");
     }
 
     #[test]
     fn renders_chatml_with_generation_prompt() {
         let t = ChatTemplate::new(CHATML, "<|endoftext|>", "<|im_end|>").unwrap();
         assert_eq!(
-            t.render(&[msg("user", "Hi")], true, None).unwrap(),
+            t.render(&[msg("user", "Hi")], true, None, None).unwrap(),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
              <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
         assert_eq!(
-            t.render(&[msg("system", "Be brief."), msg("user", "Hi")], true, None).unwrap(),
+            t.render(&[msg("system", "Be brief."), msg("user", "Hi")], true, None, None).unwrap(),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
     }
@@ -212,12 +221,12 @@ mod tests {
         // A Llama-2-style template: whitespace control, .strip(), bos/eos, role alternation check.
         let src = "{{ bos_token }}\n{% for m in messages %}\n    {% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}\n        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}\n    {% endif %}\n    {% if m['role'] == 'user' %}\n        {{ '[INST] ' + m['content'].strip() + ' [/INST]' }}\n    {% else %}\n        {{ ' ' + m['content'].strip() + ' ' + eos_token }}\n    {% endif %}\n{% endfor %}\n";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
-        let out = t.render(&[msg("user", "  a  "), msg("assistant", " b "), msg("user", "c")], true, None).unwrap();
+        let out = t.render(&[msg("user", "  a  "), msg("assistant", " b "), msg("user", "c")], true, None, None).unwrap();
         assert_eq!(
             out.split_whitespace().collect::<Vec<_>>().join(" "),
             "<s> [INST] a [/INST] b </s> [INST] c [/INST]"
         );
-        let err = t.render(&[msg("assistant", "x")], true, None).unwrap_err();
+        let err = t.render(&[msg("assistant", "x")], true, None, None).unwrap_err();
         assert_eq!(err, "Conversation roles must alternate user/assistant/user/assistant/...");
     }
 
@@ -231,7 +240,7 @@ mod tests {
     fn names_reach_the_template() {
         let t = ChatTemplate::new("{% for m in messages %}{{ m.name or '-' }}:{{ m.content }};{% endfor %}", "", "").unwrap();
         let named = ChatMessage { name: Some("ann".into()), ..msg("user", "x") };
-        assert_eq!(t.render(&[named, msg("user", "y")], true, None).unwrap(), "ann:x;-:y;");
+        assert_eq!(t.render(&[named, msg("user", "y")], true, None, None).unwrap(), "ann:x;-:y;");
     }
 
     /// Templates that would never end, recurse without bound or render without bound fail
@@ -249,7 +258,7 @@ mod tests {
         for (src, want) in cases {
             let t = ChatTemplate::new(src, "", "").unwrap();
             let start = std::time::Instant::now();
-            let err = t.render(&[msg("user", "hi")], true, None).unwrap_err();
+            let err = t.render(&[msg("user", "hi")], true, None, None).unwrap_err();
             assert!(err.contains(want), "{src}: {err}");
             assert!(start.elapsed().as_secs_f64() < 10.0, "{src}: {:?}", start.elapsed());
         }
@@ -263,11 +272,11 @@ mod tests {
             "",
         )
         .unwrap();
-        assert_eq!(t.render(&[], true, None).unwrap(), "[0, 1, 2] [1, 2, 3] [5, 3, 1] [] [0]");
+        assert_eq!(t.render(&[], true, None, None).unwrap(), "[0, 1, 2] [1, 2, 3] [5, 3, 1] [] [0]");
         let extreme = ChatTemplate::new("{{ range(-9223372036854775808, 9223372036854775807, -1)|list }}{{ range(1, 2, 0) }}", "", "").unwrap();
-        assert_eq!(extreme.render(&[], true, None).unwrap_err(), "range() step must not be zero");
+        assert_eq!(extreme.render(&[], true, None, None).unwrap_err(), "range() step must not be zero");
         let huge = ChatTemplate::new("{{ range(-9223372036854775808, 9223372036854775807) }}", "", "").unwrap();
-        assert!(huge.render(&[], true, None).unwrap_err().contains("at most 10000"));
+        assert!(huge.render(&[], true, None, None).unwrap_err().contains("at most 10000"));
     }
 
     /// Rendering runs on tokio worker threads (2 MiB of stack): the deepest nesting the
@@ -278,7 +287,7 @@ mod tests {
         let t = ChatTemplate::new(src, "", "").unwrap();
         let err = std::thread::Builder::new()
             .stack_size(2 << 20)
-            .spawn(move || t.render(&[msg("user", "x")], true, None))
+            .spawn(move || t.render(&[msg("user", "x")], true, None, None))
             .unwrap()
             .join()
             .expect("no stack overflow")

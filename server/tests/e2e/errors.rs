@@ -81,6 +81,7 @@ async fn invalid_chat_parameters() {
         (json!({"messages": m, "tool_choice": "required"}), "tool_choice"),
         (json!({"messages": m, "logit_bias": {"42": 5}}), "logit_bias"),
         (json!({"messages": m, "chat_template": "{{ 1 }}"}), "chat_template"),
+        (json!({"messages": m, "reasoning_effort": "extreme"}), "reasoning_effort"),
     ];
     for (body, param) in cases {
         let (status, v) = s.post("/v1/chat/completions", &body).await;

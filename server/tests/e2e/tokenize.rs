@@ -67,6 +67,7 @@ async fn bad_tokenize_requests_are_400s_naming_the_field() {
         ("/tokenize", json!({"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "retrieval"}]}), "tools[0].type"),
         ("/tokenize", json!({"messages": [{"role": "user", "content": "b"}], "tool_choice": "required"}), "tool_choice"),
         ("/tokenize", json!({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
+        ("/tokenize", json!({"messages": [{"role": "user", "content": "b"}], "reasoning_effort": "max"}), "reasoning_effort"),
         ("/detokenize", json!({}), "tokens"),
         ("/detokenize", json!({"tokens": [1, -2]}), "tokens[1]"),
         ("/detokenize", json!({"tokens": [1, 4000000]}), "tokens[1]"),

@@ -114,6 +114,7 @@ def main(base_url: str, model: str) -> None:
     # Refusals name the Responses field.
     for extra, param in [
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
         ({"max_tokens": 5}, "max_tokens"),
         ({"max_output_tokens": -1}, "max_output_tokens"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),

@@ -195,6 +195,7 @@ pub(crate) fn validate(
     let how = Conversation {
         add_generation_prompt: own.add_generation_prompt.unwrap_or(true),
         add_special_tokens: own.add_special_tokens.unwrap_or(true),
+        reasoning_effort: reasoning_effort(value.get("reasoning_effort"), "reasoning_effort")?,
     };
     let prompt = conversation_tokens(template, tok, &messages, how, tools.as_ref().map(ToolCalling::template_tools))?;
     let guide = match tools.as_ref().and_then(|t| t.constraint(tok)) {
@@ -226,6 +227,22 @@ pub(crate) struct Conversation {
     pub add_generation_prompt: bool,
     /// Prepend BOS when the checkpoint asks for it (never twice when the template writes it).
     pub add_special_tokens: bool,
+    /// `reasoning_effort`, for templates that read it (gpt-oss's).
+    pub reasoning_effort: Option<&'static str>,
+}
+
+/// The `reasoning_effort` values OpenAI's API takes.
+const EFFORTS: [&str; 5] = ["none", "minimal", "low", "medium", "high"];
+
+/// A request's `reasoning_effort` (`param` names it in errors), checked against [`EFFORTS`].
+pub(crate) fn reasoning_effort(value: Option<&Value>, param: &str) -> Result<Option<&'static str>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => EFFORTS.iter().find(|e| **e == s.as_str()).map(|e| Some(*e)).ok_or_else(|| {
+            ApiError::invalid(param, format!("{param} {s:?} is not one of {}", EFFORTS.join(", ")))
+        }),
+        Some(_) => Err(ApiError::invalid(param, format!("{param} must be a string"))),
+    }
 }
 
 /// The prompt tokens of `messages` (and `tools`, as the template shows them) rendered with
@@ -237,7 +254,7 @@ pub(crate) fn conversation_tokens(
     how: Conversation,
     tools: Option<&Value>,
 ) -> Result<Vec<u32>, ApiError> {
-    let rendered = template.render(messages, how.add_generation_prompt, tools).map_err(|e| ApiError::invalid("messages", e))?;
+    let rendered = template.render(messages, how.add_generation_prompt, tools, how.reasoning_effort).map_err(|e| ApiError::invalid("messages", e))?;
     let add_bos = how.add_special_tokens && tok.special().add_bos;
     let text = template.without_duplicate_bos(&rendered, add_bos);
     tok.encode_with(text, add_bos).map_err(|e| ApiError::invalid("messages", format!("tokenizing the conversation failed: {e}")))

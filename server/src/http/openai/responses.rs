@@ -32,7 +32,7 @@ use tessera_engine::serve::{Event, FinishReason, TokenLogprob};
 use tracing::Instrument;
 
 /// Responses fields that would change the answer and are not supported (refused when set).
-const UNSUPPORTED: [&str; 6] = ["previous_response_id", "conversation", "background", "prompt", "reasoning", "max_tool_calls"];
+const UNSUPPORTED: [&str; 5] = ["previous_response_id", "conversation", "background", "prompt", "max_tool_calls"];
 
 /// Chat and completions fields a Responses body does not take, and what it takes instead.
 const CHAT_ONLY: [(&str, &str); 8] = [
@@ -48,8 +48,9 @@ const CHAT_ONLY: [(&str, &str); 8] = [
 
 /// Responses fields that are taken and dropped before the body goes to chat: echoed in the
 /// answer or without effect on it.
-const RESPONSES_ONLY: [&str; 13] = [
+const RESPONSES_ONLY: [&str; 14] = [
     "input",
+    "reasoning",
     "instructions",
     "max_output_tokens",
     "text",
@@ -140,6 +141,18 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
     }
     messages.extend(input_messages(o.get("input"))?);
     chat.insert("messages".into(), Value::Array(messages));
+    match o.get("reasoning") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(r)) => {
+            if let Some(k) = r.keys().find(|k| k.as_str() != "effort" && !r[k.as_str()].is_null()) {
+                return Err(ApiError::invalid(format!("reasoning.{k}"), format!("reasoning.{k} is not supported")));
+            }
+            if let Some(effort) = chat::reasoning_effort(r.get("effort"), "reasoning.effort")? {
+                chat.insert("reasoning_effort".into(), Value::from(effort));
+            }
+        }
+        Some(_) => return Err(ApiError::invalid("reasoning", "reasoning must be an object")),
+    }
     if let Some(m) = o.get("max_output_tokens").filter(|m| !m.is_null()) {
         chat.insert("max_tokens".into(), m.clone());
     }
@@ -293,6 +306,7 @@ pub(crate) fn renamed(mut e: ApiError) -> ApiError {
             "max_tokens" | "max_completion_tokens" => "max_output_tokens".to_owned(),
             "response_format" => "text.format".to_owned(),
             "logprobs" => "include".to_owned(),
+            "reasoning_effort" => "reasoning.effort".to_owned(),
             "tools" => format!("tools{}", rest.replacen(".function.", ".", 1)),
             "tool_choice" => format!("tool_choice{}", rest.replacen(".function.", ".", 1)),
             _ => p,
@@ -317,7 +331,7 @@ fn echo(body: &Value) -> Map<String, Value> {
     m.insert("top_logprobs".into(), get("top_logprobs", json!(0)));
     m.insert("user".into(), get("user", Value::Null));
     m.insert("previous_response_id".into(), Value::Null);
-    m.insert("reasoning".into(), Value::Null);
+    m.insert("reasoning".into(), get("reasoning", Value::Null));
     m.insert("store".into(), json!(false));
     m.insert("truncation".into(), json!("disabled"));
     m

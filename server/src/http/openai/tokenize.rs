@@ -73,6 +73,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Respons
                 let how = Conversation {
                     add_generation_prompt: p.add_generation_prompt.unwrap_or(true),
                     add_special_tokens: p.add_special_tokens.unwrap_or(true),
+                    reasoning_effort: chat::reasoning_effort(value.get("reasoning_effort"), "reasoning_effort")?,
                 };
                 chat::conversation_tokens(template, tok, &chat::messages(p.messages)?, how, tools.as_ref().map(ToolCalling::template_tools))?
             }

@@ -52,6 +52,7 @@ fn a_responses_body_becomes_its_chat_body() {
     let c = chat_of(json!({"input": "x", "top_logprobs": 3, "include": [LOGPROBS_INCLUDE]}));
     assert_eq!((c["logprobs"].clone(), c["top_logprobs"].clone()), (json!(true), json!(3)));
     assert_eq!(chat_of(json!({"input": "x", "include": [LOGPROBS_INCLUDE]}))["logprobs"], json!(true));
+    assert_eq!(chat_of(json!({"input": "x", "reasoning": {"effort": "low"}}))["reasoning_effort"], json!("low"));
 }
 
 #[test]
@@ -62,7 +63,9 @@ fn what_cannot_be_honoured_is_refused_by_its_responses_name() {
         (json!({"input": 3}), "input"),
         (json!({"input": "x", "previous_response_id": "resp_1"}), "previous_response_id"),
         (json!({"input": "x", "background": true}), "background"),
-        (json!({"input": "x", "reasoning": {"effort": "high"}}), "reasoning"),
+        (json!({"input": "x", "reasoning": {"summary": "auto"}}), "reasoning.summary"),
+        (json!({"input": "x", "reasoning": {"effort": "max"}}), "reasoning.effort"),
+        (json!({"input": "x", "reasoning": "high"}), "reasoning"),
         (json!({"input": "x", "messages": []}), "messages"),
         (json!({"input": "x", "max_tokens": 3}), "max_tokens"),
         (json!({"input": "x", "n": 2}), "n"),
