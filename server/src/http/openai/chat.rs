@@ -372,13 +372,13 @@ impl ChunkShaper for Shaper {
     fn delta(&mut self, i: usize, text: String, tokens: Vec<TokenLogprob>) -> Option<ChunkChoice> {
         // With tools, text that may be a call is held back; a call goes out as it is written
         // (its name once complete, then its arguments).
-        let id = format!("{}-{i}", self.call_id);
+        let call_id = self.call_id.clone();
         let (text, calls) = if let (st, Some(t)) = self.stream_state(i) {
             st.text.push_str(&text);
             let upto = t.streamable(&st.text, st.sent);
             let out = st.text[st.sent..upto].to_owned();
             st.sent = upto;
-            (out, t.stream_calls(&st.text, &mut st.calls, &id))
+            (out, t.stream_calls(&st.text, &mut st.calls, &format!("{call_id}-{i}")))
         } else {
             (text, Vec::new())
         };
