@@ -402,10 +402,12 @@ impl ChunkShaper for Shaper {
                 // Content before the calls that was held back (llama3_json's text opening with `{`).
                 delta.content = content.and_then(|c| c.get(st.sent..).filter(|c| !c.is_empty()).map(str::to_owned));
                 delta.tool_calls = Some(ToolCalling::finish_calls(calls, &st.calls)).filter(|d: &Vec<ToolCallDelta>| !d.is_empty());
-            } else if !st.calls.any() {
+            } else {
+                // No calls after all: the held-back text is content, as a whole answer has it
+                // (a call begun in the stream stays as far as it went, and the finish reason
+                // says no call was made).
                 delta.content = Some(st.text[st.sent..].to_owned()).filter(|c| !c.is_empty());
             }
-            // A call begun and never finished (cut short, or malformed) stays as streamed.
         }
         ChunkChoice {
             finish_reason: Some(finish_reason(&f, called)),
@@ -478,6 +480,23 @@ mod tests {
         for (lp, top) in [(Some(false), Some(2)), (None, Some(2)), (Some(true), Some(21))] {
             assert_eq!(chat_logprobs(lp, top).unwrap_err().param.as_deref(), Some("top_logprobs"));
         }
+    }
+
+    #[test]
+    fn a_stream_whose_calls_do_not_parse_sends_its_text_as_the_whole_answer_has_it() {
+        let body = json!({"tools": [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]});
+        let tools = || ToolCalling::from_request(&body, crate::http::openai::tool_parsers::ToolParser::Hermes).unwrap();
+        let f = Finish { reason: FinishReason::Stop, stop_reason: None, completion_tokens: 9, cached_tokens: 0 };
+        let text = "Sure. <tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\nLet me know!";
+        let whole = serde_json::to_value(Shaper::new(false, tools(), "chatcmpl-x").whole(0, ChoiceOutput { text: text.into(), finish: Some(f.clone()), ..Default::default() })).unwrap();
+        assert_eq!((whole["message"]["content"].as_str(), whole["finish_reason"].as_str()), (Some(text), Some("stop")));
+        let mut s = Shaper::new(false, tools(), "chatcmpl-x");
+        let mut chunks: Vec<Value> = text.as_bytes().chunks(5).filter_map(|c| s.delta(0, String::from_utf8(c.to_vec()).unwrap(), vec![])).map(|c| serde_json::to_value(c).unwrap()).collect();
+        chunks.push(serde_json::to_value(s.finish(0, f)).unwrap());
+        let content: String = chunks.iter().filter_map(|c| c["delta"]["content"].as_str()).collect();
+        assert_eq!(content, text, "nothing is lost: {chunks:?}");
+        assert!(chunks.iter().any(|c| c["delta"]["tool_calls"].is_array()), "the call streamed as it was written");
+        assert_eq!(chunks.last().unwrap()["finish_reason"], "stop");
     }
 
     #[test]

@@ -180,6 +180,8 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
         Some(t) if !wants_logprobs && t != 0 => {
             return Err(ApiError::invalid("top_logprobs", format!("top_logprobs needs include [{LOGPROBS_INCLUDE:?}]")));
         }
+        // `top_logprobs: 0` without `include`: no logprobs.
+        Some(_) if !wants_logprobs => {}
         Some(t) => {
             chat.insert("logprobs".into(), Value::Bool(true));
             chat.insert("top_logprobs".into(), t.clone());
@@ -452,10 +454,10 @@ struct Streamer {
     /// All generated text, and how much of it went out as message text.
     text: String,
     sent: usize,
-    /// The message item while it is open: its id, its text and logprobs so far.
-    message: Option<(String, String, Vec<ChatTokenLogprob>)>,
-    /// Output items done (the message once closed, then each call once finished).
-    items: Vec<Value>,
+    /// The message item while it is open: its id, output index, text and logprobs so far.
+    message: Option<(String, usize, String, Vec<ChatTokenLogprob>)>,
+    /// Output items done, by output index (the message once closed, each call once finished).
+    items: Vec<(usize, Value)>,
     /// The calls begun: what the tool parsing has streamed of them.
     calls: CallsSent,
     /// Each call begun: its item id, output index, call id, name and arguments so far.
@@ -481,33 +483,35 @@ impl Streamer {
         vec![self.event("response.created", json!({"response": r})), self.event("response.in_progress", json!({"response": r}))]
     }
 
+    /// The output index a new item takes.
+    fn next_index(&self) -> usize {
+        self.items.len() + self.call_items.len() + usize::from(self.message.is_some())
+    }
+
     /// Sends `piece` (and its tokens' logprobs) as message text, opening the message first.
     fn message_text(&mut self, piece: &str, logprobs: Vec<ChatTokenLogprob>, out: &mut Vec<(String, Value)>) {
         if self.message.is_none() {
-            let id = item_id("msg");
-            let index = self.items.len();
+            let (id, index) = (item_id("msg"), self.next_index());
             let item = message_item(&id, "", Vec::new(), "in_progress");
             out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
             out.push(self.event("response.content_part.added", json!({"item_id": id, "output_index": index, "content_index": 0, "part": text_part("", Vec::new())})));
-            self.message = Some((id, String::new(), Vec::new()));
+            self.message = Some((id, index, String::new(), Vec::new()));
         }
-        let index = self.items.len();
-        let (id, text, all) = self.message.as_mut().expect("opened above");
+        let (id, index, text, all) = self.message.as_mut().expect("opened above");
         text.push_str(piece);
         all.extend(logprobs.iter().cloned());
-        let id = id.clone();
+        let (id, index) = (id.clone(), *index);
         out.push(self.event("response.output_text.delta", json!({"item_id": id, "output_index": index, "content_index": 0, "delta": piece, "logprobs": logprobs})));
     }
 
     /// Closes the message, if open.
     fn close_message(&mut self, status: &str, out: &mut Vec<(String, Value)>) {
-        let Some((id, text, logprobs)) = self.message.take() else { return };
-        let index = self.items.len();
+        let Some((id, index, text, logprobs)) = self.message.take() else { return };
         out.push(self.event("response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": logprobs})));
         out.push(self.event("response.content_part.done", json!({"item_id": id, "output_index": index, "content_index": 0, "part": text_part(&text, logprobs.clone())})));
         let item = message_item(&id, &text, logprobs, status);
         out.push(self.event("response.output_item.done", json!({"output_index": index, "item": item})));
-        self.items.push(item);
+        self.items.push((index, item));
     }
 
     /// A streamed call chunk: a new call's item (the message, before it, closed), or more of
@@ -515,7 +519,7 @@ impl Streamer {
     fn call_chunk(&mut self, d: ToolCallDelta, out: &mut Vec<(String, Value)>) {
         if let (Some(id), Some(name)) = (d.id, d.function.name) {
             self.close_message("completed", out);
-            let (item, index) = (item_id("fc"), self.items.len() + self.call_items.len());
+            let (item, index) = (item_id("fc"), self.next_index());
             let call = ToolCall { id, kind: "function", function: FunctionCall { name, arguments: String::new() } };
             out.push(self.event("response.output_item.added", json!({"output_index": index, "item": call_item(&item, &call, "", "in_progress")})));
             self.call_items.push((item, index, call));
@@ -563,9 +567,11 @@ impl Streamer {
         let (content, calls) = self.shape.split(&self.text);
         let mut out = Vec::new();
         let status = item_status(finish);
-        if calls.is_empty() && !self.calls.any() {
+        if calls.is_empty() {
+            // No calls after all: the held-back text is the message's, as a whole answer has it
+            // (a call begun in the stream stays, `incomplete`, as far as it went).
             let rest = self.text[self.sent..].to_owned();
-            if !rest.is_empty() || self.message.is_none() && self.items.is_empty() {
+            if !rest.is_empty() || self.next_index() == 0 {
                 self.message_text(&rest, Vec::new(), &mut out);
             }
         } else if let Some(rest) = content.as_deref().and_then(|c| c.get(self.sent..)).filter(|r| !r.is_empty()) {
@@ -585,10 +591,12 @@ impl Streamer {
             out.push(self.event("response.function_call_arguments.done", json!({"item_id": item, "output_index": index, "arguments": args})));
             let done = call_item(&item, &call, &args, call_status);
             out.push(self.event("response.output_item.done", json!({"output_index": index, "item": done})));
-            self.items.push(done);
+            self.items.push((index, done));
         }
         let kind = if finish.reason == FinishReason::Length { "response.incomplete" } else { "response.completed" };
-        let r = self.shape.response(std::mem::take(&mut self.items), Some(finish));
+        let mut items = std::mem::take(&mut self.items);
+        items.sort_by_key(|(index, _)| *index);
+        let r = self.shape.response(items.into_iter().map(|(_, item)| item).collect(), Some(finish));
         out.push(self.event(kind, json!({"response": r})));
         out
     }

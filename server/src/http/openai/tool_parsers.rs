@@ -156,17 +156,20 @@ impl ToolParser {
                     let (head, args) = call.split_once(MISTRAL_ARGS)?;
                     let name = head.split_once(MISTRAL_CALL_ID).map_or(head, |(n, _)| n).trim();
                     let value = partial::scan_value(args);
-                    serde_json::from_str::<Value>(&value.compact).ok().filter(|_| value.complete && value.valid)?;
+                    serde_json::from_str::<Value>(&args[..value.end]).ok().filter(|_| value.complete && value.valid)?;
                     calls.push((name.to_owned(), value.compact));
                     rest = args[value.end..].trim_start();
                 }
                 rest.is_empty().then_some((start, calls))
             }
             ToolParser::Llama3Json => {
-                let (start, mut rest) = match text.find(PYTHON_TAG) {
-                    Some(p) => (p, &text[p + PYTHON_TAG.len()..]),
-                    None if text.trim_start().starts_with('{') => (0, text),
-                    None => return None,
+                // An answer that opens with a named call object is read from its start (as it
+                // streamed); otherwise the calls follow `<|python_tag|>`.
+                let (start, mut rest) = if starts_with_named_call(text) {
+                    (0, text)
+                } else {
+                    let p = text.find(PYTHON_TAG)?;
+                    (p, &text[p + PYTHON_TAG.len()..])
                 };
                 let mut calls = Vec::new();
                 loop {
@@ -239,6 +242,11 @@ impl Serialize for ToolParser {
 /// `s` as a Lark string literal.
 fn lit(s: &str) -> String {
     Value::from(s).to_string()
+}
+
+/// Whether `text` opens (after whitespace) with a call object whose name is written.
+fn starts_with_named_call(text: &str) -> bool {
+    text.trim_start().starts_with('{') && partial::scan_call(text, &["parameters", "arguments"]).name.is_some()
 }
 
 /// A call written as a JSON object at the start of `text` (after whitespace): its `name` and

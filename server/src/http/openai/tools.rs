@@ -103,13 +103,6 @@ impl ToolCallDelta {
 #[derive(Clone, Debug, Default)]
 pub struct CallsSent(Vec<String>);
 
-impl CallsSent {
-    /// Whether any call has begun streaming.
-    pub fn any(&self) -> bool {
-        !self.0.is_empty()
-    }
-}
-
 fn valid_name(n: &str) -> bool {
     !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }

@@ -52,6 +52,7 @@ fn a_responses_body_becomes_its_chat_body() {
     let c = chat_of(json!({"input": "x", "top_logprobs": 3, "include": [LOGPROBS_INCLUDE]}));
     assert_eq!((c["logprobs"].clone(), c["top_logprobs"].clone()), (json!(true), json!(3)));
     assert_eq!(chat_of(json!({"input": "x", "include": [LOGPROBS_INCLUDE]}))["logprobs"], json!(true));
+    assert!(chat_of(json!({"input": "x", "top_logprobs": 0})).get("logprobs").is_none(), "no logprobs unless included");
     assert_eq!(chat_of(json!({"input": "x", "reasoning": {"effort": "low"}}))["reasoning_effort"], json!("low"));
 }
 
@@ -206,4 +207,23 @@ fn streamed_calls_go_out_as_items_as_they_are_written() {
     let events = run(&mut Streamer::new(shape(tools())), &["a <tool", "box>"], &f);
     let text: String = events.iter().filter(|e| e["type"] == "response.output_text.delta").map(|e| e["delta"].as_str().unwrap()).collect();
     assert_eq!(text, "a <toolbox>");
+}
+
+#[test]
+fn output_indexes_follow_the_order_items_began_in() {
+    // Llama 3 content held back (it opens with `{`) and a tagged call streamed first: the
+    // message, opened at the end, comes after the call, in the events and in the output.
+    let body = json!({"tools": [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]});
+    let tools = ToolCalling::from_request(&body, ToolParser::Llama3Json).unwrap();
+    let f = finish(FinishReason::Stop, 9);
+    let events = run(&mut Streamer::new(shape(tools)), &["{\"a\": 1}", " <|python_tag|>", "{\"name\": \"get_time\", ", "\"parameters\": {}}"], &f);
+    let added: Vec<(u64, &str)> = events.iter().filter(|e| e["type"] == "response.output_item.added").map(|e| (e["output_index"].as_u64().unwrap(), e["item"]["type"].as_str().unwrap())).collect();
+    assert_eq!(added, [(0, "function_call"), (1, "message")]);
+    let output = &events.last().unwrap()["response"]["output"];
+    assert_eq!((output[0]["type"].as_str(), output[1]["type"].as_str(), output[1]["content"][0]["text"].as_str()), (Some("function_call"), Some("message"), Some("{\"a\": 1}")));
+    for e in events.iter().filter(|e| e.get("output_index").is_some()) {
+        let item = e.get("item_id").or(e["item"].get("id")).unwrap();
+        let at = e["output_index"].as_u64().unwrap() as usize;
+        assert_eq!(&output[at]["id"], item, "{e}");
+    }
 }

@@ -151,7 +151,7 @@ pub(super) fn scan_call(s: &str, arg_keys: &[&str]) -> CallScan {
             out.valid = false;
             return out;
         }
-        if key_name == "name" && value.complete {
+        if key_name == "name" && value.complete && out.name.is_none() {
             out.name = serde_json::from_str::<String>(&value.compact).ok();
         }
         let complete = value.complete;
@@ -246,10 +246,14 @@ impl ToolParser {
                 }
             }
             ToolParser::Llama3Json => {
-                let mut rest = match text.find(PYTHON_TAG) {
-                    Some(p) => &text[p + PYTHON_TAG.len()..],
-                    None if ws(text).starts_with('{') => text,
-                    None => return Ok(()),
+                // As the finished text is read: from the start when it opens with a named call.
+                let mut rest = if super::starts_with_named_call(text) {
+                    text
+                } else {
+                    match text.find(PYTHON_TAG) {
+                        Some(p) => &text[p + PYTHON_TAG.len()..],
+                        None => return Ok(()),
+                    }
                 };
                 loop {
                     let scan = scan_call(rest, &["parameters", "arguments"]);

@@ -405,3 +405,29 @@ fn qwen3_coder_text_values_follow_their_pattern() {
     assert_eq!(searched("^a|b$"), ".*(?:^a|b$).*");
     assert_eq!(searched("x\\$"), ".*(?:x\\$).*");
 }
+
+#[test]
+fn what_streamed_first_is_what_the_finished_text_is_read_as() {
+    // Llama 3: an answer opening with a call is read from its start, even when a tag follows
+    // (then it is not a call sequence at all: text follows the first call).
+    let t = calling(ToolParser::Llama3Json, json!("auto"));
+    let text = "{\"name\": \"get_time\", \"parameters\": {}}<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {}}";
+    for end in (1..=text.len()).filter(|&e| text.is_char_boundary(e)) {
+        let names: Vec<String> = ToolParser::Llama3Json.partial_calls(&text[..end], &[]).into_iter().map(|c| c.name).collect();
+        assert!(names.is_empty() || names == ["get_time"], "{:?}: {names:?}", &text[..end]);
+    }
+    assert_eq!(t.parse(text, "c"), (Some(text.to_owned()), vec![]));
+    // A JSON text opening the answer that is no call: the tagged calls count.
+    let tagged = "{\"x\": 1} <|python_tag|>{\"name\": \"get_time\", \"parameters\": {}}";
+    assert_eq!(parsed(&t, tagged), (Some("{\"x\": 1}".into()), owned(&[("get_time", json!({}))])));
+    // The first `name` names the call, streamed or finished.
+    let t = calling(ToolParser::Hermes, json!("auto"));
+    let twice = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}, \"name\": \"get_weather\"}\n</tool_call>";
+    assert_eq!(ToolParser::Hermes.partial_calls(twice, &[])[0].name, "get_time");
+    assert_eq!(parsed(&t, twice).1, owned(&[("get_time", json!({}))]));
+    // Mistral v11: arguments must be JSON as written (`1 2` is not `12`).
+    let t = calling(ToolParser::MistralArgs, json!("auto"));
+    for bad in ["[TOOL_CALLS]get_time[ARGS]{\"a\": 1 2}", "[TOOL_CALLS]get_time[ARGS]{\"a\": tr ue}"] {
+        assert_eq!(t.parse(bad, "c"), (Some(bad.to_owned()), vec![]), "{bad}");
+    }
+}
