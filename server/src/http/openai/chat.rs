@@ -331,13 +331,6 @@ impl Shaper {
         Shaper { logprobs, tools, call_id: format!("call_{tail}"), streamed: Vec::new() }
     }
 
-    /// The stream of choice `i`, and the tool parsing, borrowed together.
-    fn stream_state(&mut self, i: usize) -> (&mut ChoiceStream, Option<&ToolCalling>) {
-        if self.streamed.len() <= i {
-            self.streamed.resize_with(i + 1, Default::default);
-        }
-        (&mut self.streamed[i], self.tools.as_ref())
-    }
 }
 
 impl ChunkShaper for Shaper {
@@ -372,15 +365,16 @@ impl ChunkShaper for Shaper {
     fn delta(&mut self, i: usize, text: String, tokens: Vec<TokenLogprob>) -> Option<ChunkChoice> {
         // With tools, text that may be a call is held back; a call goes out as it is written
         // (its name once complete, then its arguments).
-        let call_id = self.call_id.clone();
-        let (text, calls) = if let (st, Some(t)) = self.stream_state(i) {
-            st.text.push_str(&text);
-            let upto = t.streamable(&st.text, st.sent);
-            let out = st.text[st.sent..upto].to_owned();
-            st.sent = upto;
-            (out, t.stream_calls(&st.text, &mut st.calls, &format!("{call_id}-{i}")))
-        } else {
-            (text, Vec::new())
+        let (text, calls) = match &self.tools {
+            Some(t) => {
+                if self.streamed.len() <= i {
+                    self.streamed.resize_with(i + 1, Default::default);
+                }
+                let st = &mut self.streamed[i];
+                st.text.push_str(&text);
+                t.stream(&st.text, &mut st.sent, &mut st.calls, &format!("{}-{i}", self.call_id))
+            }
+            None => (text, Vec::new()),
         };
         if text.is_empty() && calls.is_empty() && (tokens.is_empty() || !self.logprobs) {
             return None;

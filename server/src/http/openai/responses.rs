@@ -547,14 +547,11 @@ impl Streamer {
             }
             return out;
         };
-        let upto = t.streamable(&self.text, self.sent);
-        let piece = self.text[self.sent..upto].to_owned();
-        self.sent = upto;
+        let (piece, calls) = t.stream(&self.text, &mut self.sent, &mut self.calls, &self.shape.call_id());
         if !piece.is_empty() || (!logprobs.is_empty() && self.message.is_some()) {
             self.message_text(&piece, logprobs, &mut out);
         }
-        let call_id = self.shape.call_id();
-        for d in t.stream_calls(&self.text, &mut self.calls, &call_id) {
+        for d in calls {
             self.call_chunk(d, &mut out);
         }
         self.shape.tools = Some(t);

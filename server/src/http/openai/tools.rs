@@ -210,6 +210,18 @@ impl ToolCalling {
         (Some(content.to_owned()).filter(|c| !c.is_empty()), calls)
     }
 
+    /// What a stream sends for `text` (all generated so far): the content that can go out now
+    /// (`sent` bytes had gone out; advanced) and the calls' chunks ([`ToolCalling::stream_calls`]).
+    /// A call is always held back from content, so while all text has gone out there is none
+    /// to look for (the calls are not parsed again on every token of a plain answer).
+    pub fn stream(&self, text: &str, sent: &mut usize, calls: &mut CallsSent, id: &str) -> (String, Vec<ToolCallDelta>) {
+        let upto = self.streamable(text, *sent);
+        let piece = text[*sent..upto].to_owned();
+        *sent = upto;
+        let deltas = if upto < text.len() { self.stream_calls(text, calls, id) } else { Vec::new() };
+        (piece, deltas)
+    }
+
     /// The calls `text` (all generated so far) shows beyond what `sent` holds: a new call's
     /// first chunk (ids `{id}-{i}`, as [`ToolCalling::parse`] gives them), more arguments of
     /// one already begun. Only calls of the request's tools, in order, are streamed.
