@@ -48,7 +48,7 @@ fn models() -> Vec<(&'static str, PathBuf)> {
     ] {
         let dir = root.join(name);
         if !dir.join("config.json").exists() {
-            quantize_dir(&QuantizeOptions { input: bf16.clone(), output: dir.clone(), recipe, exclude: vec![], experts_only: true, calibrated: None, mse_observer: false, head: None }).unwrap();
+            quantize_dir(&QuantizeOptions { input: bf16.clone(), output: dir.clone(), recipe, exclude: vec![], experts_only: true, calibrated: None, mse_observer: false, head: None, progress: Default::default() }).unwrap();
         }
         out.push((name, dir));
     }

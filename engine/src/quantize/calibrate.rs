@@ -18,11 +18,23 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use tessera_kernels::linear::LinearPolicy;
 
+/// Where the calibration text comes from.
+#[derive(Clone, Debug)]
+pub enum CalibrationText {
+    /// A plain-text file.
+    File(std::path::PathBuf),
+    /// Text the model samples itself from this seed ([`super::sampled`]).
+    Sampled {
+        /// Seed of the first tokens and of the sampling.
+        seed: u64,
+    },
+}
+
 /// What to calibrate on.
 #[derive(Clone, Debug)]
 pub struct CalibrationOptions {
-    /// Plain-text file of calibration text.
-    pub text: std::path::PathBuf,
+    /// The calibration text.
+    pub text: CalibrationText,
     /// Tokens to use at most (from the start of the text, BOS tokens included).
     pub max_tokens: usize,
     /// Tokens per calibration sequence.
@@ -70,17 +82,40 @@ fn load(input: &Path) -> Result<LoadedModel, QuantizeError> {
     Ok(loaded)
 }
 
-/// The calibration sequences: the text of `opts` tokenized by `tokenizer`, cut into whole
-/// sequences of `opts.seq_len` tokens (at most `max_position`), each starting as the model's
-/// inputs do (with BOS when the tokenizer adds one), at most `opts.max_tokens` in all.
-pub fn sequences(tokenizer: &Tokenizer, max_position: usize, opts: &CalibrationOptions) -> Result<Vec<Vec<u32>>, QuantizeError> {
-    let usage = |m: String| QuantizeError::Usage(m);
-    let text = std::fs::read_to_string(&opts.text).map_err(|e| super::io(&opts.text, e))?;
+/// The calibration sequences of `opts` for the model of the Hugging Face directory `input`:
+/// from a file, [`sequences`]; sampled, `opts.max_tokens / seq_len` sequences (at least one)
+/// of `seq_len` tokens ([`super::sampled::sample_sequences`]). `progress(done, total)` sees
+/// the tokens sampled so far.
+pub fn calibration_sequences(input: &Path, opts: &CalibrationOptions, progress: &dyn Fn(usize, usize)) -> Result<Vec<Vec<u32>>, QuantizeError> {
+    let loaded = load(input)?;
+    let max_position = loaded.model.config().max_position_embeddings;
+    match opts.text {
+        CalibrationText::File(ref path) => sequences(&loaded.tokenizer, max_position, path, opts),
+        CalibrationText::Sampled { seed } => {
+            let seq_len = seq_len(max_position, opts)?;
+            let count = (opts.max_tokens / seq_len).max(1);
+            super::sampled::sample_sequences(std::sync::Arc::new(loaded), count, seq_len, seed, progress)
+        }
+    }
+}
+
+/// Tokens per calibration sequence: `opts.seq_len`, at most `max_position` and `opts.max_tokens`.
+fn seq_len(max_position: usize, opts: &CalibrationOptions) -> Result<usize, QuantizeError> {
     let seq_len = opts.seq_len.min(max_position).min(opts.max_tokens);
     if seq_len < 2 {
-        return Err(usage(format!("calibration sequences of {seq_len} tokens: use at least 2 (--calibration-seq-len, --calibration-tokens)")));
+        return Err(QuantizeError::Usage(format!("calibration sequences of {seq_len} tokens: use at least 2 (--calibration-seq-len, --calibration-tokens)")));
     }
-    let mut tokens = tokenizer.encode(&text).map_err(|e| usage(format!("tokenizing {}: {e}", opts.text.display())))?;
+    Ok(seq_len)
+}
+
+/// The calibration sequences of the text file `path`, tokenized by `tokenizer`, cut into whole
+/// sequences of `opts.seq_len` tokens (at most `max_position`), each starting as the model's
+/// inputs do (with BOS when the tokenizer adds one), at most `opts.max_tokens` in all.
+pub fn sequences(tokenizer: &Tokenizer, max_position: usize, path: &Path, opts: &CalibrationOptions) -> Result<Vec<Vec<u32>>, QuantizeError> {
+    let usage = |m: String| QuantizeError::Usage(m);
+    let text = std::fs::read_to_string(path).map_err(|e| super::io(path, e))?;
+    let seq_len = seq_len(max_position, opts)?;
+    let mut tokens = tokenizer.encode(&text).map_err(|e| usage(format!("tokenizing {}: {e}", path.display())))?;
     // The first token's activations are the model's largest (an attention sink), and GPTQ
     // must see them as inference will.
     let special = tokenizer.special();
@@ -101,7 +136,7 @@ pub fn sequences(tokenizer: &Tokenizer, max_position: usize, opts: &CalibrationO
         .map(|t| bos.into_iter().chain(t.iter().copied()).collect())
         .collect();
     if sequences.first().is_none_or(|s| s.len() < seq_len) {
-        return Err(usage(format!("{} holds {} tokens; calibration wants at least {seq_len}", opts.text.display(), tokens.len())));
+        return Err(usage(format!("{} holds {} tokens; calibration wants at least {seq_len}", path.display(), tokens.len())));
     }
     Ok(sequences)
 }
@@ -109,12 +144,11 @@ pub fn sequences(tokenizer: &Tokenizer, max_position: usize, opts: &CalibrationO
 /// Sequences per forward pass: the linear layers see more rows per call.
 const GROUP: usize = 4;
 
-/// Runs the float model of the Hugging Face directory `input` over the calibration text once
-/// and summarizes every dense linear input.
-pub fn calibrate(input: &Path, opts: &CalibrationOptions) -> Result<Calibration, QuantizeError> {
+/// Runs the float model of the Hugging Face directory `input` over the calibration
+/// `sequences` once and summarizes every dense linear input.
+pub fn calibrate(input: &Path, sequences: &[Vec<u32>]) -> Result<Calibration, QuantizeError> {
     let loaded = load(input)?;
     let c = loaded.model.config();
-    let sequences = sequences(&loaded.tokenizer, c.max_position_embeddings, opts)?;
     let mut cal = Calibration { heads: (c.num_heads, c.num_kv_heads), ..Calibration::default() };
     let model = &loaded.model;
     let all: usize = sequences.iter().map(Vec::len).sum();
@@ -175,7 +209,7 @@ impl ActivationObserver for MomentsObserver<'_> {
 }
 
 /// Sequential calibration for GPTQ, as in the GPTQ paper and llm-compressor's sequential
-/// pipeline: the model of the Hugging Face directory `input` runs over the calibration text
+/// pipeline: the model of the Hugging Face directory `input` runs over the calibration `sequences`
 /// block by block, keeping every calibration token's hidden state between blocks. For each
 /// block and each site of [`STAGES`], the block runs over those hidden states and the site's
 /// input moments go to `quantize(block, site, moments)`, which returns the weights that
@@ -193,17 +227,17 @@ impl ActivationObserver for MomentsObserver<'_> {
 /// (4 · tokens · hidden_size bytes, twice per model), the float model's inputs of one block's
 /// sites (4 · tokens · (3 · hidden_size + intermediate_size) bytes), one site's moments, and
 /// the replaced weights as f32 (twice a BF16 model's linear weights once all are replaced).
-/// Returns the tokens run.
+/// `progress(done, total)` sees the blocks quantized so far. Returns the tokens run.
 pub fn calibrate_sequential(
     input: &Path,
-    opts: &CalibrationOptions,
+    sequences: &[Vec<u32>],
+    progress: &dyn Fn(usize, usize),
     mut quantize: impl FnMut(usize, LinearSite, &SiteMoments) -> Result<Vec<(String, Vec<f32>)>, QuantizeError>,
 ) -> Result<usize, QuantizeError> {
     let usage = |m: String| QuantizeError::Usage(m);
     let mut loaded = load(input)?;
     let float = load(input)?;
     let (caps, layers) = (loaded.caps, loaded.model.config().num_layers);
-    let sequences = sequences(&loaded.tokenizer, loaded.model.config().max_position_embeddings, opts)?;
     let groups: Vec<&[Vec<u32>]> = sequences.chunks(GROUP).collect();
     let tokens: usize = sequences.iter().map(Vec::len).sum();
     let mut hidden = groups.iter().map(|g| loaded.model.embed(&g.concat())).collect::<Result<Vec<_>, _>>().map_err(|e| usage(format!("calibration: {e}")))?;
@@ -234,6 +268,7 @@ pub fn calibrate_sequential(
             run_block(&loaded.model, layer, group, x, None, None).map_err(failed)?;
         }
         tracing::info!(block = layer, of = layers, tokens, "block quantized");
+        progress(layer + 1, layers);
     }
     Ok(tokens)
 }

@@ -32,11 +32,12 @@ pub mod gptq;
 pub mod math;
 pub mod quark;
 pub mod report;
+pub mod sampled;
 pub mod smooth;
 
 use crate::float_dtype::FloatDtype;
 use crate::schemes::pattern::fnmatch;
-use calibrate::{calibrate, calibrate_sequential, CalibrationOptions};
+use calibrate::{calibrate, calibrate_sequential, calibration_sequences, CalibrationOptions};
 use gptq::Factor;
 use math::{column_absmax_into, Grid, INT4, INT8};
 use smooth::{module_site, Rescale, Smoothing};
@@ -329,11 +330,49 @@ pub struct QuantizeOptions {
     /// Choose every scale by the clipping search of [`Grid::search_clipping`] (an MSE
     /// observer) instead of the range's min/max.
     pub mse_observer: bool,
+    /// Where the long passes (sampling, GPTQ's blocks, shards) report how far they are.
+    pub progress: Progress,
     /// Also quantize the output head (`lm_head`) with this recipe, in `recipe`'s format
     /// ([`Recipe::head`]); `None` leaves it as it is (llm-compressor's default). A head tied to
     /// the embedding is untied: `lm_head.weight` is written quantized from the embedding, which
     /// stays as it is, and config.json gets `tie_word_embeddings: false`.
     pub head: Option<Recipe>,
+}
+
+/// A long pass of [`quantize_dir`], as reported to [`Progress`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The model samples its calibration text (tokens).
+    Sampling,
+    /// GPTQ quantizes the model block by block (blocks).
+    Gptq,
+    /// Output shards written (shards).
+    Shards,
+}
+
+/// A callback that sees `(stage, done, total)` as [`quantize_dir`] goes (e.g. a progress bar);
+/// the default reports nothing.
+#[derive(Clone, Default)]
+pub struct Progress(Option<std::sync::Arc<dyn Fn(Stage, usize, usize) + Send + Sync>>);
+
+impl Progress {
+    /// Reports to `f`.
+    pub fn new(f: impl Fn(Stage, usize, usize) + Send + Sync + 'static) -> Self {
+        Progress(Some(std::sync::Arc::new(f)))
+    }
+
+    /// Tells the callback, if any.
+    fn report(&self, stage: Stage, done: usize, total: usize) {
+        if let Some(f) = &self.0 {
+            f(stage, done, total);
+        }
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Progress(callback)" } else { "Progress(none)" })
+    }
 }
 
 /// Calibrated quantization: what runs on the calibration statistics.
@@ -363,13 +402,14 @@ impl Prepared {
     /// Calibrates on `input`: derives the smoothing factors from the float model (reading
     /// every shard's weights), then, for GPTQ, quantizes every selected block linear with the
     /// `recipe` block by block ([`calibrate_sequential`]).
-    fn new(input: &Path, shards: &[String], c: &Calibrated, recipe: &Recipe, mse: bool, sel: &Selection<'_>) -> Result<Self, QuantizeError> {
+    fn new(input: &Path, shards: &[String], c: &Calibrated, recipe: &Recipe, mse: bool, sel: &Selection<'_>, progress: &Progress) -> Result<Self, QuantizeError> {
         if let Some(a) = c.smoothquant.filter(|a| !(0.0..=1.0).contains(a)) {
             return Err(QuantizeError::Usage(format!("--smoothquant {a}: the migration strength must be in [0, 1]")));
         }
+        let sequences = calibration_sequences(input, &c.data, &|done, total| progress.report(Stage::Sampling, done, total))?;
         let smoothing = match c.smoothquant {
             Some(alpha) => {
-                let cal = calibrate(input, &c.data)?;
+                let cal = calibrate(input, &sequences)?;
                 let (maxima, names) = column_absmax(input, shards)?;
                 let s = Smoothing::new(&cal, alpha, cal.heads, |name| maxima.get(name).cloned()).map_err(QuantizeError::Usage)?;
                 // Smoothing is exact only when both sides of every site are rewritten.
@@ -382,7 +422,7 @@ impl Prepared {
         };
         let mut prep = Prepared { smoothing, gptq: c.gptq, quantized: Mutex::default() };
         if c.gptq {
-            prep.quantize_sequentially(input, shards, c, recipe, mse, sel)?;
+            prep.quantize_sequentially(input, shards, &sequences, recipe, mse, sel, progress)?;
         }
         Ok(prep)
     }
@@ -391,12 +431,13 @@ impl Prepared {
     /// (smoothed) inputs in a model whose earlier layers are quantized, rounding the weights
     /// that best give the float model's outputs from those inputs ([`gptq::float_target`]);
     /// keeps the tensors to write.
-    fn quantize_sequentially(&mut self, input: &Path, shards: &[String], c: &Calibrated, recipe: &Recipe, mse: bool, sel: &Selection<'_>) -> Result<(), QuantizeError> {
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_sequentially(&mut self, input: &Path, shards: &[String], sequences: &[Vec<u32>], recipe: &Recipe, mse: bool, sel: &Selection<'_>, progress: &Progress) -> Result<(), QuantizeError> {
         let maps = shards.iter().map(|s| map_file(&input.join(s)).map(|m| (input.join(s), m))).collect::<Result<Vec<_>, _>>()?;
         let files = maps.iter().map(|(path, map)| read_shard(map, path)).collect::<Result<Vec<_>, _>>()?;
         let smoothing = self.smoothing.as_ref();
         let quantized = self.quantized.get_mut().expect("quantized tensors");
-        calibrate_sequential(input, &c.data, |layer, site, m| {
+        calibrate_sequential(input, sequences, &|done, total| progress.report(Stage::Gptq, done, total), |layer, site, m| {
             let (h, cross) = match smoothing.and_then(|s| s.factor(layer, site)) {
                 Some(s) => (m.hessian.divided(s), m.cross.divided(s)),
                 None => (m.hessian.clone(), m.cross.clone()),
@@ -746,6 +787,13 @@ fn quantize_shard(in_path: &Path, out_path: &Path, plan: &ShardPlan<'_>, sel: &m
     Ok(res)
 }
 
+/// Whether calibrated quantization ([`Calibrated`]) can run on the Hugging Face directory
+/// `input`: dense models only for now (read from its config.json).
+pub fn calibration_supported(input: &Path) -> Result<bool, QuantizeError> {
+    let dir = crate::checkpoint::HfDir::open(input).map_err(|e| io(&input.join("config.json"), e))?;
+    Ok(dir.config.moe.is_none())
+}
+
 /// The input embedding of Llama-family checkpoints, which a tied output head shares.
 const TIED_EMBEDDING: &str = "model.embed_tokens.weight";
 
@@ -779,7 +827,7 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     let tied = opts.head.is_some() && cfg.get("tie_word_embeddings").and_then(Value::as_bool) == Some(true);
 
     let mut sel = Selection { patterns: &opts.exclude, experts_only: opts.experts_only, head: opts.head.is_some(), hits: vec![0; opts.exclude.len()] };
-    let prep = opts.calibrated.as_ref().map(|c| Prepared::new(input, &shards, c, &opts.recipe, opts.mse_observer, &sel)).transpose()?;
+    let prep = opts.calibrated.as_ref().map(|c| Prepared::new(input, &shards, c, &opts.recipe, opts.mse_observer, &sel, &opts.progress)).transpose()?;
     let mut ignored = BTreeSet::new();
     if opts.head.is_none() {
         ignored.insert("lm_head".to_string());
@@ -795,7 +843,8 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     let mut weight_map = BTreeMap::new();
     let (mut stats, mut copied, mut total) = (Vec::new(), 0, 0u64);
     let (mut smoothed, mut uncalibrated) = (0, Vec::new());
-    for shard in &shards {
+    for (i, shard) in shards.iter().enumerate() {
+        opts.progress.report(Stage::Shards, i, shards.len());
         let r = quantize_shard(&input.join(shard), &output.join(shard), &plan, &mut sel, &mut ignored)?;
         head_written |= r.head;
         tracing::info!(shard, tensors = r.names.len(), quantized = r.stats.len(), "shard written");
@@ -806,6 +855,7 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         smoothed += r.smoothed;
         uncalibrated.extend(r.uncalibrated);
     }
+    opts.progress.report(Stage::Shards, shards.len(), shards.len());
     // Quark and sharded transformers checkpoints carry an index; write it even for one shard.
     write_json(&output.join("model.safetensors.index.json"), &json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
 

@@ -66,6 +66,11 @@ impl Tokenizer {
         added.iter().find(|(_, t)| t.special && t.content == text).map(|(id, _)| *id)
     }
 
+    /// Whether `id` is a special token of the vocabulary (BOS, EOS, chat markers).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner.get_added_vocabulary().get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
+    }
+
     /// Adds special tokens to the vocabulary (test vocabularies, [`crate::fuzzing`]).
     pub(crate) fn add_special_tokens(&mut self, texts: &[&str]) {
         let tokens: Vec<tokenizers::AddedToken> = texts.iter().map(|t| tokenizers::AddedToken::from(t.to_string(), true)).collect();

@@ -5,16 +5,19 @@
 //! from its middle; the evaluation uses its first tokens. Also: a quantized output head
 //! (`--lm-head`) on the tied default model is written untied and loads as such. Sequential
 //! calibration gives each GPTQ site the inputs of a model whose earlier layers are replaced.
+//! The default recipe's calibration text, sampled by the model itself, is tested too.
 
 use crate::common;
 
+use rand::SeedableRng;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::model::{ActivationObserver, LinearSite, SeqInput};
-use tessera_engine::quantize::calibrate::{calibrate_sequential, sequences, CalibrationOptions};
+use tessera_engine::quantize::calibrate::{calibrate_sequential, sequences, CalibrationOptions, CalibrationText};
 use tessera_engine::quantize::gptq::Hessian;
+use tessera_engine::quantize::sampled::sample_sequences;
 use tessera_engine::quantize::QuantizeError;
 use tessera_engine::quantize::{quantize_dir, Calibrated, QuantizeOptions, QuantizeSummary, Recipe, Scheme};
 use tessera_engine::weights::ModelWeights;
@@ -64,14 +67,17 @@ struct How {
     mse_observer: bool,
     /// The output head's recipe (`--lm-head`), when it is quantized.
     head: Option<Recipe>,
+    /// Calibrate on text the model samples itself, not on the calibration file.
+    sampled: bool,
 }
 
 fn quantize(input: &Path, name: &str, recipe: Recipe, exclude: &[&str], how: How) -> (PathBuf, QuantizeSummary) {
     let out = base().join(name);
     let _ = std::fs::remove_dir_all(&out);
-    let How { smoothquant, gptq, mse_observer, head } = how;
+    let How { smoothquant, gptq, mse_observer, head, sampled } = how;
+    let text = if sampled { CalibrationText::Sampled { seed: 0 } } else { CalibrationText::File(calibration_file()) };
     let calibrated = (smoothquant.is_some() || gptq).then(|| Calibrated {
-        data: CalibrationOptions { text: calibration_file(), max_tokens: 4096, seq_len: 512 },
+        data: CalibrationOptions { text, max_tokens: 4096, seq_len: 512 },
         smoothquant,
         gptq,
     });
@@ -84,6 +90,7 @@ fn quantize(input: &Path, name: &str, recipe: Recipe, exclude: &[&str], how: How
         calibrated,
         mse_observer,
         head,
+        progress: Default::default(),
     };
     let s = quantize_dir(&opts).unwrap();
     (out, s)
@@ -158,6 +165,11 @@ fn calibration_brings_quantized_models_closer_to_float() {
     let w4_rtn = error("w4a16-rtn", int4, How::default());
     let w4_gptq = error("w4a16-gptq", int4, gptq);
     let w4_gptq_mse = error("w4a16-gptq-mse", int4, How { gptq: true, mse_observer: true, ..How::default() });
+    // `tessera quantize`'s default for W4A16: zero points, GPTQ and the MSE observer on text
+    // the model samples itself (no calibration file).
+    let int4_asym = Recipe::resolve(Scheme::W4A16, None, Some(64), true).unwrap();
+    let w4_asym_rtn = error("w4a16-asym-rtn", int4_asym, How::default());
+    let w4_default = error("w4a16-default", int4_asym, How { gptq: true, mse_observer: true, sampled: true, ..How::default() });
     // Measured here (KL per token): W8A8 0.040 rounding, 0.020 SmoothQuant (0.016 adding
     // GPTQ, not run here to keep the test short: the end-to-end server test runs that path);
     // W4A16 g64 0.53 rounding, 0.27 GPTQ, lower again with the MSE observer. GPTQ needs the
@@ -168,6 +180,48 @@ fn calibration_brings_quantized_models_closer_to_float() {
     assert!(w8_sq < 0.7 * w8_rtn, "SmoothQuant {w8_sq} vs rounding {w8_rtn}");
     assert!(w4_gptq < 0.7 * w4_rtn, "GPTQ {w4_gptq} vs rounding {w4_rtn}");
     assert!(w4_gptq_mse < w4_gptq, "GPTQ with the MSE observer {w4_gptq_mse} vs GPTQ {w4_gptq}");
+    assert!(w4_default < 0.7 * w4_asym_rtn, "GPTQ on sampled text {w4_default} vs rounding {w4_asym_rtn}");
+}
+
+/// The calibration text a model samples itself: whole sequences of the length asked, each
+/// opening with BOS and a token that is not special, the same for the same seed and not for
+/// another, and text the model finds likely (its own samples), unlike random tokens.
+#[test]
+fn sampled_calibration_text_is_the_models_own() {
+    let model = Arc::new(LoadedModel::load(&common::default_model_path(), LinearPolicy::DEFAULT).unwrap());
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let progress = |done: usize, total: usize| {
+        assert!(done <= total);
+        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    };
+    let a = sample_sequences(model.clone(), 3, 64, 7, &progress).unwrap();
+    assert!(calls.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    // BOS first when the model's inputs start with it (SmolLM2's do not).
+    let special = model.tokenizer.special();
+    let bos = special.bos.filter(|_| special.add_bos);
+    let lead = usize::from(bos.is_some());
+    assert_eq!(a.len(), 3);
+    for s in &a {
+        assert_eq!(s.len(), 64);
+        assert_eq!(bos.map(|b| s[0] == b), bos.map(|_| true));
+        assert!(!model.tokenizer.is_special(s[lead]));
+    }
+    assert_ne!(a[0], a[1]);
+    assert_eq!(sample_sequences(model.clone(), 3, 64, 7, &|_, _| {}).unwrap(), a);
+    assert_ne!(sample_sequences(model.clone(), 3, 64, 8, &|_, _| {}).unwrap(), a);
+    // Mean log-likelihood per token of the continuation: the model's own text scores far
+    // above uniform random tokens (ln(1/49152) = -10.8).
+    let mean_logprob = |s: &[u32]| {
+        let mut kv = model.model.local_kv(s.len());
+        let logits = model.model.forward(&mut [SeqInput { tokens: s, kv: &mut kv, logits_from: Some(0) }]).unwrap().remove(0);
+        let rows = common::log_softmax_rows(&logits, model.model.config().vocab_size);
+        (2..s.len()).map(|i| rows[i - 1][s[i] as usize]).sum::<f64>() / (s.len() - 2) as f64
+    };
+    let own = mean_logprob(&a[0]);
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let random: Vec<u32> = (0..64).map(|_| rand::Rng::gen_range(&mut r, 0..49152)).collect();
+    let noise = mean_logprob(&random);
+    assert!(own > noise + 4.0, "sampled text {own} vs random tokens {noise}");
 }
 
 #[test]
@@ -282,11 +336,11 @@ fn relative_difference(a: &Hessian, b: &Hessian) -> f64 {
 #[test]
 fn sequential_calibration_sees_the_layers_before_replaced() {
     let bf16 = converted(FloatDtype::BF16);
-    let opts = CalibrationOptions { text: calibration_file(), max_tokens: 1024, seq_len: 256 };
+    let opts = CalibrationOptions { text: CalibrationText::File(calibration_file()), max_tokens: 1024, seq_len: 256 };
     const V0: &str = "model.layers.0.self_attn.v_proj.weight";
     let mut m = LoadedModel::load(&bf16, LinearPolicy::DEFAULT).unwrap();
     let v_len = m.model.kv_width() * m.model.config().hidden_size;
-    let seqs = sequences(&m.tokenizer, m.model.config().max_position_embeddings, &opts).unwrap();
+    let seqs = sequences(&m.tokenizer, m.model.config().max_position_embeddings, &calibration_file(), &opts).unwrap();
     assert_eq!(seqs.len(), 4);
     let full = |m: &LoadedModel, at: (usize, LinearSite)| {
         let mut obs = SiteInputs { at, h: None };
@@ -300,7 +354,7 @@ fn sequential_calibration_sees_the_layers_before_replaced() {
     // The sequential pass over blocks 0 and 1 (an error from the callback ends it).
     let sequential = |zero_v0: bool| {
         let mut got = std::collections::BTreeMap::new();
-        let r = calibrate_sequential(&bf16, &opts, |layer, site, m| {
+        let r = calibrate_sequential(&bf16, &seqs, &|_, _| {}, |layer, site, m| {
             if layer == 2 {
                 return Err(QuantizeError::Usage("stop".into()));
             }

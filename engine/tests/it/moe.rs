@@ -349,7 +349,7 @@ fn experts_only_quantization_runs_as_planned() {
         for (recipe, bound) in [(Recipe::resolve(Scheme::W4A8, Some(Format::Quark), None, false), 0.03), (Recipe::resolve(Scheme::W4A16, None, Some(32), false), w4a16_bound)] {
             let recipe = recipe.unwrap();
             let out = tmp(&format!("moe-quant-{family:?}"));
-            quantize_dir(&QuantizeOptions { input: input.clone(), output: out.clone(), recipe, exclude: vec![], experts_only: true, calibrated: None, mse_observer: false, head: None }).unwrap();
+            quantize_dir(&QuantizeOptions { input: input.clone(), output: out.clone(), recipe, exclude: vec![], experts_only: true, calibrated: None, mse_observer: false, head: None, progress: Default::default() }).unwrap();
             let ck = ModelWeights::open(&out).unwrap();
             let model = LlamaModel::load(&ck, &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
             let plan = model.plan();

@@ -424,6 +424,7 @@ fn run_with_head(input: &Path, out: &Path, recipe: Recipe, exclude: &[&str], exp
         calibrated: None,
         mse_observer: false,
         head,
+        progress: Default::default(),
     };
     quantize_dir(&opts).map_err(|e| e.to_string())
 }

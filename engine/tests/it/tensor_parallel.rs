@@ -224,7 +224,7 @@ fn quantized(name: &str, recipe: Recipe) -> PathBuf {
     let _g = LOCK.get_or_init(Default::default).lock().unwrap();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tp-{name}"));
     if !out.join("config.json").exists() {
-        let opts = QuantizeOptions { input: converted(), output: out.clone(), recipe, exclude: vec![], experts_only: false, calibrated: None, mse_observer: false, head: None };
+        let opts = QuantizeOptions { input: converted(), output: out.clone(), recipe, exclude: vec![], experts_only: false, calibrated: None, mse_observer: false, head: None, progress: Default::default() };
         quantize_dir(&opts).unwrap();
     }
     out

@@ -1,11 +1,11 @@
 //! `tessera quantize`: file-to-file quantization of a Hugging Face directory into a
 //! compressed-tensors or Quark checkpoint, with the histogram-gate report.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
-use tessera_engine::quantize::calibrate::CalibrationOptions;
-use tessera_engine::quantize::{quantize_dir, Calibrated, Format, QuantizeOptions, Recipe, Scheme};
+use tessera_engine::quantize::calibrate::{CalibrationOptions, CalibrationText};
+use tessera_engine::quantize::{calibration_supported, quantize_dir, Calibrated, Format, Progress, QuantizeOptions, Recipe, Scheme, Stage};
 
 /// Quantization scheme.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -59,32 +59,50 @@ pub struct QuantizeArgs {
     #[arg(long)]
     group_size: Option<usize>,
     /// Asymmetric int4 weights with a zero point per scale (compressed-tensors W4A16_ASYM):
-    /// w4a16, or w4a8 with --format compressed-tensors.
-    #[arg(long)]
+    /// the default for w4a16 in compressed-tensors format; w4a8 takes it with --format
+    /// compressed-tensors.
+    #[arg(long, conflicts_with = "symmetric")]
     asymmetric: bool,
+    /// Symmetric int4 weights (no zero points), also for w4a16.
+    #[arg(long)]
+    symmetric: bool,
     /// Module-name glob (fnmatch, e.g. '*self_attn*', '*mlp.gate') to leave unquantized; repeatable.
     #[arg(long)]
     exclude: Vec<String>,
     /// Quantize only MoE experts (`.mlp.experts.`): every other linear stays as it is.
     #[arg(long)]
     experts_only: bool,
+    /// Round to nearest without calibration (the quick path): no GPTQ and no SmoothQuant, scales
+    /// from each group's min/max unless --mse-observer. Without it, quantization is calibrated
+    /// (docs/quantization.md): GPTQ, the MSE observer for int4, and SmoothQuant 0.5 for
+    /// schemes with 8-bit activations.
+    #[arg(long, conflicts_with_all = ["gptq", "smoothquant", "no_smoothquant", "calibration", "calibration_seed"])]
+    rtn: bool,
     /// SmoothQuant before quantizing, with this migration strength α in [0, 1] (0.5 in the
-    /// paper; larger moves more of the activations' range into the weights). Needs --calibration.
-    #[arg(long, value_name = "ALPHA")]
+    /// paper, and the default for w4a8, w8a8-int8 and w8a8-fp8; larger moves more of the
+    /// activations' range into the weights).
+    #[arg(long, value_name = "ALPHA", conflicts_with = "no_smoothquant")]
     smoothquant: Option<f32>,
+    /// No SmoothQuant, also for the schemes that smooth by default.
+    #[arg(long)]
+    no_smoothquant: bool,
     /// GPTQ: round each layer's weights minimizing its output error on the calibration inputs
-    /// (activation order, static groups). Needs --calibration. For int4, add --mse-observer:
-    /// together they were the best here (docs/quantization.md, "Quality").
+    /// (activation order, static groups). The default unless --rtn.
     #[arg(long)]
     gptq: bool,
     /// Choose each scale by searching the clipping ratio that minimizes the squared error
-    /// (weighted by the inputs' energy per column with --gptq), not the range's min/max.
+    /// (weighted by the inputs' energy per column with GPTQ), not the range's min/max. The
+    /// default for int4 schemes unless --rtn.
     #[arg(long)]
     mse_observer: bool,
-    /// Plain-text calibration file for --smoothquant / --gptq (use text unlike what you evaluate on).
+    /// Plain-text calibration file (use text like what the model will serve, unlike what you
+    /// evaluate on). Without it, the model samples its own calibration text.
     #[arg(long, value_name = "FILE")]
     calibration: Option<PathBuf>,
-    /// Calibration tokens used at most, from the start of the file.
+    /// Seed of the calibration text the model samples when no --calibration file is given.
+    #[arg(long, value_name = "SEED")]
+    calibration_seed: Option<u64>,
+    /// Calibration tokens used at most (from the start of the file).
     #[arg(long, default_value_t = 16384)]
     calibration_tokens: usize,
     /// Tokens per calibration sequence (capped at the model's context).
@@ -100,6 +118,49 @@ pub struct QuantizeArgs {
     report: Option<PathBuf>,
 }
 
+/// How the scales and values are chosen: the default calibrated recipe, what the flags
+/// change in it, or rounding to nearest (`--rtn`). MoE models, which calibration does not
+/// support yet, are rounded to nearest with a warning unless a calibration flag was given.
+fn how(args: &QuantizeArgs, scheme: Scheme, moe: bool) -> Result<(Option<Calibrated>, bool)> {
+    let int4 = matches!(scheme, Scheme::W4A16 | Scheme::W4A8);
+    let asked = args.gptq || args.smoothquant.is_some() || args.calibration.is_some() || args.calibration_seed.is_some();
+    if args.rtn || (moe && !asked) {
+        if moe && !args.rtn {
+            eprintln!("warning: calibrated quantization supports dense models; this one has MoE layers: rounding to nearest (--rtn)");
+        }
+        return Ok((None, args.mse_observer || (int4 && !args.rtn)));
+    }
+    let text = match &args.calibration {
+        Some(file) => CalibrationText::File(file.clone()),
+        None => CalibrationText::Sampled { seed: args.calibration_seed.unwrap_or(0) },
+    };
+    let smooths = !matches!(scheme, Scheme::W4A16) && !args.no_smoothquant;
+    let smoothquant = args.smoothquant.or(smooths.then_some(DEFAULT_SMOOTHQUANT));
+    let data = CalibrationOptions { text, max_tokens: args.calibration_tokens, seq_len: args.calibration_seq_len };
+    Ok((Some(Calibrated { data, smoothquant, gptq: true }), args.mse_observer || int4))
+}
+
+/// SmoothQuant's migration strength in the default recipe of the schemes with 8-bit activations.
+const DEFAULT_SMOOTHQUANT: f32 = 0.5;
+
+/// A progress bar on stderr for the long passes (hidden when stderr is not a terminal).
+fn progress_bar() -> Progress {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(indicatif::ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} ({elapsed})").expect("a valid template").progress_chars("=> "));
+    Progress::new(move |stage, done, total| {
+        bar.set_message(match stage {
+            Stage::Sampling => "calibration text (tokens)",
+            Stage::Gptq => "GPTQ (blocks)",
+            Stage::Shards => "shards written",
+        });
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        if stage == Stage::Shards && done == total {
+            bar.finish_and_clear();
+        }
+    })
+}
+
 /// Runs the command.
 pub fn run(args: QuantizeArgs) -> Result<()> {
     let scheme = args.scheme.scheme();
@@ -107,18 +168,12 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         FormatArg::CompressedTensors => Format::CompressedTensors,
         FormatArg::Quark => Format::Quark,
     });
-    let recipe = Recipe::resolve(scheme, format, args.group_size, args.asymmetric)?;
+    // Zero points by default where the format has them (compressed-tensors int4 with groups).
+    let asymmetric = args.asymmetric || (!args.symmetric && matches!(scheme, Scheme::W4A16) && format != Some(Format::Quark));
+    let recipe = Recipe::resolve(scheme, format, args.group_size, asymmetric)?;
     let head = args.lm_head.map(|h| Recipe::head(h.scheme(), &recipe)).transpose().context("--lm-head")?;
-    let calibrated = match (args.calibration, args.smoothquant.is_some() || args.gptq) {
-        (Some(text), true) => Some(Calibrated {
-            data: CalibrationOptions { text, max_tokens: args.calibration_tokens, seq_len: args.calibration_seq_len },
-            smoothquant: args.smoothquant,
-            gptq: args.gptq,
-        }),
-        (None, false) => None,
-        (None, true) => bail!("--smoothquant and --gptq calibrate on text: give it with --calibration FILE"),
-        (Some(_), false) => bail!("--calibration is only used by --smoothquant and --gptq; add one of them"),
-    };
+    let moe = !calibration_supported(&args.input)?;
+    let (calibrated, mse_observer) = how(&args, scheme, moe)?;
     let opts = QuantizeOptions {
         input: args.input.clone(),
         output: args.output.clone(),
@@ -126,8 +181,9 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         exclude: args.exclude,
         experts_only: args.experts_only,
         calibrated,
-        mse_observer: args.mse_observer,
+        mse_observer,
         head,
+        progress: progress_bar(),
     };
     let s = quantize_dir(&opts).with_context(|| format!("quantizing {}", args.input.display()))?;
     if !s.uncalibrated.is_empty() {
@@ -155,4 +211,54 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         println!("report: {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: QuantizeArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<QuantizeArgs, clap::Error> {
+        let base = ["quantize", "--input", "in", "--output", "out"];
+        Cli::try_parse_from(base.iter().chain(flags)).map(|c| c.args)
+    }
+
+    /// (GPTQ, SmoothQuant α, sampled text, MSE observer) of `flags` on a dense or MoE model.
+    fn recipe(flags: &[&str], moe: bool) -> (bool, Option<f32>, bool, bool) {
+        let args = parse(flags).unwrap();
+        let (cal, mse) = how(&args, args.scheme.scheme(), moe).unwrap();
+        match cal {
+            Some(c) => (c.gptq, c.smoothquant, matches!(c.data.text, CalibrationText::Sampled { .. }), mse),
+            None => (false, None, false, mse),
+        }
+    }
+
+    #[test]
+    fn the_default_recipe_is_calibrated_and_rtn_is_the_quick_path() {
+        // Defaults per scheme: GPTQ on sampled text; MSE for int4; SmoothQuant 0.5 for 8-bit activations.
+        assert_eq!(recipe(&["--scheme", "w4a16"], false), (true, None, true, true));
+        assert_eq!(recipe(&["--scheme", "w4a8"], false), (true, Some(0.5), true, true));
+        assert_eq!(recipe(&["--scheme", "w8a8-int8"], false), (true, Some(0.5), true, false));
+        assert_eq!(recipe(&["--scheme", "w8a8-fp8"], false), (true, Some(0.5), true, false));
+        // Flags change the default.
+        assert_eq!(recipe(&["--scheme", "w8a8-int8", "--smoothquant", "0.8", "--calibration", "f.txt"], false), (true, Some(0.8), false, false));
+        assert_eq!(recipe(&["--scheme", "w4a8", "--no-smoothquant"], false), (true, None, true, true));
+        // Rounding to nearest: no calibration; the MSE observer only when asked.
+        assert_eq!(recipe(&["--scheme", "w4a16", "--rtn"], false), (false, None, false, false));
+        assert_eq!(recipe(&["--scheme", "w4a16", "--rtn", "--mse-observer"], false), (false, None, false, true));
+        // MoE: rounded to nearest by default (with a warning), calibrated when asked (and then
+        // refused by the quantizer, which names the reason).
+        assert_eq!(recipe(&["--scheme", "w4a16"], true), (false, None, false, true));
+        assert_eq!(recipe(&["--scheme", "w4a16", "--gptq"], true), (true, None, true, true));
+        // Contradictions are refused.
+        for bad in [&["--scheme", "w4a16", "--rtn", "--gptq"][..], &["--scheme", "w4a16", "--rtn", "--calibration", "f"], &["--scheme", "w8a8-int8", "--smoothquant", "0.5", "--no-smoothquant"], &["--scheme", "w4a16", "--symmetric", "--asymmetric"]] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }
