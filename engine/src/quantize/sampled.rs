@@ -1,6 +1,6 @@
 //! Calibration text the model writes itself, for calibrated quantization without a user's
-//! text (LLM-QAT's data-free calibration, Liu et al. 2023): each sequence opens with the
-//! model's BOS and one vocabulary token drawn at random, then the model samples the rest at
+//! text (LLM-QAT's data-free calibration, Liu et al. 2023): each sequence opens with one
+//! vocabulary token drawn at random (after BOS where the model's inputs start with it), then the model samples the rest at
 //! temperature 1 on the serving engine, past EOS, to full length. The text follows the
 //! model's own distribution rather than one genre's, which a fixed built-in text cannot do
 //! for every model (GPTQ fitted to text unlike what is served can do worse than rounding:
