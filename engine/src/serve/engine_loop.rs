@@ -342,9 +342,12 @@ fn record_prompt_logprobs(s: &mut Sequence, tok: &Tokenizer, logits: &[f32], voc
     let n_top = s.req.prompt_logprobs.unwrap_or(0);
     let prompt = &s.req.prompt;
     // The first token (nothing predicts it) and those before `score_from` have no logprob.
+    // Only the first one's text is decoded (echo shows it); nobody reads the others'.
     while s.prompt_logprobs.len() < s.req.score_from.max(1).min(prompt.len()) {
-        let id = prompt[s.prompt_logprobs.len()];
-        s.prompt_logprobs.push(TokenLogprob { id, text: tok.decode(&[id]), logprob: None, top: Vec::new() });
+        let pos = s.prompt_logprobs.len();
+        let id = prompt[pos];
+        let text = if pos == 0 { tok.decode(&[id]) } else { String::new() };
+        s.prompt_logprobs.push(TokenLogprob { id, text, logprob: None, top: Vec::new() });
     }
     for (i, row) in logits.chunks_exact(vocab).enumerate() {
         let target = start + i + 1;

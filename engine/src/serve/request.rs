@@ -27,7 +27,8 @@ pub struct GenRequest {
     pub prompt_logprobs: Option<usize>,
     /// With `prompt_logprobs`: the first prompt position whose logprob is computed; earlier
     /// tokens are reported with `logprob: None` and their logits never computed (perplexity
-    /// scores the second half of each window). 0 (the default): every token after the first.
+    /// scores the second half of each window), and, after the first, with an empty `text` (not
+    /// decoded). 0 (the default): every token after the first.
     pub score_from: usize,
     /// When the request reached the server (queue time and TTFT are measured from here).
     pub arrival: Instant,
@@ -61,7 +62,8 @@ impl GenRequest {
 pub struct TokenLogprob {
     /// Token id.
     pub id: u32,
-    /// The token's text on its own (may hold U+FFFD for a partial UTF-8 character).
+    /// The token's text on its own (may hold U+FFFD for a partial UTF-8 character); empty for
+    /// the prompt tokens a scoring request skips (after the first, before `score_from`).
     pub text: String,
     /// Its log-probability under the model's raw distribution (`None` for the first prompt
     /// token, which nothing predicts).

@@ -430,6 +430,35 @@ fn prompt_logprobs_match_a_direct_forward_pass() {
     assert!(got.ids.is_empty());
 }
 
+/// A scoring request (`score_from`, as perplexity sends) reports the prompt tokens it skips
+/// with no logprob and, after the first, no text (nobody reads them; each cost a tokenizer
+/// call); the first token and every scored one carry their text, as echo shows it.
+#[test]
+fn skipped_prompt_tokens_are_not_decoded() {
+    let e = engine(no_cache());
+    let tok = &e.model().tokenizer;
+    let prompt = tokens(PROMPTS[1]);
+    let from = prompt.len() / 2;
+    let mut req = GenRequest::new("s", prompt.clone(), SamplingParams::greedy(), 0);
+    req.prompt_logprobs = Some(0);
+    req.score_from = from;
+    let mut stream = e.submit(req).unwrap();
+    let mut got = None;
+    while let Some(event) = stream.blocking_next() {
+        if let Event::PromptLogprobs(p) = event {
+            got = Some(p);
+        }
+    }
+    let got = got.expect("prompt logprobs");
+    assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), prompt);
+    for (i, t) in got.iter().enumerate() {
+        assert_eq!(t.logprob.is_some(), i >= from, "token {i}");
+        let want = if i > 0 && i < from { String::new() } else { tok.decode(&[prompt[i]]) };
+        assert!(!tok.decode(&[prompt[i]]).is_empty(), "token {i} decodes to text");
+        assert_eq!(t.text, want, "token {i}");
+    }
+}
+
 /// Stop strings end generation, are never emitted, and match across token boundaries.
 #[test]
 fn stop_strings_cut_the_text() {

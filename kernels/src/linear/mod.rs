@@ -14,10 +14,11 @@
 //! W4A8), [`int8`] (W8A8 int8), [`fp8`] (W8A8 FP8). The last three share [`rowwise`], the
 //! driver for formats whose kernel multiplies a range of weight rows with activations prepared
 //! once per call ([`act`]): such a format implements [`rowwise::RowKernel`] and is a
-//! [`WeightMatrix`] through it. A format with a GPU kernel keeps it in its folder too: the
-//! CUDA C source (`linear_<format>.cu`) and a `cuda.rs` declaring it and implementing
-//! [`cuda::CudaFormat`], which the shared launcher ([`cuda`]) talks to; its source is one row
-//! of [`CUDA_SOURCES`]. The recipe for a new format is in `docs/architecture.md`
+//! [`WeightMatrix`] through it; those with per-token int8 activations also implement
+//! [`int8_rows::Int8Rows`] (the level dispatch around their scalar and SIMD kernels). A format
+//! with a GPU kernel keeps it in its folder too: the CUDA C source (`linear_<format>.cu`) and a
+//! `cuda.rs` declaring it and implementing [`cuda::CudaFormat`], which the shared launcher
+//! ([`cuda`]) talks to; its source is one row of [`CUDA_SOURCES`]. The recipe for a new format is in `docs/architecture.md`
 //! ("Adding a weight format"); `kernels/tests/it/toy_format.rs` follows it.
 //!
 //! Every op computes each output element independently of the other tokens in the batch, so
@@ -29,6 +30,7 @@ pub mod fp8;
 pub mod ggml;
 pub mod int4;
 pub mod int8;
+pub mod int8_rows;
 pub(crate) mod int_dot_avx2;
 pub mod rowwise;
 
@@ -36,6 +38,7 @@ pub use act::ActQuant;
 pub use fp8::Fp8Matrix;
 pub use int4::Int4Matrix;
 pub use int8::Int8Matrix;
+pub use int8_rows::Int8Rows;
 pub use rowwise::{Prepared, RowKernel, RowwiseLinear};
 
 use crate::cpu::caps::CpuCaps;

@@ -26,7 +26,7 @@ use tessera_kernels::cpu::GemmLevel;
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::cpu::caps::bf16_dot_available;
 use tessera_kernels::linear::act::{quantize_int8_row, quantize_int8_row_scalar, round_bf16_row, round_bf16_scalar};
-use tessera_kernels::linear::{ActQuant, Int4Matrix, Int8Matrix, LinearOp, RowKernel, RowwiseLinear};
+use tessera_kernels::linear::{ActQuant, Int4Matrix, Int8Matrix, Int8Rows, LinearOp, RowKernel, RowwiseLinear};
 use std::sync::Arc;
 
 /// A row-kernel matrix behind the trait object the driver takes.

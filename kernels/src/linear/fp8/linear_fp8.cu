@@ -19,57 +19,58 @@ __device__ __forceinline__ float ts_e4m3(uint32_t b) {
     return __half2float(__half(h));
 }
 
-extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)
-quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* xa, const float* xs,
-             float* y, int n, int k, int m, int group, int bh) {
-    const int lane = threadIdx.x % 32;
-    const int row0 = (blockIdx.x * TS_WARPS + threadIdx.x / 32) * TS_RW;
-    if (row0 >= n) return;  // whole warps leave; no CTA-wide barrier follows
-    const int nr = min(TS_RW, n - row0);
-    const int t0 = blockIdx.y * TS_MT;
-    const int mt = min(TS_MT, m - t0);
-    const int ng = (k + group - 1) / group;
+// W8A8 FP8 on ts_group_rows, column block by column block: per block an f32 sum of E4M3
+// products, then acc = acc + (s_w · s_x) · part with the row's and the token's block scales.
+struct Fp8Groups {
+    typedef float Part;
+    const uint8_t* wq;
+    const float* ws;
+    const float* xs;
+    int k, t0, mt, ng, bh;
+    const float* wsr;  // the row's block scales
 
-    // The warp's rows one after another.
-    for (int row = row0; row < row0 + nr; ++row) {
-        float acc[TS_MT];
-#pragma unroll
-        for (int t = 0; t < TS_MT; ++t) acc[t] = 0.0f;
-        // Column block by column block, in order; lanes split a block into 4-column units.
-        const uint8_t* xq = reinterpret_cast<const uint8_t*>(xa) + (int64_t)t0 * k;
-        const float* wsr = ws + (int64_t)(row / bh) * ng;
-        for (int g = 0; g < ng; ++g) {
-            const int c0 = g * group, c1 = min(k, c0 + group);
-            float part[TS_MT];
-#pragma unroll
-            for (int t = 0; t < TS_MT; ++t) part[t] = 0.0f;
-            for (int c = c0 + 4 * lane; c < c1; c += 4 * 32) {
-                const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * k + c);
-                const float w0 = ts_e4m3(word & 0xffu), w1 = ts_e4m3((word >> 8) & 0xffu);
-                const float w2 = ts_e4m3((word >> 16) & 0xffu), w3 = ts_e4m3(word >> 24);
-#pragma unroll
-                for (int t = 0; t < TS_MT; ++t) {
-                    if (t < mt) {
-                        const uint32_t a = *reinterpret_cast<const uint32_t*>(xq + (int64_t)t * k + c);
-                        part[t] += w0 * ts_e4m3(a & 0xffu) + w1 * ts_e4m3((a >> 8) & 0xffu)
-                                 + w2 * ts_e4m3((a >> 16) & 0xffu) + w3 * ts_e4m3(a >> 24);
-                    }
-                }
-            }
-#pragma unroll
-            for (int t = 0; t < TS_MT; ++t) {
-                const float p = ts_warp_sum(part[t]);
-                if (t < mt) {
-                    const float sx = xs[(int64_t)(t0 + t) * ng + g];
-                    acc[t] = __fadd_rn(acc[t], __fmul_rn(__fmul_rn(wsr[g], sx), p));
-                }
-            }
-        }
+    __device__ __forceinline__ void begin_row(int row) {
+        wsr = ws + (int64_t)(row / bh) * ng;
+    }
+
+    __device__ __forceinline__ int begin_group(int, int) const {
+        return 0;
+    }
+
+    __device__ __forceinline__ void step(float (&part)[TS_MT], const uint8_t* xq, int row, int c, int) const {
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(wq + (int64_t)row * k + c);
+        const float w0 = ts_e4m3(word & 0xffu), w1 = ts_e4m3((word >> 8) & 0xffu);
+        const float w2 = ts_e4m3((word >> 16) & 0xffu), w3 = ts_e4m3(word >> 24);
 #pragma unroll
         for (int t = 0; t < TS_MT; ++t) {
-            if (lane == 0 && t < mt) {
-                y[(int64_t)(t0 + t) * n + row] = acc[t];
+            if (t < mt) {
+                const uint32_t a = *reinterpret_cast<const uint32_t*>(xq + (int64_t)t * k + c);
+                part[t] += w0 * ts_e4m3(a & 0xffu) + w1 * ts_e4m3((a >> 8) & 0xffu)
+                         + w2 * ts_e4m3((a >> 16) & 0xffu) + w3 * ts_e4m3(a >> 24);
             }
         }
     }
+
+    // Tokens past the tile have no activation scale to read; their accumulators are not stored.
+    __device__ __forceinline__ float fold(float acc, float p, int, int g, int t) const {
+        if (t >= mt) return acc;
+        const float sx = xs[(int64_t)(t0 + t) * ng + g];
+        return __fadd_rn(acc, __fmul_rn(__fmul_rn(wsr[g], sx), p));
+    }
+
+    __device__ __forceinline__ float out(float acc, int) const {
+        return acc;
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)
+quant_matmul(const uint8_t* wq, const float* ws, const int8_t* wz, const void* xa, const float* xs,
+             float* y, int n, int k, int m, int group, int bh) {
+    (void)wz;
+    TsTile tile;
+    if (!ts_tile<TS_RW>(n, m, tile)) return;
+    Fp8Groups f;
+    f.wq = wq; f.ws = ws; f.xs = xs; f.k = k; f.t0 = tile.t0; f.mt = tile.mt; f.bh = bh;
+    f.ng = (k + group - 1) / group;
+    ts_group_rows(f, tile, xa, y, n, k, group);
 }

@@ -123,56 +123,50 @@ __device__ __forceinline__ void ts_chunk8(const uint32_t* words, int c, float d,
 // x: [m, k] f32, 16-byte aligned (checked by the launcher); y: [m, n] f32. For block types
 // k is a multiple of 32; float types take any k (8-wide vector loads when k % 8 == 0).
 //
-// Block types: each warp owns TS_RW consecutive rows, and each lane a 32-value block column of
-// all of them: the TS_RW blocks are loaded together (TS_RW independent 16-byte loads in flight),
-// then dequantized 8 values at a time and dotted with every token of the tile, so each
-// activation value read serves TS_RW rows (the activations, not the weights, were the traffic
-// that bounded the one-row-per-warp version at batch 8: ~64x the weight bytes).
+// Block types: TS_RW rows per warp on ts_run_tile (linear/matmul.cuh), a run being one block
+// (its 16-byte code loads and scale words), so each activation value read serves TS_RW rows (the
+// activations, not the weights, were the traffic that bounded the one-row-per-warp version at
+// batch 8: ~64x the weight bytes).
+#if TS_BLOCKED
+struct GgmlRuns {
+    struct Run {
+        uint32_t words[TS_QS / 4];
+        float d, m;
+    };
+    const uint8_t* qs;
+    const uint8_t* sc;
+    int nb;  // blocks per row
+
+    __device__ __forceinline__ void load(Run& r, int row, int run) const {
+        const int64_t blk = (int64_t)row * nb + run;
+        ts_block_words(qs, blk, r.words);
+        ts_block_scales(sc, blk, r.d, r.m);
+    }
+
+    __device__ __forceinline__ void chunk8(const Run& r, int c, float (&w)[8]) const {
+        ts_chunk8(r.words, c, r.d, r.m, w);
+    }
+};
+#endif
+
 extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)
 ggml_matmul(const uint8_t* qs, const uint8_t* sc, const float* x, float* y, int n, int k, int m) {
-    const int lane = threadIdx.x % 32;
-    const int row0 = (blockIdx.x * TS_WARPS + threadIdx.x / 32) * TS_RW;
-    if (row0 >= n) return;  // whole warps leave; no CTA-wide barrier follows
-    const int nr = min(TS_RW, n - row0);
-    const int t0 = blockIdx.y * TS_MT;
-    const int mt = min(TS_MT, m - t0);
-    const float* xt = x + (int64_t)t0 * k;
+    TsTile tile;
+    if (!ts_tile<TS_RW>(n, m, tile)) return;
+    const float* xt = x + (int64_t)tile.t0 * k;
 
 #if TS_BLOCKED
-    float acc[TS_MT][TS_RW];
-#pragma unroll
-    for (int t = 0; t < TS_MT; ++t)
-#pragma unroll
-        for (int r = 0; r < TS_RW; ++r) acc[t][r] = 0.0f;
-    const int nb = k / 32;
-    for (int b = lane; b < nb; b += 32) {
-        uint32_t words[TS_RW][TS_QS / 4];
-        float d[TS_RW], mm[TS_RW];
-#pragma unroll
-        for (int r = 0; r < TS_RW; ++r) {
-            // Rows past the end repeat the last row (in bounds); their sums are not stored.
-            const int64_t blk = (int64_t)(row0 + min(r, nr - 1)) * nb + b;
-            ts_block_words(qs, blk, words[r]);
-            ts_block_scales(sc, blk, d[r], mm[r]);
-        }
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            float w[TS_RW][8];
-#pragma unroll
-            for (int r = 0; r < TS_RW; ++r) ts_chunk8(words[r], c, d[r], mm[r], w[r]);
-            ts_tile_dot8<TS_MT, TS_RW>(acc, w, xt + b * 32 + c * 8, k, mt);
-        }
-    }
-    ts_tile_store<TS_MT, TS_RW>(acc, y, n, t0, mt, row0, nr);
+    const GgmlRuns f = {qs, sc, k / 32};
+    ts_run_tile<TS_RW>(f, tile, xt, y, n, k);
 #else
     // Float types: the warp's rows one after another.
-    for (int row = row0; row < row0 + nr; ++row) {
+    for (int row = tile.row0; row < tile.row0 + tile.nr; ++row) {
         float acc[TS_MT];
 #pragma unroll
         for (int t = 0; t < TS_MT; ++t) acc[t] = 0.0f;
         const ts_w_t* wr = reinterpret_cast<const ts_w_t*>(qs) + (int64_t)row * k;
         if (k % 8 == 0) {
-            for (int c = lane * 8; c < k; c += 32 * 8) {
+            for (int c = tile.lane * 8; c < k; c += 32 * 8) {
                 float w[8];
 #if GGML_TYPE == 0
                 const float4 w0 = *reinterpret_cast<const float4*>(wr + c);
@@ -190,7 +184,7 @@ ggml_matmul(const uint8_t* qs, const uint8_t* sc, const float* x, float* y, int 
 #endif
 #pragma unroll
                 for (int t = 0; t < TS_MT; ++t) {
-                    if (t < mt) {
+                    if (t < tile.mt) {
                         const float4* xv = reinterpret_cast<const float4*>(xt + (int64_t)t * k + c);
                         const float4 a = xv[0], b = xv[1];
                         acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w
@@ -199,18 +193,18 @@ ggml_matmul(const uint8_t* qs, const uint8_t* sc, const float* x, float* y, int 
                 }
             }
         } else {
-            for (int c = lane; c < k; c += 32) {
+            for (int c = tile.lane; c < k; c += 32) {
                 const float w = ts_float(wr[c]);
 #pragma unroll
                 for (int t = 0; t < TS_MT; ++t) {
-                    if (t < mt) acc[t] += w * xt[(int64_t)t * k + c];
+                    if (t < tile.mt) acc[t] += w * xt[(int64_t)t * k + c];
                 }
             }
         }
 #pragma unroll
         for (int t = 0; t < TS_MT; ++t) {
             const float v = ts_warp_sum(acc[t]);
-            if (lane == 0 && t < mt) y[(int64_t)(t0 + t) * n + row] = v;
+            if (tile.lane == 0 && t < tile.mt) y[(int64_t)(tile.t0 + t) * n + row] = v;
         }
     }
 #endif

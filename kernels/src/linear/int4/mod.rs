@@ -17,7 +17,7 @@ use crate::cuda::device::CudaDevice;
 use crate::linear::cuda::{DeviceWeight, QuantPlanes};
 use crate::cuda::CudaError;
 use crate::linear::rowwise::{Prepared, RowKernel};
-use crate::linear::{ActQuant, LinearPolicy};
+use crate::linear::{ActQuant, Int8Rows, LinearPolicy};
 use std::ops::Range;
 
 /// Columns per packed run.
@@ -180,6 +180,24 @@ impl Int4Matrix {
 
     /// Scalar W4A16: `out[(r - r0) * m + i] = Σ_g s[r,g] Σ_{c∈g} (q - z) x[i, c]` in f32.
     pub fn rows_f32_scalar(&self, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
+        let dot = |qs: &[i8], zg: i8, xs: &[f32]| qs.iter().zip(xs).map(|(&v, &xv)| (v - zg) as f32 * xv).sum::<f32>();
+        self.rows_scalar(r0, r1, x, m, out, dot, |_, acc| acc);
+    }
+
+    /// The scalar kernels' loop (W4A16, W4A8): for each row `r` and token `i`, group by group
+    /// in order, `acc += s[r,g] · dot(q, z[r,g], x)` over the group's values and activations,
+    /// then `out[(r - r0) * m + i] = finish(i, acc)`.
+    #[allow(clippy::too_many_arguments)] // row range, activations, output tile, the two steps
+    fn rows_scalar<X>(
+        &self,
+        r0: usize,
+        r1: usize,
+        x: &[X],
+        m: usize,
+        out: &mut [f32],
+        dot: impl Fn(&[i8], i8, &[X]) -> f32,
+        finish: impl Fn(usize, f32) -> f32,
+    ) {
         let k = self.cols;
         let mut q = vec![0i8; k];
         for r in r0..r1 {
@@ -188,33 +206,10 @@ impl Int4Matrix {
             for i in 0..m {
                 let xi = &x[i * k..(i + 1) * k];
                 let mut acc = 0f32;
-                for (g, (qs, xs)) in q.chunks(self.group).zip(xi.chunks(self.group)).enumerate() {
-                    let zg = z.map_or(0, |z| z[g]);
-                    let part: f32 = qs.iter().zip(xs).map(|(&v, &xv)| (v - zg) as f32 * xv).sum();
-                    acc += s[g] * part;
-                }
-                out[(r - r0) * m + i] = acc;
-            }
-        }
-    }
-
-    /// Scalar W4A8: per group an int32 sum `Σ (q - z) · xq`, then `acc += s[r,g] · sum` in
-    /// f32, and `out = xs[i] · acc`.
-    pub fn rows_int8_scalar(&self, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
-        let k = self.cols;
-        let mut q = vec![0i8; k];
-        for r in r0..r1 {
-            self.row_values(r, &mut q);
-            let (s, z) = (self.row_scales(r), self.row_zeros(r));
-            for i in 0..m {
-                let xi = &xq[i * k..(i + 1) * k];
-                let mut acc = 0f32;
                 for (g, (qs, xg)) in q.chunks(self.group).zip(xi.chunks(self.group)).enumerate() {
-                    let zg = z.map_or(0, |z| z[g]) as i32;
-                    let part: i32 = qs.iter().zip(xg).map(|(&v, &a)| (v as i32 - zg) * a as i32).sum();
-                    acc += s[g] * part as f32;
+                    acc += s[g] * dot(qs, z.map_or(0, |z| z[g]), xg);
                 }
-                out[(r - r0) * m + i] = xs[i] * acc;
+                out[(r - r0) * m + i] = finish(i, acc);
             }
         }
     }
@@ -270,41 +265,22 @@ impl Int4Matrix {
             }
         }
     }
+}
 
-    /// [`Self::rows_int8_scalar`] on `isa`, at the fastest [`GemmLevel`] it allows here.
-    ///
-    /// # Panics
-    /// If `isa` is not available here, or the shapes disagree.
-    #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
-    pub fn rows_int8(&self, isa: Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
-        assert!(isa.available(), "{isa:?} kernel requested on a CPU without it");
-        self.rows_int8_at(GemmLevel::for_isa(isa), r0, r1, xq, xs, m, out);
+impl Int8Rows for Int4Matrix {
+    /// Scalar W4A8: per group an int32 sum `Σ (q - z) · xq`, then `acc += s[r,g] · sum` in
+    /// f32, and `out = xs[i] · acc`.
+    fn rows_int8_scalar(&self, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        let dot = |qs: &[i8], zg: i8, xg: &[i8]| qs.iter().zip(xg).map(|(&v, &a)| (v as i32 - zg as i32) * a as i32).sum::<i32>() as f32;
+        self.rows_scalar(r0, r1, xq, m, out, dot, |i, acc| xs[i] * acc);
     }
 
-    /// [`Self::rows_int8_scalar`] at `level`: the SIMD kernels (AVX2 `maddubs` or AVX-512
-    /// `vpdpbusd` integer products, int32 group sums, the scalar epilogue) are bit-identical to
-    /// the scalar one.
-    ///
-    /// # Panics
-    /// If `level` is not available here, or the shapes disagree.
-    #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
-    pub fn rows_int8_at(&self, level: GemmLevel, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
-        assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
-        assert_eq!(xq.len(), m * self.cols, "activation shape");
-        assert_eq!(xs.len(), m, "activation scales");
-        assert!(out.len() >= (r1 - r0) * m, "output tile");
-        assert!(level.available(), "{level:?} kernel requested on a CPU without it");
-        match level {
-            GemmLevel::Scalar => self.rows_int8_scalar(r0, r1, xq, xs, m, out),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the level's features checked above; shapes asserted above.
-            GemmLevel::Avx2 => unsafe { crate::linear::int_dot_avx2::int4_int8::<false>(self, r0, r1, xq, xs, m, out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            GemmLevel::Avx512Vnni => unsafe { crate::linear::int_dot_avx2::int4_int8::<true>(self, r0, r1, xq, xs, m, out) },
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => unreachable!("only the scalar level is available off x86-64"),
-        }
+    /// AVX2 `maddubs` or AVX-512 `vpdpbusd` integer products, int32 group sums, the scalar
+    /// epilogue.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn rows_int8_simd<const VNNI: bool>(&self, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        // SAFETY: forwarded contract.
+        unsafe { crate::linear::int_dot_avx2::int4_int8::<VNNI>(self, r0, r1, xq, xs, m, out) }
     }
 }
 

@@ -8,7 +8,7 @@ use crate::cuda::device::CudaDevice;
 use crate::linear::cuda::{DeviceWeight, QuantPlanes};
 use crate::cuda::CudaError;
 use crate::linear::rowwise::{Prepared, RowKernel};
-use crate::linear::ActQuant;
+use crate::linear::{ActQuant, Int8Rows};
 use std::ops::Range;
 
 /// An int8 matrix: `W[r, c] = q[r, c] * s[r]`.
@@ -78,9 +78,11 @@ impl Int8Matrix {
             *o = v as f32 * s;
         }
     }
+}
 
+impl Int8Rows for Int8Matrix {
     /// Scalar W8A8: `out[(r - r0) * m + i] = xs[i] · s[r] · Σ q · xq` (int32 sum).
-    pub fn rows_int8_scalar(&self, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+    fn rows_int8_scalar(&self, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
         let k = self.cols;
         for r in r0..r1 {
             let w = self.row(r);
@@ -91,42 +93,18 @@ impl Int8Matrix {
         }
     }
 
-    /// [`Self::rows_int8_scalar`] on `isa`, at the fastest [`GemmLevel`] it allows here.
-    ///
-    /// # Panics
-    /// If `isa` is not available here, or the shapes disagree.
-    #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
-    pub fn rows_int8(&self, isa: Isa, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
-        assert!(isa.available(), "{isa:?} kernel requested on a CPU without it");
-        self.rows_int8_at(GemmLevel::for_isa(isa), r0, r1, xq, xs, m, out);
+    /// Activations holding -128 (never produced by [`super::act::quantize_int8_row`]) take the
+    /// scalar kernel: the sign trick would negate them.
+    fn simd_accepts(&self, xq: &[i8]) -> bool {
+        !xq.contains(&i8::MIN)
     }
 
-    /// [`Self::rows_int8_scalar`] at `level`: the SIMD kernels (sign trick, `maddubs` with
-    /// AVX2 or `vpdpbusd` with AVX-512 VNNI, int32 sums, the scalar epilogue) are
-    /// bit-identical to the scalar one. Activations holding -128 (never produced by
-    /// [`super::act::quantize_int8_row`]) take the scalar kernel.
-    ///
-    /// # Panics
-    /// If `level` is not available here, or the shapes disagree.
-    #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
-    pub fn rows_int8_at(&self, level: GemmLevel, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
-        assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
-        assert_eq!(xq.len(), m * self.cols, "activation shape");
-        assert_eq!(xs.len(), m, "activation scales");
-        assert!(out.len() >= (r1 - r0) * m, "output tile");
-        assert!(level.available(), "{level:?} kernel requested on a CPU without it");
-        if level == GemmLevel::Scalar || xq.contains(&i8::MIN) {
-            return self.rows_int8_scalar(r0, r1, xq, xs, m, out);
-        }
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level's features checked above; shapes asserted above; no -128 in xq.
-        unsafe {
-            if level == GemmLevel::Avx512Vnni {
-                crate::linear::int_dot_avx2::int8_int8::<true>(self, r0, r1, xq, xs, m, out)
-            } else {
-                crate::linear::int_dot_avx2::int8_int8::<false>(self, r0, r1, xq, xs, m, out)
-            }
-        }
+    /// Sign trick, `maddubs` with AVX2 or `vpdpbusd` with AVX-512 VNNI, int32 sums, the scalar
+    /// epilogue.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn rows_int8_simd<const VNNI: bool>(&self, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
+        // SAFETY: forwarded contract (no -128 in xq: simd_accepts).
+        unsafe { crate::linear::int_dot_avx2::int8_int8::<VNNI>(self, r0, r1, xq, xs, m, out) }
     }
 }
 
