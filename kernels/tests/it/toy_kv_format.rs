@@ -86,7 +86,7 @@ fn attention_runs_a_format_defined_outside_the_crate() {
     let (total, kw) = (45, SHAPE.kv_width());
     let (keys, values) = (randn(&mut r, total * kw), randn(&mut r, total * kw));
     let geom = KvGeometry { head_dim: 64, n_kv_heads: 2 };
-    let bf16 = || codec(&KvFormat::Bf16, geom, KvRole::Value, CodecOptions { layer: 0, seed: 0, static_scale: None }).unwrap();
+    let bf16 = || codec(&KvFormat::BF16, geom, KvRole::Value, CodecOptions { layer: 0, seed: 0, static_scale: None }).unwrap();
     let toy = || -> Box<dyn KvCodec> { Box::new(Toy4 { head_dim: 64 }) };
     for (name, v) in [("toy4/toy4", toy()), ("toy4/bf16", bf16())] {
         let paged = Paged::with_codecs(SHAPE, toy(), v, &keys, &values, &[16, 16, 13]);
