@@ -8,9 +8,10 @@
 //! [`KvLayerDesc`] describes one layer's regions; the engine builds one per layer from its
 //! `KvLayout` and calls the launchers per layer with the same pool.
 //!
-//! Formats on CUDA: f32, bf16, f16, fp8_e4m3 and int8 (per-token-and-head scales or a static
-//! per-layer scale), for head dims 64 and 128. K and V may differ. qjl1, tq3_0 and hqmq are
-//! refused with [`CudaError::Unsupported`].
+//! Formats on CUDA: those whose family has a CUDA side in the registry (`kv::cuda_page`; today
+//! f32, bf16, f16, fp8_e4m3 and int8, with per-token-and-head scales or a static per-layer
+//! scale), for head dims 64 and 128. K and V may differ. Others (qjl1, tq3_0, hqmq) are refused
+//! with [`CudaError::Unsupported`].
 //!
 //! Decode attention is flash-decoding: one CTA per (sequence, KV head, chunk of up to 8 query
 //! heads of the group, token split), fp32 online softmax, splits merged by a second kernel. The
@@ -94,8 +95,10 @@ pub struct KvLayerDesc {
 /// folder through the registry (`kv::cuda_page`); an error for formats not on CUDA yet.
 fn cuda_page(format: KvFormat, static_scale: Option<f32>) -> Result<KvCudaPage, CudaError> {
     kv::cuda_page(&format, static_scale.is_some()).ok_or_else(|| {
+        let supported: Vec<String> = KvFormat::all().into_iter().filter(|f| kv::cuda_page(f, false).is_some()).map(|f| f.to_string()).collect();
         CudaError::Unsupported(format!(
-            "KV-cache format {format} is not yet on CUDA (supported: f32, bf16, f16, fp8_e4m3, int8); use --device cpu or another --kv-cache-dtype"
+            "KV-cache format {format} is not yet on CUDA (supported: {}); use --device cpu or another --kv-cache-dtype",
+            supported.join(", ")
         ))
     })
 }
@@ -460,6 +463,7 @@ mod tests {
             let k = KvSide { format: f, offset: 0, page_bytes: 100, static_scale: None };
             let e = KvLayerDesc::new(16384, 16, 1, 64, k, v).unwrap_err();
             assert!(matches!(e, CudaError::Unsupported(_)) && e.to_string().contains(&f.to_string()) && e.to_string().contains("not yet on CUDA"), "{e}");
+            assert!(e.to_string().contains("(supported: f32, bf16, f16, fp8_e4m3, int8);"), "{e}");
         }
         assert!(matches!(KvLayerDesc::new(16384, 16, 1, 96, ok(KvFormat::F32), v), Err(CudaError::Unsupported(_))));
         // Wrong page size, region past the block, misaligned offset, bad static scale.
