@@ -167,10 +167,10 @@ fn attention(dev: &CudaDevice, r: &mut ChaCha8Rng, copy_bw: f64) {
     for (ctx, batch) in [(32768usize, 16usize), (4096, 64), (1024, 1)] {
         let geom = KvGeometry { head_dim: hd, n_kv_heads: n_kv };
         let opts = CodecOptions { layer: 0, seed: 1, static_scale: None };
-        let (k, v) = (codec(&KvFormat::Bf16, geom, KvRole::Key, opts).unwrap(), codec(&KvFormat::Bf16, geom, KvRole::Value, opts).unwrap());
+        let (k, v) = (codec(&KvFormat::BF16, geom, KvRole::Key, opts).unwrap(), codec(&KvFormat::BF16, geom, KvRole::Value, opts).unwrap());
         let (kp, vp) = (k.page_bytes(bs), v.page_bytes(bs));
         let block_bytes = (n_kv * (kp + vp)).next_multiple_of(64);
-        let side = |offset, page_bytes| KvSide { format: KvFormat::Bf16, offset, page_bytes, static_scale: None };
+        let side = |offset, page_bytes| KvSide { format: KvFormat::BF16, offset, page_bytes, static_scale: None };
         let desc = KvLayerDesc::new(block_bytes, bs, n_kv, hd, side(0, kp), side(n_kv * kp, vp)).unwrap();
         let per_seq = ctx / bs;
         let n_blocks = batch * per_seq;

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 use tessera_kernels::attention::{attention, AttnShape, ExactKeys, KvTile, KvView};
-use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvGeometry, KvPageMut, KvRole, QjlParams};
+use tessera_kernels::kv::{codec, CodecOptions, KvCodec, KvFormat, KvGeometry, KvPageMut, KvRole};
 
 const SHAPE: AttnShape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
 const BLOCK: usize = 16;
@@ -68,8 +68,8 @@ impl Cache {
                 (encode_pages(k.as_ref(), &kr), encode_pages(v.as_ref(), &vr))
             })
             .collect();
-        let exact = match kf {
-            KvFormat::Qjl1(p) if p.window > 0 => {
+        let exact = match kf.exact_keys() {
+            Some(p) if p.window > 0 => {
                 let (w, s, hd) = (usize::from(p.window), usize::from(p.sink), SHAPE.head_dim);
                 let heads = |n: usize, r: &mut ChaCha8Rng| (0..SHAPE.n_kv_heads).map(|_| randn(r, n * hd)).collect::<Vec<_>>();
                 Some(Exact { sink: heads(s, r), recent: heads(w, r), recent_start: ctx - w, window: w })
@@ -102,12 +102,12 @@ fn formats() -> Vec<(String, KvFormat, KvFormat)> {
     let p = |s: &str| s.parse::<KvFormat>().unwrap();
     vec![
         ("f32".into(), KvFormat::F32, KvFormat::F32),
-        ("bf16".into(), KvFormat::Bf16, KvFormat::Bf16),
-        ("fp8_e4m3".into(), KvFormat::Fp8E4m3, KvFormat::Fp8E4m3),
-        ("int8".into(), KvFormat::Int8, KvFormat::Int8),
-        ("k=qjl1-w0-s0,v=bf16".into(), KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), KvFormat::Bf16),
-        ("k=qjl1-w0-s0,v=int8".into(), KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), KvFormat::Int8),
-        ("k=qjl1,v=bf16".into(), p("qjl1"), KvFormat::Bf16),
+        ("bf16".into(), KvFormat::BF16, KvFormat::BF16),
+        ("fp8_e4m3".into(), KvFormat::FP8_E4M3, KvFormat::FP8_E4M3),
+        ("int8".into(), KvFormat::INT8, KvFormat::INT8),
+        ("k=qjl1-w0-s0,v=bf16".into(), p("qjl1-w0-s0"), KvFormat::BF16),
+        ("k=qjl1-w0-s0,v=int8".into(), p("qjl1-w0-s0"), KvFormat::INT8),
+        ("k=qjl1,v=bf16".into(), p("qjl1"), KvFormat::BF16),
         ("tq3_0".into(), p("tq3_0"), p("tq3_0")),
         ("hqmq-s96-r4".into(), p("hqmq-s96-r4"), p("hqmq-s96-r4")),
         ("hqmq-s192-r6-med3".into(), p("hqmq-s192-r6-med3"), p("hqmq-s192-r6-med3")),

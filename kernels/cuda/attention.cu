@@ -2,7 +2,9 @@
 // Paged decode attention for one layer: one query token per sequence against its cached K/V,
 // read in place from the byte pool (kv_pages.cuh layout), flash-decoding style.
 //
-// Specialized by HEAD_DIM (64 or 128), K_FMT and V_FMT (TS_KV_* codes). Grid:
+// Specialized by HEAD_DIM (64 or 128), K_FMT and V_FMT (TS_KV_* codes; ts_load_row, generated
+// from the registry, picks the format's own load; alignment the launcher guarantees: plain records
+// 8-byte aligned, 8-bit records 4-byte aligned). Grid:
 //   x = sequence, y = KV head x head chunk (chunks of up to TS_GMAX query heads of the KV head's
 //   group, so each K/V element is loaded once per chunk), z = split (a token range).
 // A CTA of TS_THREADS threads splits into sub-groups of TS_TPT lanes; a sub-group takes one token
@@ -24,18 +26,6 @@
 #define TS_THREADS 128
 #define TS_SUBS (TS_THREADS / TS_TPT)
 #define TS_GMAX 8
-
-// TS_ELEMS values of one record starting at dim d0, as floats (scale applied), by the format's
-// own load (kv/<format>/*.cuh). Alignment the launcher guarantees: plain records 8-byte aligned,
-// 8-bit records 4-byte aligned.
-template <int FMT>
-__device__ __forceinline__ void ts_load_row(const uint8_t* rec, int d0, float static_scale, float* out) {
-    if constexpr (FMT == TS_KV_F32 || FMT == TS_KV_BF16 || FMT == TS_KV_F16) {
-        ts_kv_plain_load<FMT, TS_ELEMS>(rec, d0, out);
-    } else {
-        ts_kv_scaled8_load<FMT, TS_ELEMS>(rec, d0, static_scale, out);
-    }
-}
 
 extern "C" __global__ void __launch_bounds__(TS_THREADS)
 paged_decode_attention(const float* __restrict__ q, const uint8_t* __restrict__ pool,
@@ -96,8 +86,8 @@ paged_decode_attention(const float* __restrict__ q, const uint8_t* __restrict__ 
             if (valid) {
                 const int64_t slot = t % L.block_size;
                 const uint8_t* b = pool + blk * L.block_bytes;
-                ts_load_row<K_FMT>(b + L.k_offset + kvh * L.k_page_bytes + slot * k_rec, d0, L.k_scale, k);
-                ts_load_row<V_FMT>(b + L.v_offset + kvh * L.v_page_bytes + slot * v_rec, d0, L.v_scale, v);
+                ts_load_row<K_FMT, TS_ELEMS>(b + L.k_offset + kvh * L.k_page_bytes + slot * k_rec, d0, L.k_scale, k);
+                ts_load_row<V_FMT, TS_ELEMS>(b + L.v_offset + kvh * L.v_page_bytes + slot * v_rec, d0, L.v_scale, v);
             }
         }
 #pragma unroll

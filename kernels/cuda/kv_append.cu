@@ -2,16 +2,10 @@
 // Writes new tokens' K and V rows into the paged pool in the layer's formats (kv_pages.cuh),
 // byte for byte as the CPU codecs encode them. k and v are [tokens, n_kv_heads, head_dim] f32;
 // token i goes to slot slot_mapping[i] = block * block_size + offset. Negative slots (padding)
-// and slots whose block is outside the pool are skipped. Formats are kernel arguments (TS_KV_*):
+// and slots whose block is outside the pool are skipped. Formats are kernel arguments (TS_KV_*;
+// ts_encode_row, generated from the registry, calls each format's own store):
 // the kernel is tiny and memory bound. Grid (tokens, n_kv_heads), 64 threads: warp 0 writes K,
 // warp 1 writes V.
-
-// One record of x in format fmt, by the format's own store (kv/<format>/*.cuh).
-__device__ __forceinline__ void ts_encode_row(const float* __restrict__ x, uint8_t* rec, int fmt,
-                                              int head_dim, float static_scale, int lane) {
-    if (ts_kv_plain_encode(x, rec, fmt, head_dim, lane)) return;
-    ts_kv_scaled8_encode(x, rec, fmt, head_dim, static_scale, lane);
-}
 
 extern "C" __global__ void __launch_bounds__(64)
 kv_append(const float* __restrict__ k, const float* __restrict__ v,

@@ -1,14 +1,13 @@
 #line 2 "kv_pages.cuh"
 // KV-cache pages as the CPU codecs lay them out, shared by the paged attention and KV append
-// kernels. Included ahead of attention.cu and kv_append.cu, after each format's header (its
-// TS_KV_* codes, conversions, record load and store), which lives in the format's folder:
-// kernels/src/kv/plain/kv_plain.cuh, kernels/src/kv/scaled8/kv_scaled8.cuh.
+// kernels. Included ahead of attention.cu and kv_append.cu, after the TS_KV_* codes and each
+// format's header (conversions, record load and store), which lives in the format's folder
+// (kernels/src/kv/plain/kv_plain.cuh, kernels/src/kv/scaled8/kv_scaled8.cuh); the record size
+// and the load/store dispatch after it are generated from the registry (kernels/src/cuda/kv_source.rs).
 //
 // A block of the pool holds, per layer, a K region then a V region; each region is n_kv_heads
-// pages of page_bytes bytes, one per KV head; a page is block_size records in token order:
-//   f32 / bf16 / f16:         head_dim values (little-endian)
-//   fp8_e4m3 / int8:          [f32 scale, LE][head_dim bytes]   (scale = absmax / 448 or / 127)
-//   fp8_e4m3 / int8, static:  [head_dim bytes]                  (scale = the layer's k/v scale)
+// pages of page_bytes bytes, one per KV head; a page is block_size records in token order, each
+// in its format's layout (described in the format's header).
 
 // One layer's page layout (Rust: `KvLayerRaw`, same field order; sizes asserted on both sides).
 struct TsKvLayer {
@@ -23,12 +22,3 @@ struct TsKvLayer {
     float v_scale;         // static V scale (static 8-bit formats only)
 };
 static_assert(sizeof(TsKvLayer) == 56, "TsKvLayer must match the Rust KvLayerRaw");
-
-__device__ __forceinline__ int ts_kv_elem_bytes(int fmt) {
-    return fmt == TS_KV_F32 ? 4 : (fmt == TS_KV_BF16 || fmt == TS_KV_F16) ? 2 : 1;
-}
-
-// Bytes of one token's record.
-__device__ __forceinline__ int64_t ts_kv_record_bytes(int fmt, int head_dim) {
-    return (int64_t)head_dim * ts_kv_elem_bytes(fmt) + (ts_kv_dynamic_scale(fmt) ? 4 : 0);
-}

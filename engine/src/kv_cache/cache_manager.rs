@@ -231,7 +231,7 @@ impl KvCacheManager {
 mod tests {
     use super::*;
     use crate::kv_cache::{KvDtype, KvLayout};
-    use tessera_kernels::kv::{KvFormat, KvGeometry, QjlParams};
+    use tessera_kernels::kv::{KvFormat, KvGeometry};
 
     const BS: usize = 4;
 
@@ -293,7 +293,7 @@ mod tests {
     /// keys, or is not used when its first block kept none.
     #[test]
     fn exact_keys_follow_the_first_block() {
-        let dtype = KvDtype { k: KvFormat::Qjl1(QjlParams { window: 3, sink: 2 }), v: KvFormat::Bf16 };
+        let dtype = KvDtype { k: "qjl1-w3-s2".parse().unwrap(), v: KvFormat::BF16 };
         let layout = KvLayout::new(1, KvGeometry { head_dim: 4, n_kv_heads: 1 }, BS, dtype, None, 1).unwrap();
         let mut m = KvCacheManager::new(8, BS, true).with_exact_keys(ExactKeyStore::for_layout(&layout));
         let t: Vec<u32> = (0..9).collect();

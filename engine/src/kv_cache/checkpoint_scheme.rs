@@ -26,8 +26,8 @@ pub fn parse_scheme(qc: &Value) -> Result<Option<KvFormat>, LoadError> {
         return Err(config_err(&key("num_bits"), format!("{:?}: only 8-bit KV caches are supported", field("num_bits"))));
     }
     let format = match field("type").and_then(Value::as_str) {
-        Some("float") => KvFormat::Fp8E4m3,
-        Some("int") => KvFormat::Int8,
+        Some("float") => KvFormat::FP8_E4M3,
+        Some("int") => KvFormat::INT8,
         other => return Err(config_err(&key("type"), format!("{other:?}: expected \"float\" or \"int\""))),
     };
     if let Some(st) = field("strategy").and_then(Value::as_str).filter(|&st| st != "tensor") {
@@ -70,8 +70,8 @@ mod tests {
     fn schemes_map_to_formats_or_name_the_key() {
         let p = |s: Value| parse_scheme(&json!({ "kv_cache_scheme": s }));
         let fp8 = json!({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": false, "symmetric": true});
-        assert_eq!(p(fp8).unwrap(), Some(KvFormat::Fp8E4m3));
-        assert_eq!(p(json!({"num_bits": 8, "type": "int"})).unwrap(), Some(KvFormat::Int8));
+        assert_eq!(p(fp8).unwrap(), Some(KvFormat::FP8_E4M3));
+        assert_eq!(p(json!({"num_bits": 8, "type": "int"})).unwrap(), Some(KvFormat::INT8));
         assert_eq!(p(Value::Null).unwrap(), None);
         assert_eq!(parse_scheme(&json!({})).unwrap(), None);
         for (bad, key) in [

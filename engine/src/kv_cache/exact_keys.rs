@@ -18,7 +18,6 @@
 use super::KvLayout;
 use std::sync::Arc;
 use tessera_kernels::attention::ExactKeys;
-use tessera_kernels::kv::KvFormat;
 
 /// The sink's exact keys of every layer and KV head (`[layer][head]`, rows of `head_dim`),
 /// shared with the prefix-cache entry of a sequence's first block.
@@ -47,7 +46,7 @@ impl ExactKeyStore {
     /// A store for `layout`'s key format, when it keeps keys exactly (`qjl1` with a window or
     /// a sink); `None` otherwise.
     pub fn for_layout(layout: &KvLayout) -> Option<Self> {
-        let KvFormat::Qjl1(p) = layout.dtype().k else { return None };
+        let p = layout.dtype().k.exact_keys()?;
         if p.window == 0 && p.sink == 0 {
             return None;
         }
@@ -170,10 +169,10 @@ pub fn max_rows(window: usize, sink: usize) -> usize {
 mod tests {
     use super::*;
     use crate::kv_cache::KvDtype;
-    use tessera_kernels::kv::{KvGeometry, QjlParams};
+    use tessera_kernels::kv::{KvFormat, KvGeometry};
 
     fn store(window: u16, sink: u16) -> ExactKeyStore {
-        let dtype = KvDtype { k: KvFormat::Qjl1(QjlParams { window, sink }), v: KvFormat::Bf16 };
+        let dtype = KvDtype { k: format!("qjl1-w{window}-s{sink}").parse().unwrap(), v: KvFormat::BF16 };
         let layout = KvLayout::new(2, KvGeometry { head_dim: 4, n_kv_heads: 2 }, 4, dtype, None, 1).unwrap();
         ExactKeyStore::for_layout(&layout).unwrap()
     }
@@ -240,7 +239,7 @@ mod tests {
 
     #[test]
     fn pure_one_bit_keys_keep_nothing() {
-        let dtype = KvDtype { k: KvFormat::Qjl1(QjlParams { window: 0, sink: 0 }), v: KvFormat::Bf16 };
+        let dtype = KvDtype { k: "qjl1-w0-s0".parse().unwrap(), v: KvFormat::BF16 };
         let layout = KvLayout::new(1, KvGeometry { head_dim: 4, n_kv_heads: 1 }, 4, dtype, None, 1).unwrap();
         assert!(ExactKeyStore::for_layout(&layout).is_none());
         let mut s = store(0, 3);

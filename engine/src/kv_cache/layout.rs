@@ -131,7 +131,7 @@ impl KvLayout {
     /// random state of QJL and HQMQ.
     pub fn new(layers: usize, geom: KvGeometry, block_size: usize, dtype: KvDtype, scheme: Option<&KvCacheScheme>, seed: u64) -> Result<Arc<Self>, KvFormatError> {
         assert!(block_size > 0 && layers > 0);
-        if let KvFormat::Qjl1(p) = dtype.k {
+        if let Some(p) = dtype.k.exact_keys() {
             if usize::from(p.sink) > block_size {
                 return Err(KvFormatError::SinkTooLong { format: dtype.k, block_size });
             }
@@ -312,8 +312,8 @@ impl KvLayout {
             Some(_) => ", keys centered",
             None => "",
         };
-        let exact = match self.dtype.k {
-            KvFormat::Qjl1(p) if p.window > 0 || p.sink > 0 => {
+        let exact = match self.dtype.k.exact_keys() {
+            Some(p) if p.window > 0 || p.sink > 0 => {
                 let rows = super::exact_keys::max_rows(p.window.into(), p.sink.into());
                 let bytes = rows * self.layers() * self.geom.n_kv_heads * self.geom.head_dim * 4;
                 format!("; exact f32 keys of the first {} and last {} positions: up to {:.2} MiB per sequence", p.sink, p.window, bytes as f64 / (1 << 20) as f64)

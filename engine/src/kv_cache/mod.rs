@@ -144,7 +144,7 @@ mod tests {
     #[test]
     fn a_qjl_sink_must_fit_the_first_block() {
         let geom = KvGeometry { head_dim: 32, n_kv_heads: 2 };
-        let dtype = |sink| KvDtype { k: format!("qjl1-w8-s{sink}").parse().unwrap(), v: KvFormat::Bf16 };
+        let dtype = |sink| KvDtype { k: format!("qjl1-w8-s{sink}").parse().unwrap(), v: KvFormat::BF16 };
         assert!(KvLayout::new(2, geom, 4, dtype(4), None, 1).is_ok());
         let e = KvLayout::new(2, geom, 4, dtype(5), None, 1).unwrap_err();
         assert!(e.to_string().contains("qjl1-w8-s5's sink must fit the first KV-cache block (4 tokens)"), "{e}");
@@ -153,12 +153,12 @@ mod tests {
     #[test]
     fn block_bytes_follow_the_formats() {
         let f32_layout = layout(KvDtype::default());
-        let bf16 = layout(KvDtype::both(KvFormat::Bf16));
+        let bf16 = layout(KvDtype::both(KvFormat::BF16));
         // 2 layers x (K + V) x 2 heads x 4 tokens x 32 values.
         assert_eq!(f32_layout.block_bytes(), 2 * 2 * 2 * 4 * 32 * 4);
         assert_eq!(bf16.block_bytes(), 2 * 2 * 2 * 4 * 32 * 2);
         assert!((bf16.compression_vs_bf16() - 1.0).abs() < 1e-9);
-        let mixed = layout(KvDtype { k: KvFormat::Int8, v: KvFormat::Bf16 });
+        let mixed = layout(KvDtype { k: KvFormat::INT8, v: KvFormat::BF16 });
         assert!(mixed.block_bytes() < bf16.block_bytes() && mixed.block_bytes().is_multiple_of(64));
     }
 }

@@ -59,7 +59,7 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
     let lm = model_with(LinearPolicy::ALWAYS_GEMM);
     let vocab = lm.model.config().vocab_size;
     let mut errors = Vec::new();
-    for (fmt, tol) in [(KvFormat::F32, 1e-3), (KvFormat::Bf16, 1e-2), (KvFormat::Fp8E4m3, 3e-2), (KvFormat::Int8, 2e-2)] {
+    for (fmt, tol) in [(KvFormat::F32, 1e-3), (KvFormat::BF16, 1e-2), (KvFormat::FP8_E4M3, 3e-2), (KvFormat::INT8, 2e-2)] {
         let layout = lm.model.kv_layout(KvDtype::both(fmt), DEFAULT_BLOCK_SIZE, 0).unwrap();
         let mut gpu = CudaLlama::load(&lm.weights, dev.clone(), layout.clone(), 512).unwrap();
         // Non-contiguous, out-of-order blocks.

@@ -239,17 +239,17 @@ fn kv_cache_scheme_scales_choose_the_cache_format() {
     add_scale_shard(dir.path(), &tensors);
 
     let ck = ModelWeights::open(dir.path()).unwrap();
-    assert_eq!(ck.kv_cache, Some(KvCacheScheme { format: KvFormat::Fp8E4m3, scales: scales.to_vec() }));
+    assert_eq!(ck.kv_cache, Some(KvCacheScheme { format: KvFormat::FP8_E4M3, scales: scales.to_vec() }));
     let m = LlamaModel::load(&ck, &CpuCaps::detect(), LinearPolicy::DEFAULT).unwrap();
     // auto takes the checkpoint's format with its static scales: one byte per element, no stored scale.
     let auto = m.kv_layout(KvRequest::default(), 16, 0).unwrap();
-    assert_eq!(auto.dtype(), KvDtype::both(KvFormat::Fp8E4m3));
+    assert_eq!(auto.dtype(), KvDtype::both(KvFormat::FP8_E4M3));
     assert_eq!(auto.codecs(1).0.name(), "fp8_e4m3 (static scale)");
     assert_eq!(auto.static_scales(1), (Some(0.045), Some(0.012)));
     let c = &ck.checkpoint.config;
     assert_eq!(auto.bytes_per_token(), (LAYERS * 2 * c.num_kv_heads * c.head_dim) as f64);
     // An explicit format wins; only a side in the checkpoint's format uses its scales.
-    let mixed = m.kv_layout(KvRequest { k: Some(KvFormat::Fp8E4m3), v: Some(KvFormat::Int8) }, 16, 0).unwrap();
+    let mixed = m.kv_layout(KvRequest { k: Some(KvFormat::FP8_E4M3), v: Some(KvFormat::INT8) }, 16, 0).unwrap();
     assert_eq!((mixed.codecs(0).0.name(), mixed.codecs(0).1.name()), ("fp8_e4m3 (static scale)".into(), "int8".into()));
     assert_eq!(mixed.static_scales(0), (Some(0.031), None));
     // The static cache runs: its logits stay near the f32 cache's (these scales keep K and V of

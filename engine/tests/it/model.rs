@@ -357,7 +357,7 @@ fn balanced_tq3_keys_track_the_float_cache_better() {
     let kl = common::mean_kl;
     let exact = log_probs(m.kv_layout(KvDtype::default(), 16, 0).unwrap());
     let calibration = lm.tokenizer.encode(key_calibration::CALIBRATION_TEXT).unwrap();
-    let dtype = KvDtype { k: KvFormat::Tq3_0, v: KvFormat::F32 };
+    let dtype = KvDtype { k: KvFormat::TQ3_0, v: KvFormat::F32 };
     let transformed = |balanced: bool| {
         let mut layout = m.kv_layout(dtype, 16, 0).unwrap();
         let mut t = key_calibration::measure(m, &layout, &calibration).unwrap();

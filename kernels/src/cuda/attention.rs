@@ -8,9 +8,10 @@
 //! [`KvLayerDesc`] describes one layer's regions; the engine builds one per layer from its
 //! `KvLayout` and calls the launchers per layer with the same pool.
 //!
-//! Formats on CUDA: f32, bf16, f16, fp8_e4m3 and int8 (per-token-and-head scales or a static
-//! per-layer scale), for head dims 64 and 128. K and V may differ. qjl1, tq3_0 and hqmq are
-//! refused with [`CudaError::Unsupported`].
+//! Formats on CUDA: those whose family has a CUDA side in the registry (`kv::cuda_page`; today
+//! f32, bf16, f16, fp8_e4m3 and int8, with per-token-and-head scales or a static per-layer
+//! scale), for head dims 64 and 128. K and V may differ. Others (qjl1, tq3_0, hqmq) are refused
+//! with [`CudaError::Unsupported`].
 //!
 //! Decode attention is flash-decoding: one CTA per (sequence, KV head, chunk of up to 8 query
 //! heads of the group, token split), fp32 online softmax, splits merged by a second kernel. The
@@ -19,7 +20,7 @@
 //! length are never read, so unused slots and pages may hold any bytes.
 
 use super::device::CudaDevice;
-use super::source::{ATTENTION, KV_APPEND};
+use super::kv_source;
 use super::CudaError;
 use crate::kv::{self, KvCudaPage, KvFormat};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -90,12 +91,14 @@ pub struct KvLayerDesc {
     v_code: u8,
 }
 
-/// The kernels' view of a side's pages (`TS_KV_*` in `kv_pages.cuh`), from the format's
-/// folder (`kv::cuda_page`); an error for formats not on CUDA yet.
+/// The kernels' view of a side's pages (its `TS_KV_*` code and layout), from the format's
+/// folder through the registry (`kv::cuda_page`); an error for formats not on CUDA yet.
 fn cuda_page(format: KvFormat, static_scale: Option<f32>) -> Result<KvCudaPage, CudaError> {
     kv::cuda_page(&format, static_scale.is_some()).ok_or_else(|| {
+        let supported: Vec<String> = KvFormat::all().into_iter().filter(|f| kv::cuda_page(f, false).is_some()).map(|f| f.to_string()).collect();
         CudaError::Unsupported(format!(
-            "KV-cache format {format} is not yet on CUDA (supported: f32, bf16, f16, fp8_e4m3, int8); use --device cpu or another --kv-cache-dtype"
+            "KV-cache format {format} is not yet on CUDA (supported: {}); use --device cpu or another --kv-cache-dtype",
+            supported.join(", ")
         ))
     })
 }
@@ -117,14 +120,14 @@ impl KvLayerDesc {
         let mut scales = [1f32; 2];
         for (i, (name, side)) in [("K", k), ("V", v)].into_iter().enumerate() {
             let page = cuda_page(side.format, side.static_scale)?;
-            let scale = if page.static_scale { side.static_scale } else { None };
+            let scale = if page.kind.static_scale { side.static_scale } else { None };
             if let Some(s) = scale {
                 if !(s.is_finite() && s > 0.0) {
                     return Err(CudaError::Shape(format!("KV layer {name}: static scale {s} is not a positive finite number")));
                 }
                 scales[i] = s;
             }
-            let want = block_size * page.record_bytes(head_dim);
+            let want = block_size * page.kind.record_bytes(head_dim);
             if side.page_bytes != want {
                 return Err(CudaError::Shape(format!(
                     "KV layer {name}: {} pages of {block_size} tokens x {head_dim} take {want} bytes, not {}",
@@ -135,7 +138,7 @@ impl KvLayerDesc {
             if end > block_bytes {
                 return Err(CudaError::Shape(format!("KV layer {name}: region {}..{end} overruns the {block_bytes}-byte block", side.offset)));
             }
-            let align = page.align;
+            let align = page.kind.align;
             if !side.offset.is_multiple_of(align) || !block_bytes.is_multiple_of(align) {
                 return Err(CudaError::Shape(format!(
                     "KV layer {name}: {} regions need {align}-byte alignment (offset {}, block bytes {block_bytes})",
@@ -191,10 +194,7 @@ impl KvLayerDesc {
 
     /// The `-D` set of the attention specialization for this layer.
     fn attention_defines(&self) -> [&'static str; 3] {
-        const K: [&str; 7] = ["K_FMT=0", "K_FMT=1", "K_FMT=2", "K_FMT=3", "K_FMT=4", "K_FMT=5", "K_FMT=6"];
-        const V: [&str; 7] = ["V_FMT=0", "V_FMT=1", "V_FMT=2", "V_FMT=3", "V_FMT=4", "V_FMT=5", "V_FMT=6"];
-        let hd = if self.head_dim == 64 { "HEAD_DIM=64" } else { "HEAD_DIM=128" };
-        [hd, K[self.k_code as usize], V[self.v_code as usize]]
+        kv_source::attention_defines(self.head_dim, self.k_code, self.v_code)
     }
 
     /// Whole blocks in a pool of `pool_bytes` bytes (block ids at or past it are never touched).
@@ -236,7 +236,7 @@ pub fn kv_append(
     if tokens == 0 {
         return Ok(());
     }
-    let f = dev.function(&KV_APPEND, &[], "kv_append")?;
+    let f = dev.function(&kv_source::builtin().kv_append, &[], "kv_append")?;
     let cfg = LaunchConfig { grid_dim: (u32::try_from(tokens).map_err(|_| CudaError::Shape(format!("{tokens} tokens exceed the grid")))?, desc.raw.n_kv_heads as u32, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
     let raw = desc.raw;
     let (head_dim, k_fmt, v_fmt) = (int(desc.head_dim)?, desc.k_code as i32, desc.v_code as i32);
@@ -390,7 +390,7 @@ pub fn paged_decode_attention(
         return Err(CudaError::Shape(format!("attention: {} splits x {} head CTAs exceed the workspace or grid", plan.splits, n_kv * chunks)));
     }
     let defines = desc.attention_defines();
-    let f = dev.function(&ATTENTION, &defines, "paged_decode_attention")?;
+    let f = dev.function(&kv_source::builtin().attention, &defines, "paged_decode_attention")?;
     let cfg = LaunchConfig {
         grid_dim: (u32::try_from(seqs).map_err(|_| CudaError::Shape(format!("{seqs} sequences exceed the grid")))?, (n_kv * chunks) as u32, plan.splits as u32),
         block_dim: (ATTN_THREADS, 1, 1),
@@ -409,7 +409,7 @@ pub fn paged_decode_attention(
     // `pool_blocks` in the kernel and token indices by `max_blocks * block_size`.
     unsafe { b.launch(cfg) }?;
     if plan.splits > 1 {
-        let merge = dev.function(&ATTENTION, &defines, "paged_attention_merge")?;
+        let merge = dev.function(&kv_source::builtin().attention, &defines, "paged_attention_merge")?;
         let rows = u32::try_from(seqs * n_heads).map_err(|_| CudaError::Shape("attention rows exceed the grid".into()))?;
         let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = dev.stream().launch_builder(&merge);
@@ -434,20 +434,20 @@ mod tests {
 
     #[test]
     fn descriptor_page_sizes_match_the_cpu_codecs() {
-        for f in [KvFormat::F32, KvFormat::Bf16, KvFormat::F16, KvFormat::Fp8E4m3, KvFormat::Int8] {
+        for f in [KvFormat::F32, KvFormat::BF16, KvFormat::F16, KvFormat::FP8_E4M3, KvFormat::INT8] {
             for scale in [None, Some(0.25)] {
                 for hd in [64, 128] {
                     let (bs, heads) = (16, 3);
                     let k = side(f, 0, hd, bs, scale);
                     let v_off = (heads * k.page_bytes).next_multiple_of(8);
-                    let v = side(KvFormat::Bf16, v_off, hd, bs, None);
+                    let v = side(KvFormat::BF16, v_off, hd, bs, None);
                     let block = (v_off + heads * v.page_bytes).next_multiple_of(64);
                     let d = KvLayerDesc::new(block, bs, heads, hd, k, v).unwrap_or_else(|e| panic!("{f} {scale:?} {hd}: {e}"));
                     let raw = d.raw();
                     assert_eq!((raw.block_bytes, raw.v_offset, raw.block_size, raw.n_kv_heads), (block as i64, v_off as i64, 16, 3));
-                    let is8 = matches!(f, KvFormat::Fp8E4m3 | KvFormat::Int8);
+                    let is8 = f == KvFormat::FP8_E4M3 || f == KvFormat::INT8;
                     assert_eq!(raw.k_scale, if is8 { scale.unwrap_or(1.0) } else { 1.0 });
-                    assert_eq!(d.formats(), (f, KvFormat::Bf16));
+                    assert_eq!(d.formats(), (f, KvFormat::BF16));
                 }
             }
         }
@@ -463,17 +463,18 @@ mod tests {
             let k = KvSide { format: f, offset: 0, page_bytes: 100, static_scale: None };
             let e = KvLayerDesc::new(16384, 16, 1, 64, k, v).unwrap_err();
             assert!(matches!(e, CudaError::Unsupported(_)) && e.to_string().contains(&f.to_string()) && e.to_string().contains("not yet on CUDA"), "{e}");
+            assert!(e.to_string().contains("(supported: f32, bf16, f16, fp8_e4m3, int8);"), "{e}");
         }
         assert!(matches!(KvLayerDesc::new(16384, 16, 1, 96, ok(KvFormat::F32), v), Err(CudaError::Unsupported(_))));
         // Wrong page size, region past the block, misaligned offset, bad static scale.
-        let mut k = ok(KvFormat::Bf16);
+        let mut k = ok(KvFormat::BF16);
         k.page_bytes += 2;
         assert!(KvLayerDesc::new(16384, 16, 1, 64, k, v).unwrap_err().to_string().contains("take 2048 bytes"));
         assert!(KvLayerDesc::new(8192, 16, 1, 64, ok(KvFormat::F32), v).unwrap_err().to_string().contains("overruns"));
         let mut k = ok(KvFormat::F16);
         k.offset = 4;
         assert!(KvLayerDesc::new(16384, 16, 1, 64, k, v).unwrap_err().to_string().contains("alignment"));
-        let mut k = side(KvFormat::Int8, 4, 64, 16, None);
+        let mut k = side(KvFormat::INT8, 4, 64, 16, None);
         assert!(KvLayerDesc::new(16384, 16, 1, 64, k, v).is_ok(), "8-bit regions need only 4-byte alignment");
         k.static_scale = Some(0.0);
         k.page_bytes = 16 * 64;
@@ -483,12 +484,12 @@ mod tests {
     #[test]
     fn specializations_exist_for_every_format_pair_in_the_gate_diagonal() {
         for hd in [64, 128] {
-            for f in [KvFormat::F32, KvFormat::Bf16, KvFormat::F16, KvFormat::Fp8E4m3, KvFormat::Int8] {
+            for f in [KvFormat::F32, KvFormat::BF16, KvFormat::F16, KvFormat::FP8_E4M3, KvFormat::INT8] {
                 for scale in [None, Some(0.5)] {
                     let s = side(f, 0, hd, 4, scale);
                     let d = KvLayerDesc::new(1 << 16, 4, 1, hd, s, KvSide { offset: 1 << 15, ..s }).unwrap();
                     let defines = d.attention_defines();
-                    assert!(ATTENTION.variants.iter().any(|v| *v == defines), "{defines:?} not compiled by the gate");
+                    assert!(kv_source::builtin().attention.variants.iter().any(|v| *v == defines), "{defines:?} not compiled by the gate");
                 }
             }
         }

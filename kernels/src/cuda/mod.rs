@@ -5,6 +5,8 @@
 //! - [`source`]: the CUDA C sources of the ops that are not weight formats (`kernels/cuda/*.cu`),
 //!   each with the specializations it is compiled in, and the [`source::KernelSource`] type the
 //!   weight formats declare theirs with (in their folders, `kernels/src/linear/<format>/`);
+//! - [`kv_source`]: the paged attention and KV append sources, assembled from the KV format
+//!   registry (each format's device code comes from its folder, `kernels/src/kv/<format>/`);
 //! - [`compile`]: NVRTC to CUBIN for one architecture, cached on disk;
 //! - [`device`]: one GPU (context, stream, loaded modules), opened with a clear error when the
 //!   driver or NVRTC is missing;
@@ -15,7 +17,7 @@
 //!   their storage type, matmul and embedding gather over them, through the `CudaFormat` trait
 //!   each format implements in its folder.
 //!
-//! CI compiles every source ([`source::ALL`] and `linear::CUDA_SOURCES`) for sm_80, sm_90 and
+//! CI compiles every source ([`source::all`] and `linear::CUDA_SOURCES`) for sm_80, sm_90 and
 //! sm_90a (`tests/it/cuda_compile.rs`); the kernel
 //! tests (`tests/cuda_*.rs`) run on a GPU and skip, saying so, elsewhere.
 
@@ -23,6 +25,7 @@ pub mod attention;
 pub mod blas;
 pub mod compile;
 pub mod device;
+pub mod kv_source;
 pub mod ops;
 pub mod source;
 

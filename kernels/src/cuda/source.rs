@@ -1,5 +1,6 @@
 //! The CUDA C kernel sources and the specializations each is compiled in: the shared prelude,
-//! and the sources of the ops that are not weight formats (`kernels/cuda/`). Each weight
+//! and the sources of the ops that are not weight formats (`kernels/cuda/`; attention and KV
+//! append are assembled with the KV formats' device code by [`super::kv_source`]). Each weight
 //! format's source lives in its folder (`kernels/src/linear/<format>/`) and is declared there;
 //! `linear::CUDA_SOURCES` lists them.
 
@@ -32,59 +33,11 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
     needs_sm90a: false,
 };
 
-/// Paged decode attention over the KV byte pool and its split merge ([`super::attention`]).
-/// Specialized by `HEAD_DIM` (64, 128) and the K and V page formats (`K_FMT`, `V_FMT`, the
-/// `TS_KV_*` codes each KV format's header declares: `kv/plain/kv_plain.cuh`,
-/// `kv/scaled8/kv_scaled8.cuh`, compiled ahead of `kv_pages.cuh`). The gate compiles every format on both sides (the
-/// diagonal) plus a few mixed pairs; any other pair compiles on first use from the same code.
-pub const ATTENTION: KernelSource = KernelSource {
-    name: "attention.cu",
-    code: concat!(
-        include_str!("../kv/plain/kv_plain.cuh"),
-        include_str!("../kv/scaled8/kv_scaled8.cuh"),
-        include_str!("../../cuda/kv_pages.cuh"),
-        include_str!("../../cuda/attention.cu")
-    ),
-    variants: &[
-        &["HEAD_DIM=64", "K_FMT=0", "V_FMT=0"],
-        &["HEAD_DIM=64", "K_FMT=1", "V_FMT=1"],
-        &["HEAD_DIM=64", "K_FMT=2", "V_FMT=2"],
-        &["HEAD_DIM=64", "K_FMT=3", "V_FMT=3"],
-        &["HEAD_DIM=64", "K_FMT=4", "V_FMT=4"],
-        &["HEAD_DIM=64", "K_FMT=5", "V_FMT=5"],
-        &["HEAD_DIM=64", "K_FMT=6", "V_FMT=6"],
-        &["HEAD_DIM=64", "K_FMT=3", "V_FMT=1"],
-        &["HEAD_DIM=64", "K_FMT=1", "V_FMT=0"],
-        &["HEAD_DIM=128", "K_FMT=0", "V_FMT=0"],
-        &["HEAD_DIM=128", "K_FMT=1", "V_FMT=1"],
-        &["HEAD_DIM=128", "K_FMT=2", "V_FMT=2"],
-        &["HEAD_DIM=128", "K_FMT=3", "V_FMT=3"],
-        &["HEAD_DIM=128", "K_FMT=4", "V_FMT=4"],
-        &["HEAD_DIM=128", "K_FMT=5", "V_FMT=5"],
-        &["HEAD_DIM=128", "K_FMT=6", "V_FMT=6"],
-        &["HEAD_DIM=128", "K_FMT=3", "V_FMT=1"],
-        &["HEAD_DIM=128", "K_FMT=6", "V_FMT=2"],
-    ],
-    entries: &["paged_decode_attention", "paged_attention_merge"],
-    needs_sm90a: false,
-};
-
-/// Writes new K/V rows into the paged pool in any supported page format (formats are kernel
-/// arguments, so one specialization serves every layer).
-pub const KV_APPEND: KernelSource = KernelSource {
-    name: "kv_append.cu",
-    code: concat!(
-        include_str!("../kv/plain/kv_plain.cuh"),
-        include_str!("../kv/scaled8/kv_scaled8.cuh"),
-        include_str!("../../cuda/kv_pages.cuh"),
-        include_str!("../../cuda/kv_append.cu")
-    ),
-    variants: &[&[]],
-    entries: &["kv_append"],
-    needs_sm90a: false,
-};
-
-/// Every kernel source of this module (norms, attention, KV append), for the compile gate and
-/// for ahead-of-time warm-up. The weight formats' sources live in their folders under
-/// `kernels/src/linear/` and are listed by `linear::CUDA_SOURCES`.
-pub const ALL: &[&KernelSource] = &[&ELEMENTWISE, &ATTENTION, &KV_APPEND];
+/// Every kernel source of this module (norms, and attention and KV append as the built-in KV
+/// registry assembles them, [`super::kv_source`]), for the compile gate and for ahead-of-time
+/// warm-up. The weight formats' sources live in their folders under `kernels/src/linear/` and
+/// are listed by `linear::CUDA_SOURCES`.
+pub fn all() -> [&'static KernelSource; 3] {
+    let kv = super::kv_source::builtin();
+    [&ELEMENTWISE, &kv.attention, &kv.kv_append]
+}

@@ -11,20 +11,29 @@
 //! token and head, or a static per-tensor scale), [`qjl`] (1-bit JL sketches of keys),
 //! [`tq3`] (TQ3_0: WHT32 + 2-bit codebook + residual signs) and [`hqmq`] (Hurwitz
 //! quaternion multiplicative quantization, optionally with Med3x outliers), one folder each.
-//! The registry is here and in [`format`](mod@format): a [`KvFormat`] variant per format, its codec
-//! ([`codec`]) and its CUDA pages ([`cuda_page`], declared in the folder's `cuda.rs`).
+//! Each folder declares its family ([`KvFamily`]: names, checks, codec, CUDA side); the
+//! registry is one row per family in [`FAMILIES`], read through [`KvRegistry`]: [`KvFormat`]
+//! is a family and its parameters, nothing here matches on formats.
 
 pub mod bits;
+pub mod family;
 pub mod format;
 mod heads;
 pub mod hqmq;
 pub mod plain;
 pub mod qjl;
+pub mod registry;
 pub mod scaled8;
 pub mod tq3;
 
-pub use format::{HqmqParams, KvFormat, KvFormatError, QjlParams};
+pub use family::{ExactKeyParams, KvCuda, KvFamily, KvPageKind, KvParams};
+pub use format::{KvFormat, KvFormatError};
 pub use heads::HeadOffset;
+pub use registry::{KvCudaPage, KvCudaRow, KvRegistry};
+
+/// The registry: one row per format family, each declared in its folder. Parsing tries them in
+/// this order and their CUDA pages are numbered in it (`TS_KV_*` codes).
+pub static FAMILIES: &[&dyn KvFamily] = &[&plain::Plain, &scaled8::Scaled8, &qjl::Qjl1, &tq3::Tq3_0, &hqmq::Hqmq];
 
 use crate::cpu::dot::{dots_f32, weighted_sum_f32};
 use crate::cpu::{CpuCaps, Isa};
@@ -175,58 +184,18 @@ pub fn dense<'a, C: KvCodec + ?Sized>(codec: &C, head: usize, page: KvPage<'a>, 
     scratch
 }
 
-/// Builds the codec of `format` for one layer and role.
+/// Builds the codec of `format` for one layer and role, after checking that it can store
+/// `role` for heads of `geom`.
 pub fn codec(format: &KvFormat, geom: KvGeometry, role: KvRole, opts: CodecOptions) -> Result<Box<dyn KvCodec>, KvFormatError> {
     format.check(geom, role)?;
-    Ok(match *format {
-        KvFormat::F32 => Box::new(plain::F32Codec::new(geom)),
-        KvFormat::Bf16 => Box::new(plain::Half16Codec::new(geom, plain::Half16::Bf16)),
-        KvFormat::F16 => Box::new(plain::Half16Codec::new(geom, plain::Half16::F16)),
-        KvFormat::Fp8E4m3 => Box::new(scaled8::Scaled8Codec::new(geom, scaled8::Byte8::Fp8E4m3, opts.static_scale)),
-        KvFormat::Int8 => Box::new(scaled8::Scaled8Codec::new(geom, scaled8::Byte8::Int8, opts.static_scale)),
-        KvFormat::Qjl1(_) => Box::new(qjl::QjlCodec::new(geom, opts)),
-        KvFormat::Tq3_0 => Box::new(tq3::Tq3Codec::new(geom)),
-        KvFormat::Hqmq(p) => Box::new(hqmq::HqmqCodec::new(geom, p, role, opts)),
-    })
+    Ok(format.family().codec(format.params(), geom, role, opts))
 }
 
-/// How a KV format's pages look to the CUDA kernels (`kernels/cuda/kv_pages.cuh`), declared in
-/// the format's folder (`kv/<format>/cuda.rs`) and looked up by [`cuda_page`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvCudaPage {
-    /// The kernels' format code (`TS_KV_*`): attention's `K_FMT` / `V_FMT` specialization and
-    /// KV append's format argument.
-    pub code: u8,
-    /// Bytes per value.
-    pub elem_bytes: usize,
-    /// Bytes before each token's values (a stored scale).
-    pub header_bytes: usize,
-    /// Whether the pages use the checkpoint's static scale (passed to the kernels) instead of
-    /// storing one per token.
-    pub static_scale: bool,
-    /// Byte alignment the kernels load a region with (its offset and the block size).
-    pub align: usize,
-}
-
-impl KvCudaPage {
-    /// Bytes of one token's record for heads of `head_dim` (as the CPU codec lays pages out).
-    pub fn record_bytes(&self, head_dim: usize) -> usize {
-        self.header_bytes + self.elem_bytes * head_dim
-    }
-}
-
-/// The CUDA page description of `format` (with the checkpoint's static scale if
+/// The CUDA page description of a built-in `format` (with the checkpoint's static scale if
 /// `static_scale`, for the formats that use one), or `None` where the CUDA kernels have no
-/// such pages yet. One row per format, beside [`codec`].
+/// such pages yet ([`KvRegistry::cuda_page`] on the built-in registry).
 pub fn cuda_page(format: &KvFormat, static_scale: bool) -> Option<KvCudaPage> {
-    Some(match *format {
-        KvFormat::F32 => plain::cuda::F32,
-        KvFormat::Bf16 => plain::cuda::half16(plain::Half16::Bf16),
-        KvFormat::F16 => plain::cuda::half16(plain::Half16::F16),
-        KvFormat::Fp8E4m3 => scaled8::cuda::page(scaled8::Byte8::Fp8E4m3, static_scale),
-        KvFormat::Int8 => scaled8::cuda::page(scaled8::Byte8::Int8, static_scale),
-        KvFormat::Qjl1(_) | KvFormat::Tq3_0 | KvFormat::Hqmq(_) => return None,
-    })
+    KvRegistry::builtin().cuda_page(format, static_scale)
 }
 
 /// Shared checks every codec's tests run.
@@ -313,26 +282,41 @@ mod tests {
     use super::*;
 
     /// Each format's CUDA pages are the bytes its CPU codec lays out, under a code of its own
-    /// (the `TS_KV_*` values of `kv_pages.cuh`).
+    /// (the `TS_KV_*` values, numbered by the registry), and the codes name every page kind once.
     #[test]
     fn cuda_pages_match_the_codecs() {
         let mut codes = Vec::new();
-        for format in [KvFormat::F32, KvFormat::Bf16, KvFormat::F16, KvFormat::Fp8E4m3, KvFormat::Int8] {
+        for format in KvFormat::all() {
             for static_scale in [false, true] {
-                let page = cuda_page(&format, static_scale).unwrap();
+                let Some(page) = cuda_page(&format, static_scale) else { continue };
                 for head_dim in [64, 128] {
                     let geom = KvGeometry { head_dim, n_kv_heads: 2 };
                     let opts = CodecOptions { static_scale: static_scale.then_some(0.5), ..Default::default() };
                     let c = codec(&format, geom, KvRole::Key, opts).unwrap();
-                    assert_eq!(16 * page.record_bytes(head_dim), c.page_bytes(16), "{format} static {static_scale}");
+                    assert_eq!(16 * page.kind.record_bytes(head_dim), c.page_bytes(16), "{format} static {static_scale}");
                 }
-                codes.push((page.code, format, page.static_scale));
+                codes.push((page.code, page.kind.name));
             }
         }
-        codes.sort_by_key(|c| c.0);
+        codes.sort();
         codes.dedup();
-        let want: Vec<u8> = (0..=6).collect();
-        assert_eq!(codes.iter().map(|c| c.0).collect::<Vec<_>>(), want, "{codes:?}");
-        assert!(cuda_page(&KvFormat::Tq3_0, false).is_none());
+        let want = ["F32", "BF16", "F16", "FP8", "FP8_STATIC", "INT8", "INT8_STATIC"];
+        assert_eq!(codes, want.iter().enumerate().map(|(i, n)| (i as u8, *n)).collect::<Vec<_>>());
+        assert_eq!(KvRegistry::builtin().cuda_pages().iter().map(|p| p.kind.name).collect::<Vec<_>>(), want);
+        assert!(cuda_page(&KvFormat::TQ3_0, false).is_none());
+    }
+
+    /// Every family in the table has a name of its own and at least one format it can build.
+    #[test]
+    fn every_family_builds_its_formats() {
+        let geom = KvGeometry { head_dim: 128, n_kv_heads: 2 };
+        for family in FAMILIES {
+            let formats: Vec<KvFormat> = KvFormat::all().into_iter().filter(|f| f.family().family() == family.family()).collect();
+            assert!(!formats.is_empty(), "{}", family.family());
+            for f in formats {
+                assert_eq!(f.to_string().parse::<KvFormat>().unwrap(), f);
+                assert!(codec(&f, geom, KvRole::Key, CodecOptions::default()).is_ok(), "{f}");
+            }
+        }
     }
 }

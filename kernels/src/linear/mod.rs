@@ -53,7 +53,7 @@ use std::sync::Arc;
 
 /// The CUDA kernel sources of the weight formats, one row per format (each declared in its
 /// folder's `cuda.rs`), and the activation quantization they share. The NVRTC compile gate
-/// compiles every one in every specialization, beside `cuda::source::ALL`.
+/// compiles every one in every specialization, beside `cuda::source::all()`.
 pub const CUDA_SOURCES: &[&KernelSource] =
     &[&ggml::cuda::LINEAR_GGML, &int4::cuda::LINEAR_INT4, &int8::cuda::LINEAR_INT8, &fp8::cuda::LINEAR_FP8, &cuda::ACT_QUANT];
 

@@ -115,8 +115,8 @@ fn formats() -> Vec<(KvFormat, KvFormat)> {
             (f, f)
         })
         .collect();
-    v.push(("qjl1".parse().unwrap(), KvFormat::Bf16));
-    v.push((KvFormat::Int8, "tq3_0".parse().unwrap()));
+    v.push(("qjl1".parse().unwrap(), KvFormat::BF16));
+    v.push((KvFormat::INT8, "tq3_0".parse().unwrap()));
     v
 }
 
@@ -172,7 +172,7 @@ fn decode_attention_is_independent_of_the_tile_layout() {
     let keys = randn(&mut r, total * kw);
     let values = randn(&mut r, total * kw);
     let lens: Vec<usize> = (0..total).step_by(16).map(|s| 16.min(total - s)).collect();
-    for f in [KvFormat::F32, KvFormat::Bf16, KvFormat::Int8] {
+    for f in [KvFormat::F32, KvFormat::BF16, KvFormat::INT8] {
         let one = Paged::new(shape, f, f, &keys, &values, &[total]);
         let paged = Paged::new(shape, f, f, &keys, &values, &lens);
         let mut a = vec![0f32; m * shape.q_width()];

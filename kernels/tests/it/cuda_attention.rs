@@ -167,12 +167,12 @@ fn run_gpu(dev: &Arc<CudaDevice>, l: &Layout, b: &Batch, splits: Option<usize>) 
 }
 
 const F32: Fmt = (KvFormat::F32, None);
-const BF16: Fmt = (KvFormat::Bf16, None);
+const BF16: Fmt = (KvFormat::BF16, None);
 const F16: Fmt = (KvFormat::F16, None);
-const FP8: Fmt = (KvFormat::Fp8E4m3, None);
-const INT8: Fmt = (KvFormat::Int8, None);
-const FP8_STATIC: Fmt = (KvFormat::Fp8E4m3, Some(0.02));
-const INT8_STATIC: Fmt = (KvFormat::Int8, Some(0.05));
+const FP8: Fmt = (KvFormat::FP8_E4M3, None);
+const INT8: Fmt = (KvFormat::INT8, None);
+const FP8_STATIC: Fmt = (KvFormat::FP8_E4M3, Some(0.02));
+const INT8_STATIC: Fmt = (KvFormat::INT8, Some(0.05));
 
 /// Every format on both sides, static scales, and mixed pairs.
 const PAIRS: [(Fmt, Fmt); 9] = [
@@ -311,7 +311,7 @@ fn nasty_rows(seed: u64, tokens: usize, width: usize) -> Vec<f32> {
 fn kv_append_writes_the_cpu_codec_bytes() {
     let Some(dev) = test_device() else { return };
     let st = dev.stream();
-    let all = [F32, BF16, F16, FP8, INT8, (KvFormat::Fp8E4m3, Some(1.0)), (KvFormat::Int8, Some(0.03))];
+    let all = [F32, BF16, F16, FP8, INT8, (KvFormat::FP8_E4M3, Some(1.0)), (KvFormat::INT8, Some(0.03))];
     for hd in [64, 128] {
         for (i, &kf) in all.iter().enumerate() {
             let vf = all[(i + 3) % all.len()];

@@ -1,4 +1,4 @@
-//! The NVRTC compile gate: every CUDA kernel source (`cuda::source::ALL` and the weight
+//! The NVRTC compile gate: every CUDA kernel source (`cuda::source::all()` and the weight
 //! formats' `linear::CUDA_SOURCES`), in every specialization, compiles to CUBIN for sm_80, sm_90
 //! and sm_90a (sources that need wgmma only for sm_90a), and defines the entry points its
 //! launcher loads. Needs NVRTC and the CUDA headers, not a GPU: `scripts/test.sh` installs both (scripts/cuda-env.sh) and sets `TESSERA_REQUIRE_NVRTC=1`, so in CI a missing
@@ -33,7 +33,7 @@ fn every_kernel_source_compiles_for_every_gate_target() {
     }
     let mut compiled = 0;
     // The ops' sources and every weight format's (each format's folder contributes its row).
-    for src in source::ALL.iter().chain(CUDA_SOURCES) {
+    for src in source::all().into_iter().chain(CUDA_SOURCES.iter().copied()) {
         for arch in CudaArch::GATE {
             if src.needs_sm90a && !(arch.major == 9 && arch.specific) {
                 continue;

@@ -42,7 +42,7 @@ pub fn kv_dtype(both: Option<&str>, k: Option<&str>, v: Option<&str>) -> Result<
     let both = both.map(|s| parse("kv-cache-dtype", s)).transpose()?.flatten();
     let k = k.map(|s| parse("kv-cache-dtype-k", s)).transpose()?.flatten().or(both);
     let v = v.map(|s| parse("kv-cache-dtype-v", s)).transpose()?.flatten().or(both);
-    if let Some(f @ KvFormat::Qjl1(_)) = v {
+    if let Some(f) = v.filter(KvFormat::keys_only) {
         bail!("{}", KvFormatError::KeysOnly(f));
     }
     Ok(KvRequest { k, v })

@@ -585,7 +585,7 @@ mod tests {
                 prefix_caching: false,
                 max_waiting: 2,
                 max_model_len: Some(1024),
-                kv_dtype: KvRequest { k: Some("hqmq-s96-r4".parse().unwrap()), v: Some(KvFormat::Int8) },
+                kv_dtype: KvRequest { k: Some("hqmq-s96-r4".parse().unwrap()), v: Some(KvFormat::INT8) },
                 kv_seed: 0,
                 device: Device::Cuda(1),
             }

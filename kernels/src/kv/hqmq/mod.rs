@@ -58,11 +58,14 @@
 //!
 //! Codes a writer never produces (a corrupted page) decode as zeros instead of panicking.
 
+mod family;
 mod quat;
 #[cfg(test)]
 mod tests;
 
-use super::{bits, CodecOptions, HqmqParams, KeyCalibration, KvCodec, KvFormat, KvGeometry, KvPage, KvPageMut, KvRole};
+pub use family::{format, Hqmq, HqmqParams};
+
+use super::{bits, CodecOptions, KeyCalibration, KvCodec, KvGeometry, KvPage, KvPageMut, KvRole};
 use half::f16;
 use quat::{best_score, haar_codebook, mul, nearest, Quat, PRIMARY};
 use rand::SeedableRng;
@@ -238,7 +241,7 @@ fn f16_saturating(v: f32) -> u16 {
 
 impl KvCodec for HqmqCodec {
     fn name(&self) -> String {
-        KvFormat::Hqmq(self.params).to_string()
+        format(self.params).to_string()
     }
     /// Centering only: a direction's error stays in its 4-value chunk, where a per-channel
     /// scale cancels out (measured with balancing, hqmq-s96-r4 gave PPL 22.67 against 22.68

@@ -3,17 +3,16 @@
 //! file; `head_dim` values per token, no header, regions 8-byte aligned (the kernels load two
 //! values at a time). A checkpoint's static scale does not apply, as on the CPU.
 
-use super::Half16;
-use crate::kv::KvCudaPage;
+use crate::kv::{KvCuda, KvPageKind};
 
-/// f32 pages (`TS_KV_F32`).
-pub const F32: KvCudaPage = KvCudaPage { code: 0, elem_bytes: 4, header_bytes: 0, static_scale: false, align: 8 };
+/// f32, bf16 and f16 pages, in the order of the family's parameters.
+pub static CUDA: KvCuda = KvCuda {
+    header: include_str!("kv_plain.cuh"),
+    load: "ts_kv_plain_load",
+    store: "ts_kv_plain_encode",
+    pages: &[page("F32", 32), page("BF16", 16), page("F16", 16)],
+};
 
-/// bf16 or f16 pages (`TS_KV_BF16`, `TS_KV_F16`).
-pub fn half16(kind: Half16) -> KvCudaPage {
-    let code = match kind {
-        Half16::Bf16 => 1,
-        Half16::F16 => 2,
-    };
-    KvCudaPage { code, elem_bytes: 2, header_bytes: 0, static_scale: false, align: 8 }
+const fn page(name: &'static str, value_bits: usize) -> KvPageKind {
+    KvPageKind { name, value_bits, header_bytes: 0, static_scale: false, align: 8 }
 }

@@ -1,12 +1,8 @@
 #line 2 "kv/plain/kv_plain.cuh"
 // Plain KV pages (f32, bf16, f16) on the GPU, as kernels/src/kv/plain/ lays them out: a record
 // is head_dim values (little-endian), no header; a checkpoint's static scale does not apply.
-// Included ahead of kv_pages.cuh (kernels/src/cuda/source.rs).
-
-// Format codes (Rust: kernels/src/kv/plain/cuda.rs).
-#define TS_KV_F32 0
-#define TS_KV_BF16 1
-#define TS_KV_F16 2
+// Its codes TS_KV_F32, TS_KV_BF16 and TS_KV_F16 are defined ahead of it by the registry (Rust:
+// kernels/src/kv/plain/cuda.rs, which names ts_kv_plain_load and ts_kv_plain_encode).
 
 // Float to bf16 bits as the CPU (`half` crate): round to nearest even, NaN keeps its high
 // mantissa bits with the quiet bit set.
@@ -30,10 +26,10 @@ __device__ __forceinline__ float ts_bf16_hi(uint32_t w) { return __uint_as_float
 __device__ __forceinline__ float ts_f16_lo(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu))); }
 __device__ __forceinline__ float ts_f16_hi(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w >> 16))); }
 
-// ELEMS values of one plain record starting at dim d0, as floats (attention's ts_load_row).
-// Records are 8-byte aligned (the launcher checks).
+// ELEMS values of one plain record starting at dim d0, as floats (attention's ts_load_row; no
+// scale applies). Records are 8-byte aligned (the launcher checks).
 template <int FMT, int ELEMS>
-__device__ __forceinline__ void ts_kv_plain_load(const uint8_t* rec, int d0, float* out) {
+__device__ __forceinline__ void ts_kv_plain_load(const uint8_t* rec, int d0, float static_scale, float* out) {
     if constexpr (FMT == TS_KV_F32) {
         const float2* p = reinterpret_cast<const float2*>(rec + 4 * d0);
 #pragma unroll
@@ -64,7 +60,8 @@ __device__ __forceinline__ void ts_kv_plain_load(const uint8_t* rec, int d0, flo
 
 // Writes one record from x (head_dim floats) if fmt is a plain format, the warp's lanes striding
 // over the dims (kv_append's ts_encode_row); false for other formats.
-__device__ __forceinline__ bool ts_kv_plain_encode(const float* __restrict__ x, uint8_t* rec, int fmt, int head_dim, int lane) {
+__device__ __forceinline__ bool ts_kv_plain_encode(const float* __restrict__ x, uint8_t* rec, int fmt, int head_dim,
+                                                   float static_scale, int lane) {
     if (fmt == TS_KV_F32) {
         float* o = reinterpret_cast<float*>(rec);
         for (int d = lane; d < head_dim; d += TS_WARP) o[d] = x[d];

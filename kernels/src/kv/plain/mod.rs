@@ -2,6 +2,9 @@
 //! `tokens × head_dim` values in token order.
 
 pub mod cuda;
+mod family;
+
+pub use family::Plain;
 
 use super::{KvCodec, KvGeometry, KvPage, KvPageMut};
 use half::{bf16, f16};

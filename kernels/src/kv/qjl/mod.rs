@@ -1,6 +1,6 @@
 //! QJL (`qjl1`): each key is stored as the signs of a 256-dimensional random sketch plus its
 //! norm, and scored against a sketched query with the unbiased QJL inner-product estimator.
-//! Keys only (values are refused by [`super::KvFormat::check`]).
+//! Keys only (values are refused by [`super::KvFormat::check`]; its registry row is in `family.rs`).
 //!
 //! Record layout per (token, head), `block_qjl1_256`, [`RECORD_BYTES`] = 34 bytes for any
 //! `head_dim`: `[signs of s = kᵀΠ: 256 bits, 8 per byte, LSB first (32 bytes)][‖k‖: bf16 LE]`.
@@ -22,6 +22,10 @@
 //! per step ([`KvCodec::prepare_query`]); scoring a key is then a sign-flipped sum of 256
 //! floats. The `qjl1` format's exact sink and window keys are not in these pages: the engine
 //! keeps them per sequence and attention scores them ([`crate::attention::ExactKeys`]).
+
+mod family;
+
+pub use family::{format, Qjl1};
 
 use super::{CodecOptions, KeyCalibration, KvCodec, KvGeometry, KvPage, KvPageMut};
 use crate::cpu::Isa;

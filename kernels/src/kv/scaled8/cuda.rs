@@ -4,16 +4,17 @@
 //! argument), with their record load and store, in `kv_scaled8.cuh` beside this file; regions
 //! 4-byte aligned.
 
-use super::Byte8;
-use crate::kv::KvCudaPage;
+use crate::kv::{KvCuda, KvPageKind};
 
-/// Pages of `kind`, with the checkpoint's static scale or a scale per token and head.
-pub fn page(kind: Byte8, static_scale: bool) -> KvCudaPage {
-    let code = match (kind, static_scale) {
-        (Byte8::Fp8E4m3, false) => 3,
-        (Byte8::Fp8E4m3, true) => 4,
-        (Byte8::Int8, false) => 5,
-        (Byte8::Int8, true) => 6,
-    };
-    KvCudaPage { code, elem_bytes: 1, header_bytes: if static_scale { 0 } else { 4 }, static_scale, align: 4 }
+/// FP8 then int8 pages, each with a scale per token then with the static scale (page
+/// `2 * parameter + static`).
+pub static CUDA: KvCuda = KvCuda {
+    header: include_str!("kv_scaled8.cuh"),
+    load: "ts_kv_scaled8_load",
+    store: "ts_kv_scaled8_encode",
+    pages: &[page("FP8", false), page("FP8_STATIC", true), page("INT8", false), page("INT8_STATIC", true)],
+};
+
+const fn page(name: &'static str, static_scale: bool) -> KvPageKind {
+    KvPageKind { name, value_bits: 8, header_bytes: if static_scale { 0 } else { 4 }, static_scale, align: 4 }
 }

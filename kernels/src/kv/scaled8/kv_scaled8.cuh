@@ -2,13 +2,9 @@
 // 8-bit KV pages (FP8 E4M3, int8) on the GPU, as kernels/src/kv/scaled8/ lays them out:
 //   dynamic: [f32 scale, LE][head_dim bytes]   (scale = absmax / 448 or / 127)
 //   static:  [head_dim bytes]                  (scale = the layer's k/v scale)
-// Included ahead of kv_pages.cuh (kernels/src/cuda/source.rs).
-
-// Format codes (Rust: kernels/src/kv/scaled8/cuda.rs).
-#define TS_KV_FP8 3
-#define TS_KV_FP8_STATIC 4
-#define TS_KV_INT8 5
-#define TS_KV_INT8_STATIC 6
+// Its codes TS_KV_FP8, TS_KV_FP8_STATIC, TS_KV_INT8 and TS_KV_INT8_STATIC are defined ahead of it
+// by the registry (Rust: kernels/src/kv/scaled8/cuda.rs, which names ts_kv_scaled8_load and
+// ts_kv_scaled8_encode).
 
 // Whether the records store their own scale (a 4-byte header).
 __device__ __forceinline__ bool ts_kv_dynamic_scale(int fmt) {
@@ -73,10 +69,11 @@ __device__ __forceinline__ void ts_kv_scaled8_load(const uint8_t* rec, int d0, f
     }
 }
 
-// Writes one 8-bit record from x (head_dim floats), the warp's lanes striding over the dims
-// (kv_append's ts_encode_row).
-__device__ __forceinline__ void ts_kv_scaled8_encode(const float* __restrict__ x, uint8_t* rec, int fmt, int head_dim,
+// Writes one record from x (head_dim floats) if fmt is an 8-bit format, the warp's lanes striding
+// over the dims (kv_append's ts_encode_row); false for other formats.
+__device__ __forceinline__ bool ts_kv_scaled8_encode(const float* __restrict__ x, uint8_t* rec, int fmt, int head_dim,
                                                      float static_scale, int lane) {
+    if (fmt != TS_KV_FP8 && fmt != TS_KV_FP8_STATIC && fmt != TS_KV_INT8 && fmt != TS_KV_INT8_STATIC) return false;
     const bool fp8 = fmt == TS_KV_FP8 || fmt == TS_KV_FP8_STATIC;
     float s = static_scale;
     uint8_t* e = rec;
@@ -94,4 +91,5 @@ __device__ __forceinline__ void ts_kv_scaled8_encode(const float* __restrict__ x
         const float y = x[d] * inv;
         e[d] = fp8 ? ts_f32_to_e4m3(y) : ts_f32_to_i8(y);
     }
+    return true;
 }

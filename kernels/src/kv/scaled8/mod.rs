@@ -5,6 +5,9 @@
 //! Record layout per token: `[scale: f32 LE, if dynamic][head_dim bytes]`.
 
 pub mod cuda;
+mod family;
+
+pub use family::Scaled8;
 
 use super::{KvCodec, KvGeometry, KvPage, KvPageMut};
 use crate::e4m3::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};

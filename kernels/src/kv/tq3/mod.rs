@@ -23,6 +23,10 @@
 //! and scored against the rotated reconstructions of the keys (the rotation is orthogonal, so
 //! the dot products are unchanged); values are summed rotated and rotated back once per call.
 
+mod family;
+
+pub use family::Tq3_0;
+
 use super::{KeyCalibration, KvCodec, KvGeometry, KvPage, KvPageMut};
 use crate::cpu::dot::{dots_f32, weighted_sum_f32};
 use half::f16;
