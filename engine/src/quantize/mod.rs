@@ -353,7 +353,10 @@ pub enum Stage {
 /// A callback that sees `(stage, done, total)` as [`quantize_dir`] goes (e.g. a progress bar);
 /// the default reports nothing.
 #[derive(Clone, Default)]
-pub struct Progress(Option<std::sync::Arc<dyn Fn(Stage, usize, usize) + Send + Sync>>);
+pub struct Progress(Option<std::sync::Arc<ProgressFn>>);
+
+/// What [`Progress`] calls: `(stage, done, total)`.
+type ProgressFn = dyn Fn(Stage, usize, usize) + Send + Sync;
 
 impl Progress {
     /// Reports to `f`.

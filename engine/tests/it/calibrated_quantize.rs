@@ -76,7 +76,7 @@ fn quantize(input: &Path, name: &str, recipe: Recipe, exclude: &[&str], how: How
     let _ = std::fs::remove_dir_all(&out);
     let How { smoothquant, gptq, mse_observer, head, sampled } = how;
     let text = if sampled { CalibrationText::Sampled { seed: 0 } } else { CalibrationText::File(calibration_file()) };
-    let calibrated = (smoothquant.is_some() || gptq).then(|| Calibrated {
+    let calibrated = (smoothquant.is_some() || gptq).then_some(Calibrated {
         data: CalibrationOptions { text, max_tokens: 4096, seq_len: 512 },
         smoothquant,
         gptq,
