@@ -121,14 +121,14 @@ pub struct QuantizeArgs {
 /// How the scales and values are chosen: the default calibrated recipe, what the flags
 /// change in it, or rounding to nearest (`--rtn`). MoE models, which calibration does not
 /// support yet, are rounded to nearest with a warning unless a calibration flag was given.
-fn how(args: &QuantizeArgs, scheme: Scheme, moe: bool) -> Result<(Option<Calibrated>, bool)> {
+fn how(args: &QuantizeArgs, scheme: Scheme, moe: bool) -> (Option<Calibrated>, bool) {
     let int4 = matches!(scheme, Scheme::W4A16 | Scheme::W4A8);
     let asked = args.gptq || args.smoothquant.is_some() || args.calibration.is_some() || args.calibration_seed.is_some();
     if args.rtn || (moe && !asked) {
         if moe && !args.rtn {
             eprintln!("warning: calibrated quantization supports dense models; this one has MoE layers: rounding to nearest (--rtn)");
         }
-        return Ok((None, args.mse_observer || (int4 && !args.rtn)));
+        return (None, args.mse_observer || (int4 && !args.rtn));
     }
     let text = match &args.calibration {
         Some(file) => CalibrationText::File(file.clone()),
@@ -137,7 +137,7 @@ fn how(args: &QuantizeArgs, scheme: Scheme, moe: bool) -> Result<(Option<Calibra
     let smooths = !matches!(scheme, Scheme::W4A16) && !args.no_smoothquant;
     let smoothquant = args.smoothquant.or(smooths.then_some(DEFAULT_SMOOTHQUANT));
     let data = CalibrationOptions { text, max_tokens: args.calibration_tokens, seq_len: args.calibration_seq_len };
-    Ok((Some(Calibrated { data, smoothquant, gptq: true }), args.mse_observer || int4))
+    (Some(Calibrated { data, smoothquant, gptq: true }), args.mse_observer || int4)
 }
 
 /// SmoothQuant's migration strength in the default recipe of the schemes with 8-bit activations.
@@ -173,7 +173,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let recipe = Recipe::resolve(scheme, format, args.group_size, asymmetric)?;
     let head = args.lm_head.map(|h| Recipe::head(h.scheme(), &recipe)).transpose().context("--lm-head")?;
     let moe = !calibration_supported(&args.input)?;
-    let (calibrated, mse_observer) = how(&args, scheme, moe)?;
+    let (calibrated, mse_observer) = how(&args, scheme, moe);
     let opts = QuantizeOptions {
         input: args.input.clone(),
         output: args.output.clone(),
@@ -232,7 +232,7 @@ mod tests {
     /// (GPTQ, SmoothQuant α, sampled text, MSE observer) of `flags` on a dense or MoE model.
     fn recipe(flags: &[&str], moe: bool) -> (bool, Option<f32>, bool, bool) {
         let args = parse(flags).unwrap();
-        let (cal, mse) = how(&args, args.scheme.scheme(), moe).unwrap();
+        let (cal, mse) = how(&args, args.scheme.scheme(), moe);
         match cal {
             Some(c) => (c.gptq, c.smoothquant, matches!(c.data.text, CalibrationText::Sampled { .. }), mse),
             None => (false, None, false, mse),
