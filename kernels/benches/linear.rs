@@ -3,7 +3,8 @@
 //! portable gemm-crate panel path. This is the data behind `LinearPolicy::DEFAULT`'s switch.
 //! Then the integer GEMV of every interleaved GGUF type on 8192x2048 matrices (a 1B model's
 //! FFN gate/up), cycling over enough of them (> 64 MiB) that the weights stream from DRAM as
-//! in decode: throughput in bytes of weights per second. Last, the roofline those figures are
+//! in decode: throughput in bytes of weights per second; the checkpoint int4 formats (W4A16,
+//! W4A8) on the same shape beside them. Last, the roofline those figures are
 //! read against: summing a 512 MiB buffer on the kernel thread pool (every core reading), in
 //! bytes per second.
 //! Run: `cargo bench -p tessera-kernels --bench linear`.
@@ -19,7 +20,9 @@ use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::ggml::interleaved::Interleaved;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::ggml::{LinearKernel, Weight, WeightView};
-use tessera_kernels::linear::LinearPolicy;
+use tessera_kernels::linear::{ActQuant, Int4Matrix, LinearPolicy, RowwiseLinear};
+use tessera_kernels::cpu::caps::bf16_dot_available;
+use std::sync::Arc;
 
 /// Random Q4_1 blocks with realistic scales and mins.
 fn q4_1_weights(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Vec<u8> {
@@ -90,7 +93,45 @@ fn gemv_bandwidth(c: &mut Criterion) {
             });
         }
     }
+    int4_bandwidth(&mut g, rows, cols, &mut r);
     g.finish();
+}
+
+/// The checkpoint int4 GEMVs on the same shape, streaming like [`gemv_bandwidth`]'s: W4A16
+/// (groups of 128 with zero points, as `tessera quantize --scheme w4a16` writes, on bf16
+/// activations where the CPU has the AVX-512 BF16 dot, else f32) and W4A8 (per channel, int8
+/// per-token activations); throughput in bytes of packed weights, scales and zero points.
+fn int4_bandwidth(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, rows: usize, cols: usize, r: &mut ChaCha8Rng) {
+    let caps = CpuCaps::detect();
+    let w4a16_act = if caps.best_isa() != Isa::Scalar && bf16_dot_available() { ActQuant::Bf16 } else { ActQuant::F32 };
+    for (name, group, zeros, act) in [("w4a16-g128-asym", 128, true, w4a16_act), ("w4a8-channel", cols, false, ActQuant::Int8PerToken)] {
+        let ng = rows * cols.div_ceil(group);
+        let make = |r: &mut ChaCha8Rng| {
+            let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
+            let s: Vec<f32> = (0..ng).map(|_| r.gen_range(0.005..0.05)).collect();
+            let z = zeros.then(|| (0..ng).map(|_| r.gen_range(-8..=7)).collect());
+            Int4Matrix::new(rows, cols, group, &q, s, z).unwrap()
+        };
+        let first = make(r);
+        let bytes = first.bytes();
+        let count = (64usize << 20).div_ceil(bytes) + 1;
+        let mats: Vec<RowwiseLinear> = std::iter::once(first)
+            .chain((1..count).map(|_| make(r)))
+            .map(|m| RowwiseLinear::new(Arc::new(m), act, &caps).unwrap())
+            .collect();
+        for m in [1usize, 8] {
+            let x: Vec<f32> = (0..m * cols).map(|_| r.gen_range(-1.0..1.0)).collect();
+            let mut y = vec![0f32; m * rows];
+            g.throughput(Throughput::Bytes(bytes as u64));
+            let mut next = 0;
+            g.bench_with_input(BenchmarkId::new(format!("{name}.{}", mats[0].id()), m), &m, |b, &m| {
+                b.iter(|| {
+                    next = (next + 1) % count;
+                    mats[next].forward(&x, m, &mut y, rows)
+                })
+            });
+        }
+    }
 }
 
 /// The wrapping sum of `w` (a multiple of 16 words), with 256-bit loads where the CPU has AVX2.

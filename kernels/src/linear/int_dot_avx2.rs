@@ -22,7 +22,7 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use super::int4::{Int4Matrix, RUN};
+use super::int4::{Int4Matrix, RUN, RUN_STRIDE};
 use super::int8::Int8Matrix;
 use crate::cpu::simd::{hsum, hsum_epi32};
 use std::arch::x86_64::*;
@@ -189,7 +189,7 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
     let (k, group) = (w.cols(), w.group());
     // Only the open groups' accumulators live in registers; totals are touched at group ends.
     let mut acc: [[__m256; T]; R] = std::array::from_fn(|rr| std::array::from_fn(|t| st[rr * STATE + t]));
-    let rows: [*const u8; R] = std::array::from_fn(|rr| w.packed_row(r + rr).as_ptr());
+    let rows: [*const u8; R] = std::array::from_fn(|rr| w.row_ptr(r + rr));
     let lo_mask = _mm256_set1_epi32(0x0F);
     let xp = x.as_ptr();
     let mut col = c0;
@@ -205,7 +205,7 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
                     // SAFETY: row rr's packed bytes c/2..c/2+16 exist (c + 32 <= cols); bytes
                     // half*8..+8 hold columns c+half*8..+8 (low nibbles) and c+16+half*8..+8
                     // (high nibbles).
-                    let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(rows[rr].add(c / 2 + half * 8).cast()) });
+                    let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(rows[rr].add(c / RUN * RUN_STRIDE + half * 8).cast()) });
                     let lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, lo_mask), off[rr]));
                     let hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32::<4>(v), off[rr]));
                     for (t, a) in acc[rr].iter_mut().enumerate() {
@@ -250,25 +250,29 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
 /// AVX2+FMA available; `r0 <= r1 <= w.rows()`, `xq.len() == m * w.cols()`, `xs.len() == m`,
 /// `out.len() >= (r1 - r0) * m`.
 ///
-/// With `VNNI` (the CPU must have AVX-512 F/BW/VNNI) the integer sums come from
-/// [`int4_micro_vnni`]: the same integers, so the same bits.
+/// With `VNNI` (the CPU must have AVX-512 F/BW/VNNI) the interleaved sixteen-row kernel
+/// [`crate::linear::int4::vnni`] runs instead: the same integers and epilogue, so the same bits.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn int4_int8<const VNNI: bool>(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
     let asum = group_sums(xq, w.cols(), w.group());
+    if VNNI {
+        // SAFETY: forwarded contract (AVX-512 VNNI with VNNI); `asum` holds m * groups sums.
+        return unsafe { crate::linear::int4::vnni::int4_int8(w, r0, r1, xq, xs, &asum, m, out) };
+    }
     let mut t0 = 0;
     while t0 < m {
         let t = (m - t0).min(TOKENS);
         // SAFETY: forwarded contract; tokens t0..t0 + t exist.
         unsafe {
             match t {
-                1 => int4_block::<VNNI, 8, 1>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                2 => int4_block::<VNNI, 4, 2>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                3 => int4_block::<VNNI, 2, 3>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                4 => int4_block::<VNNI, 2, 4>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                5 => int4_block::<VNNI, 1, 5>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                6 => int4_block::<VNNI, 1, 6>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                7 => int4_block::<VNNI, 1, 7>(w, r0, r1, xq, xs, &asum, m, t0, out),
-                _ => int4_block::<VNNI, 1, 8>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                1 => int4_block::<8, 1>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                2 => int4_block::<4, 2>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                3 => int4_block::<2, 3>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                4 => int4_block::<2, 4>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                5 => int4_block::<1, 5>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                6 => int4_block::<1, 6>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                7 => int4_block::<1, 7>(w, r0, r1, xq, xs, &asum, m, t0, out),
+                _ => int4_block::<1, 8>(w, r0, r1, xq, xs, &asum, m, t0, out),
             }
         }
         t0 += t;
@@ -306,7 +310,7 @@ fn group_sums(xq: &[i8], k: usize, group: usize) -> Vec<i32> {
 /// As [`int4_int8`], with `t0 + T <= m` and `asum` from [`group_sums`].
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)] // the row-kernel signature plus the token block and sums
-unsafe fn int4_block<const VNNI: bool, const R: usize, const T: usize>(
+unsafe fn int4_block<const R: usize, const T: usize>(
     w: &Int4Matrix,
     r0: usize,
     r1: usize,
@@ -333,11 +337,10 @@ unsafe fn int4_block<const VNNI: bool, const R: usize, const T: usize>(
         let (l, i) = (&mut lanes[..rows * per_row], &mut isum[..rows * per_row]);
         // SAFETY: rows r..r + rows exist; xt holds T tokens; l holds rows * T * ng vectors.
         unsafe {
-            match (VNNI, rows == R) {
-                (false, true) => int4_micro::<R, T>(w, r, xt, l),
-                (false, false) => int4_micro::<1, T>(w, r, xt, l),
-                (true, true) => int4_micro_vnni::<R, T>(w, r, xt, l),
-                (true, false) => int4_micro_vnni::<1, T>(w, r, xt, l),
+            if rows == R {
+                int4_micro::<R, T>(w, r, xt, l)
+            } else {
+                int4_micro::<1, T>(w, r, xt, l)
             }
         }
         if by_tokens {
@@ -391,7 +394,7 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
     let (k, ng) = (w.cols(), w.groups());
     let runs = w.group() / RUN;
     let row_runs = k / RUN;
-    let rows: [*const u8; R] = std::array::from_fn(|rr| w.packed_row(r + rr).as_ptr());
+    let rows: [*const u8; R] = std::array::from_fn(|rr| w.row_ptr(r + rr));
     let ones = _mm256_set1_epi16(1);
     let xp = xq.as_ptr();
     for g in 0..ng {
@@ -405,7 +408,7 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
                 let a: [__m256i; T] = std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) });
                 for (rr, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: row rr's packed bytes j*16..j*16+16 exist (j < cols / 32).
-                    let nib = unsafe { run_nibbles(rows[rr].add(j * RUN / 2)) };
+                    let nib = unsafe { run_nibbles(rows[rr].add(j * RUN_STRIDE)) };
                     for (t, acc) in acc.iter_mut().enumerate() {
                         *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(nib, a[t]));
                     }
@@ -419,63 +422,6 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
                 }
             }
             run = stop;
-        }
-    }
-}
-
-/// [`int4_micro`] with AVX-512 VNNI: two 32-column runs per 512-bit register (each run's 16
-/// bytes in two 128-bit lanes, low nibbles then high ones, against 64 contiguous activation
-/// bytes) and `vpdpbusd` summing four products straight into int32, so no int16 stage. A
-/// group's last odd run goes through [`int4_micro`]'s instructions. The integers, and
-/// `lanes` after its 16 lanes fold to 8, equal [`int4_micro`]'s exactly.
-///
-/// # Safety
-/// As [`int4_micro`], and the CPU has AVX-512 F, BW and VNNI.
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
-unsafe fn int4_micro_vnni<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, xq: &[i8], lanes: &mut [__m256i]) {
-    let (k, ng) = (w.cols(), w.groups());
-    let runs = w.group() / RUN;
-    let row_runs = k / RUN;
-    let rows: [*const u8; R] = std::array::from_fn(|rr| w.packed_row(r + rr).as_ptr());
-    let nib_mask = _mm512_set1_epi8(0x0F);
-    let shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
-    let ones = _mm256_set1_epi16(1);
-    let xp = xq.as_ptr();
-    for g in 0..ng {
-        let (start, end) = (g * runs, ((g + 1) * runs).min(row_runs));
-        let mut acc = [[_mm512_setzero_si512(); T]; R];
-        let mut j = start;
-        while j + 2 <= end {
-            // SAFETY: token t's columns j*32..j*32+64 lie inside xq (j + 2 <= cols / 32).
-            let a: [__m512i; T] = std::array::from_fn(|t| unsafe { _mm512_loadu_si512(xp.add(t * k + j * RUN).cast()) });
-            for (rr, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: row rr's packed bytes j*16..j*16+32 exist (j + 2 <= cols / 32).
-                let b = unsafe {
-                    let lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(rows[rr].add(j * RUN / 2).cast()));
-                    let hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(rows[rr].add((j + 1) * RUN / 2).cast()));
-                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-                };
-                let nib = _mm512_and_si512(_mm512_srlv_epi64(b, shift), nib_mask);
-                for (t, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_dpbusd_epi32(*acc, nib, a[t]);
-                }
-            }
-            j += 2;
-        }
-        // The group's one remaining run, if its run count is odd, on the AVX2 instructions.
-        // SAFETY: as in `int4_micro`: token t's columns j*32..j*32+32 lie inside xq.
-        let odd: Option<[__m256i; T]> = (j < end).then(|| std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) }));
-        for (rr, acc) in acc.iter().enumerate() {
-            // SAFETY: row rr's packed bytes j*16..j*16+16 exist when j < end.
-            let nib = odd.map(|_| unsafe { run_nibbles(rows[rr].add(j * RUN / 2)) });
-            for (t, a) in acc.iter().enumerate() {
-                // A group of one run never filled the 512-bit accumulator.
-                let mut v = if end - start > 1 { _mm256_add_epi32(_mm512_castsi512_si256(*a), _mm512_extracti64x4_epi64::<1>(*a)) } else { _mm256_setzero_si256() };
-                if let (Some(x), Some(nib)) = (&odd, nib) {
-                    v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(nib, x[t]), ones));
-                }
-                lanes[(rr * T + t) * ng + g] = v;
-            }
         }
     }
 }

@@ -328,7 +328,8 @@ pub fn forward_fused(parts: &[(&RowwiseLinear, usize)], x: &[f32], m: usize, y: 
         parts.iter().zip(&gathered).map(|((l, _), g)| (!shares(l)).then(|| l.prepare(g.as_deref().unwrap_or(x), m))).collect();
     let preps: Vec<&Prepared<'_>> = own.iter().map(|p| p.as_ref().or(shared.as_ref()).expect("prepared")).collect();
     let total: usize = parts.iter().map(|(l, _)| l.rows()).sum();
-    let chunk = rows_per_task(total, 8);
+    // Whole groups of 16 rows per task: the interleaved int4 kernels compute a group at once.
+    let chunk = rows_per_task(total, crate::linear::int4::ROW_GROUP);
     let tasks: Vec<(usize, usize, usize)> = parts
         .iter()
         .enumerate()

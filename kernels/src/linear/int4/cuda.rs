@@ -144,7 +144,7 @@ mod tests {
         let ng = rows * cols.div_ceil(group);
         let zeros: Vec<i8> = (0..ng).map(|_| r.gen_range(-8..=7)).collect();
         let w = Int4Matrix::new(rows, cols, group, &q, vec![1.0; ng], Some(zeros)).unwrap();
-        let plane: Vec<u8> = (0..rows).flat_map(|r| w.packed_row(r).iter().copied()).collect();
+        let plane: Vec<u8> = (0..rows).flat_map(|r| w.packed_row(r)).collect();
         let mut vals = vec![0i8; cols];
         for row in 0..rows {
             w.row_values(row, &mut vals);

@@ -3,12 +3,18 @@
 //! has `ceil(cols / group)` groups; the last one may be short (compressed-tensors keeps
 //! `group_size` 128 on a 576-column input: groups of 128, 128, 128, 128 and 64).
 //!
-//! Layout (private to the kernels): row-major; each run of 32 columns is 16 bytes, byte `j`
+//! Layout (private to the kernels): each run of 32 columns of a row is 16 bytes, byte `j`
 //! holding column `j` in its low nibble and column `j + 16` in its high nibble, as `q + 8`
 //! (0..=15). So a 16-byte load unpacks to 32 consecutive columns with one mask and one shift.
+//! Rows are interleaved [`ROW_GROUP`] at a time (the last group padded with zero rows): for
+//! each group, run `j` of its 16 rows is 256 contiguous bytes, row after row. A row's runs are
+//! therefore [`RUN_STRIDE`] bytes apart ([`Int4Matrix::row_ptr`]), and one 64-byte load holds
+//! the same run of four rows: the AVX-512 VNNI kernel ([`vnni`]) multiplies sixteen rows with
+//! four such loads and no shuffles.
 
 pub(crate) mod avx512_bf16;
 pub mod cuda;
+pub(crate) mod vnni;
 
 use crate::cpu::GemmLevel;
 use crate::cpu::Isa;
@@ -23,6 +29,12 @@ use std::ops::Range;
 /// Columns per packed run.
 pub const RUN: usize = 32;
 
+/// Rows interleaved together (see the module's layout).
+pub const ROW_GROUP: usize = 16;
+
+/// Bytes from one run of a row to its next run: a run of every row of its group.
+pub const RUN_STRIDE: usize = ROW_GROUP * RUN / 2;
+
 /// An int4 matrix: `W[r, c] = (q[r, c] - z[r, g]) * s[r, g]` with `g = c / group`
 /// (`ceil(cols / group)` groups per row, the last one covering the remaining columns).
 #[derive(Clone, Debug)]
@@ -33,6 +45,11 @@ pub struct Int4Matrix {
     packed: Vec<u8>,
     scales: Vec<f32>,
     zeros: Option<Vec<i8>>,
+    /// The scales by row group, then group, then the group's 16 rows (padding rows 0): what
+    /// the interleaved kernels load, 16 at a time.
+    group_scales: Vec<f32>,
+    /// The zero points in the same order (0 when symmetric).
+    group_zeros: Vec<i8>,
 }
 
 impl Int4Matrix {
@@ -70,13 +87,23 @@ impl Int4Matrix {
         if let Some(bad) = q.iter().find(|&&v| !(-8..=7).contains(&v)) {
             return Err(format!("value {bad} outside -8..=7"));
         }
-        let mut packed = vec![0u8; rows * cols / 2];
-        for (src, dst) in q.chunks_exact(RUN).zip(packed.chunks_exact_mut(RUN / 2)) {
-            for j in 0..RUN / 2 {
-                dst[j] = ((src[j] + 8) as u8) | (((src[j + 16] + 8) as u8) << 4);
+        // Padding rows hold the code of 0 (nibble 8) with no scale of their own.
+        let mut packed = vec![0x88u8; rows.div_ceil(ROW_GROUP) * ROW_GROUP * cols / 2];
+        for (r, row) in q.chunks_exact(cols).enumerate() {
+            for (j, src) in row.chunks_exact(RUN).enumerate() {
+                let at = Self::run_offset(cols, r, j);
+                for (b, dst) in packed[at..at + RUN / 2].iter_mut().enumerate() {
+                    *dst = ((src[b] + 8) as u8) | (((src[b + 16] + 8) as u8) << 4);
+                }
             }
         }
-        Ok(Int4Matrix { rows, cols, group, packed, scales, zeros })
+        let (rgs, per_row) = (rows.div_ceil(ROW_GROUP), cols.div_ceil(group));
+        let at = |rg: usize, g: usize, l: usize| (rg * ROW_GROUP + l < rows).then(|| (rg * ROW_GROUP + l) * per_row + g);
+        let by_group = |rg: usize, g: usize| (0..ROW_GROUP).map(move |l| at(rg, g, l));
+        let groups = || (0..rgs).flat_map(move |rg| (0..per_row).flat_map(move |g| by_group(rg, g)));
+        let group_scales = groups().map(|i| i.map_or(0.0, |i| scales[i])).collect();
+        let group_zeros = groups().map(|i| i.zip(zeros.as_ref()).map_or(0, |(i, z)| z[i])).collect();
+        Ok(Int4Matrix { rows, cols, group, packed, scales, zeros, group_scales, group_zeros })
     }
 
     /// Rows `rows` and input columns `cols` of this matrix (see [`crate::linear::WeightMatrix::slice`]):
@@ -133,13 +160,42 @@ impl Int4Matrix {
 
     /// Bytes held (values, scales, zero points).
     pub fn bytes(&self) -> usize {
-        self.packed.len() + 4 * self.scales.len() + self.zeros.as_ref().map_or(0, Vec::len)
+        self.packed.len() + 4 * self.scales.len() + self.zeros.as_ref().map_or(0, Vec::len) + 4 * self.group_scales.len() + self.group_zeros.len()
     }
 
-    /// Packed values of row `r` (`cols / 2` bytes).
-    pub fn packed_row(&self, r: usize) -> &[u8] {
-        let rb = self.cols / 2;
-        &self.packed[r * rb..(r + 1) * rb]
+    /// Byte offset of run `j` of row `r` in a matrix of `cols` columns.
+    fn run_offset(cols: usize, r: usize, j: usize) -> usize {
+        (r / ROW_GROUP) * ROW_GROUP * cols / 2 + j * RUN_STRIDE + (r % ROW_GROUP) * RUN / 2
+    }
+
+    /// Packed values of row `r` (`cols / 2` bytes, its runs in order).
+    pub fn packed_row(&self, r: usize) -> Vec<u8> {
+        (0..self.cols / RUN).flat_map(|j| self.run(r, j).iter().copied()).collect()
+    }
+
+    /// Run `j` of row `r`: 16 packed bytes.
+    fn run(&self, r: usize, j: usize) -> &[u8] {
+        let at = Self::run_offset(self.cols, r, j);
+        &self.packed[at..at + RUN / 2]
+    }
+
+    /// The scales of group `g` of row group `rg`'s 16 rows (0 for padding rows).
+    pub(crate) fn group_scales(&self, rg: usize, g: usize) -> &[f32; ROW_GROUP] {
+        let at = (rg * self.groups() + g) * ROW_GROUP;
+        self.group_scales[at..at + ROW_GROUP].try_into().expect("16 scales")
+    }
+
+    /// The zero points of group `g` of row group `rg`'s 16 rows (0 when symmetric or padding).
+    pub(crate) fn group_zeros(&self, rg: usize, g: usize) -> &[i8; ROW_GROUP] {
+        let at = (rg * self.groups() + g) * ROW_GROUP;
+        self.group_zeros[at..at + ROW_GROUP].try_into().expect("16 zero points")
+    }
+
+    /// Row `r`'s first run: its run `j` starts [`RUN_STRIDE`]` * j` bytes further (the kernels'
+    /// pointer arithmetic; `r` may be a padding row of the last group, whose codes are 0).
+    pub(crate) fn row_ptr(&self, r: usize) -> *const u8 {
+        debug_assert!(r < self.rows.div_ceil(ROW_GROUP) * ROW_GROUP);
+        self.packed[Self::run_offset(self.cols, r, 0)..].as_ptr()
     }
 
     /// Scales of row `r` (one per group, [`Self::groups`] of them).
@@ -157,7 +213,8 @@ impl Int4Matrix {
     /// The signed values of row `r`.
     pub fn row_values(&self, r: usize, out: &mut [i8]) {
         assert_eq!(out.len(), self.cols);
-        for (src, dst) in self.packed_row(r).chunks_exact(RUN / 2).zip(out.chunks_exact_mut(RUN)) {
+        for (j, dst) in out.chunks_exact_mut(RUN).enumerate() {
+            let src = self.run(r, j);
             for j in 0..RUN / 2 {
                 dst[j] = (src[j] & 0xF) as i8 - 8;
                 dst[j + 16] = (src[j] >> 4) as i8 - 8;
@@ -365,7 +422,7 @@ impl RowKernel for Int4Matrix {
                 storage: RowKernel::storage(self),
                 rows: self.rows,
                 cols: self.cols,
-                codes: rows.clone().flat_map(|r| self.packed_row(r).iter().copied()).collect(),
+                codes: rows.clone().flat_map(|r| self.packed_row(r)).collect(),
                 block_scales: None,
                 scales: rows.clone().flat_map(|r| self.row_scales(r).iter().copied()).collect(),
                 zeros: self.has_zeros().then(|| rows.flat_map(|r| self.row_zeros(r).unwrap_or(&[]).iter().copied()).collect()),
