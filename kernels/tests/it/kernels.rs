@@ -485,6 +485,40 @@ fn small_batch_path_matches_reference_for_every_type() {
     }
 }
 
+/// The AVX2 small-batch path of float rows (F32, F16, BF16: converted in registers, four rows
+/// a pass) gives the bits of dequantizing each row and `dot_f32` with each token, for row
+/// counts that leave a partial pass, widths with 8-column steps and a scalar tail, and any
+/// token subset (each token's result alone equals it in the batch).
+#[test]
+fn float_rows_small_path_equals_dequantize_then_dot() {
+    let mut r = rng(12);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for (rows, k, m) in [(1, 32, 1), (6, 77, 3), (37, 160, 5), (9, 2051, 2)] {
+            let w = random_weights(&mut r, ty, rows, k);
+            let x = randn(&mut r, m * k);
+            let view = WeightView::new(ty, rows, k, &w).unwrap();
+            for isa in simd_isas() {
+                let mut want = vec![0f32; m * rows];
+                let mut row = vec![0f32; k];
+                for j in 0..rows {
+                    tessera_kernels::ggml::dequantize_row(ty, view.row(j), &mut row);
+                    for i in 0..m {
+                        want[i * rows + j] = dot_f32(isa, &row, &x[i * k..(i + 1) * k]);
+                    }
+                }
+                let kern = LinearKernel::with_isa(ty, isa, LinearPolicy::ALWAYS_DOT);
+                let mut y = vec![0f32; m * rows];
+                kern.forward(Weight::Rows(view), &x, m, &mut y, rows);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&y), bits(&want), "{ty} {rows}x{k} m={m}");
+                let mut one = vec![0f32; rows];
+                kern.forward(Weight::Rows(view), &x[(m - 1) * k..], 1, &mut one, rows);
+                assert_eq!(bits(&one), bits(&want[(m - 1) * rows..]), "{ty} {rows}x{k}: last token alone");
+            }
+        }
+    }
+}
+
 /// RoPE is a rotation: norms are kept, and q·k depends only on the position difference.
 #[test]
 fn rope_is_relative() {

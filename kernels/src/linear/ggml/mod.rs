@@ -16,6 +16,7 @@
 //! per-layer plan is data.
 
 pub mod cuda;
+mod float_rows;
 pub mod interleaved;
 pub mod kquant;
 mod matrix;
@@ -331,6 +332,17 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
             }
             (SmallPath::Integer, Weight::Rows(_)) => {
                 panic!("{} weights reach the integer kernel as GGML rows: pack them with Interleaved::pack", kern.ty)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (SmallPath::DequantDot, Weight::Rows(w)) if kern.isa == Isa::Avx2 && float_rows::supports(w.ty) => {
+                let emit = |r: usize, i: usize, v: f32| {
+                    // SAFETY: (i, col + r) is inside y (asserted by the caller); each (part,
+                    // weight row) belongs to one task.
+                    unsafe { *out.get().add(i * ldy + col + r) = v };
+                };
+                // SAFETY: Isa::Avx2 is AVX2 + FMA + F16C (the kernel was built for it); the
+                // rows are w's, the tokens' rows lie inside x (asserted by the caller).
+                unsafe { float_rows::dot_rows(&w, r0, r1, x, rows, emit) };
             }
             (SmallPath::DequantDot, w) => {
                 let mut buf = vec![0f32; k];

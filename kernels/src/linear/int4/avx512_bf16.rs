@@ -21,9 +21,6 @@ use crate::cpu::simd::hsum;
 use super::{Int4Matrix, ROW_GROUP, RUN, RUN_STRIDE};
 use std::arch::x86_64::*;
 
-/// Most tokens one pass over a row group serves (eight accumulators each).
-const TOKENS: usize = 2;
-
 /// Row pairs in a row group.
 const PAIRS: usize = ROW_GROUP / 2;
 
@@ -31,7 +28,9 @@ const PAIRS: usize = ROW_GROUP / 2;
 const PREFETCH: usize = 4096;
 
 /// W4A16 rows `r0..r1` for `m` tokens of bf16 activations `xb` (bit patterns, `m × cols`)
-/// into `out[(r - r0) * m + i]`.
+/// into `out[(r - r0) * m + i]`. A pass takes `P` row pairs and `T` tokens, `P · T = 8`
+/// (sixteen accumulators with their totals): eight pairs for one token at decode, one pair
+/// for eight tokens in prefill, where each decoded run then serves eight tokens.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/BF16 available ([`crate::cpu::caps::bf16_dot_available`]);
@@ -44,93 +43,119 @@ pub(crate) unsafe fn int4_bf16(w: &Int4Matrix, r0: usize, r1: usize, xb: &[u16],
     let words: [u16; 32] = std::array::from_fn(|i| ((i as f32 - 16.0).to_bits() >> 16) as u16);
     // SAFETY: 32 words are 64 bytes.
     let table = unsafe { _mm512_loadu_si512(words.as_ptr().cast()) };
-    let mut lanes = [0f32; 16];
     for rg in r0 / ROW_GROUP..(r1 - 1) / ROW_GROUP + 1 {
         let mut t0 = 0;
         while t0 < m {
-            let t = (m - t0).min(TOKENS);
-            // SAFETY: forwarded contract; tokens t0..t0 + t exist; row group rg exists.
-            let totals = unsafe {
-                match t {
-                    1 => pad(group_tokens::<1>(w, &table, rg, xb, t0)),
-                    _ => pad(group_tokens::<2>(w, &table, rg, xb, t0)),
+            let t = m - t0;
+            // SAFETY: forwarded contract; tokens t0.. exist; row group rg exists.
+            t0 += unsafe {
+                if t >= 8 {
+                    passes::<1, 8>(w, &table, rg, xb, t0, r0, r1, m, out)
+                } else if t >= 4 {
+                    passes::<2, 4>(w, &table, rg, xb, t0, r0, r1, m, out)
+                } else if t >= 2 {
+                    passes::<4, 2>(w, &table, rg, xb, t0, r0, r1, m, out)
+                } else {
+                    passes::<8, 1>(w, &table, rg, xb, t0, r0, r1, m, out)
                 }
             };
-            for (tt, pairs) in totals.iter().take(t).enumerate() {
-                for (p, v) in pairs.iter().enumerate() {
-                    // SAFETY: 16 floats into a 16-float array.
-                    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr().cast(), *v) };
-                    for (h, half) in lanes.chunks_exact(8).enumerate() {
-                        let r = rg * ROW_GROUP + 2 * p + h;
-                        if (r0..r1).contains(&r) {
-                            // SAFETY: this function runs with AVX-512, which implies AVX.
-                            out[(r - r0) * m + t0 + tt] = unsafe { hsum(_mm256_loadu_ps(half.as_ptr())) };
-                        }
-                    }
-                }
-            }
-            t0 += t;
         }
     }
 }
 
-/// `T` results widened to [`TOKENS`] (the rest unused).
-fn pad<const T: usize>(v: [[__m512; PAIRS]; T]) -> [[__m512; PAIRS]; TOKENS] {
-    // SAFETY: an all-zero __m512 is a valid value.
-    let mut out = [[unsafe { std::mem::zeroed::<__m512>() }; PAIRS]; TOKENS];
-    out[..T].copy_from_slice(&v);
-    out
-}
-
-/// Row group `rg` against tokens `t0..t0 + T`: per token and row pair the 8-lane totals
-/// `Σ_g s[g] · acc_g` of its two rows (row `2 p` in the low half).
+/// Every pair of row group `rg` against tokens `t0..t0 + T`, `P` pairs a pass, results into
+/// `out` for the rows in `r0..r1`; returns `T`.
 ///
 /// # Safety
 /// As [`int4_bf16`], with tokens `t0..t0 + T` present and `rg` a row group of `w`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
+#[allow(clippy::too_many_arguments)] // the kernel's inputs plus the row group and token block
+unsafe fn passes<const P: usize, const T: usize>(
+    w: &Int4Matrix,
+    table: &__m512i,
+    rg: usize,
+    xb: &[u16],
+    t0: usize,
+    r0: usize,
+    r1: usize,
+    m: usize,
+    out: &mut [f32],
+) -> usize {
+    let mut lanes = [0f32; 16];
+    for p0 in (0..PAIRS).step_by(P) {
+        // SAFETY: forwarded contract; pairs p0..p0 + P of the group exist.
+        let totals = unsafe { pair_tokens::<P, T>(w, table, rg, p0, xb, t0) };
+        for (tt, pairs) in totals.iter().enumerate() {
+            for (p, v) in pairs.iter().enumerate() {
+                // SAFETY: 16 floats into a 16-float array.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr().cast(), *v) };
+                for (h, half) in lanes.chunks_exact(8).enumerate() {
+                    let r = rg * ROW_GROUP + 2 * (p0 + p) + h;
+                    if (r0..r1).contains(&r) {
+                        // SAFETY: this function runs with AVX-512, which implies AVX.
+                        out[(r - r0) * m + t0 + tt] = unsafe { hsum(_mm256_loadu_ps(half.as_ptr())) };
+                    }
+                }
+            }
+        }
+    }
+    T
+}
+
+/// Pairs `p0..p0 + P` of row group `rg` against tokens `t0..t0 + T`: per token and pair the
+/// 8-lane totals `Σ_g s[g] · acc_g` of its two rows (row `2 p` in the low half).
+///
+/// # Safety
+/// As [`int4_bf16`], with tokens `t0..t0 + T` present, `rg` a row group of `w` and
+/// `p0 + P <= PAIRS`.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
 #[allow(clippy::needless_range_loop)] // `p` also addresses the packed rows
-unsafe fn group_tokens<const T: usize>(w: &Int4Matrix, table: &__m512i, rg: usize, x: &[u16], t0: usize) -> [[__m512; PAIRS]; T] {
+unsafe fn pair_tokens<const P: usize, const T: usize>(w: &Int4Matrix, table: &__m512i, rg: usize, p0: usize, x: &[u16], t0: usize) -> [[__m512; P]; T] {
     let (k, group) = (w.cols(), w.group().min(w.cols()));
-    let base = w.row_ptr(rg * ROW_GROUP);
+    let base = w.row_ptr(rg * ROW_GROUP).wrapping_add(32 * p0);
     let xp = x.as_ptr();
     let nib = _mm512_set1_epi16(0x0F);
     // Lane l of pair p's vectors belongs to row 2p + l / 8 (scales) or 2p + l / 16 (words).
-    let scale_at: [__m512i; PAIRS] = std::array::from_fn(|p| _mm512_add_epi32(_mm512_set1_epi32(2 * p as i32), _mm512_srli_epi32::<3>(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))));
-    let mut total = [[_mm512_setzero_ps(); PAIRS]; T];
+    let lane = _mm512_srli_epi32::<3>(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    let at: [__m512i; P] = std::array::from_fn(|p| _mm512_add_epi32(_mm512_set1_epi32(2 * (p0 + p) as i32), lane));
+    let mut total = [[_mm512_setzero_ps(); P]; T];
     for g in 0..w.groups() {
         let (j0, j1) = (g * group / RUN, ((g + 1) * group).min(k) / RUN);
         // SAFETY: 16 scales; 16 zero points widened to 32-bit lanes.
         let (s16, z16) = unsafe {
             (_mm512_loadu_ps(w.group_scales(rg, g).as_ptr()), _mm512_cvtepi8_epi32(_mm_loadu_si128(w.group_zeros(rg, g).as_ptr().cast())))
         };
-        // The table index of code n is n + 8 - z (1..=31), table word i being bf16(i - 16).
+        // The table index of code n is n + 8 - z (1..=31), table word i being bf16(i - 16);
+        // pair p's bias per word spreads 32-bit lanes 2p, 2p + 1 of `bias16` over the halves.
         let bias16 = _mm512_sub_epi32(_mm512_set1_epi32(8), z16);
-        let mut acc = [[_mm512_setzero_ps(); PAIRS]; T];
+        let bias: [__m512i; P] = std::array::from_fn(|p| {
+            let b = _mm512_permutexvar_epi32(at[p], bias16);
+            _mm512_or_si512(b, _mm512_slli_epi32::<16>(b))
+        });
+        let mut acc = [[_mm512_setzero_ps(); P]; T];
         for j in j0..j1 {
-            // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside x.
-            let xa: [(__m512bh, __m512bh); T] = std::array::from_fn(|t| unsafe {
-                let xa = xp.add((t0 + t) * k + j * RUN);
-                (bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.cast()))), bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.add(16).cast()))))
-            });
-            for p in 0..PAIRS {
+            for p in 0..P {
                 if p % 2 == 0 {
                     _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(j * RUN_STRIDE + 32 * p + PREFETCH).cast());
                 }
-                // Pair p's bias per word: the 32-bit lanes 2p, 2p + 1 of `bias16` spread over the halves.
-                let bias = _mm512_permutexvar_epi32(scale_at[p], bias16);
-                let bias = _mm512_or_si512(bias, _mm512_slli_epi32::<16>(bias));
-                // SAFETY: run j of rows 2p, 2p + 1 of the group: 32 bytes inside the packed data.
+                // SAFETY: run j of rows 2(p0 + p), 2(p0 + p) + 1 of the group: 32 bytes inside
+                // the packed data.
                 let v = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(base.add(j * RUN_STRIDE + 32 * p).cast()) });
-                let lo = bh(_mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_and_si512(v, nib), bias), *table));
-                let hi = bh(_mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_srli_epi16::<4>(v), bias), *table));
-                for (a, (xl, xh)) in acc.iter_mut().zip(&xa) {
-                    a[p] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[p], lo, *xl), hi, *xh);
+                let lo = bh(_mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_and_si512(v, nib), bias[p]), *table));
+                let hi = bh(_mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_srli_epi16::<4>(v), bias[p]), *table));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside x.
+                    let (xl, xh) = unsafe {
+                        let xa = xp.add((t0 + t) * k + j * RUN);
+                        (bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.cast()))), bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.add(16).cast()))))
+                    };
+                    a[p] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[p], lo, xl), hi, xh);
                 }
             }
         }
         for (tot, a) in total.iter_mut().zip(&acc) {
-            for p in 0..PAIRS {
-                tot[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(scale_at[p], s16), a[p], tot[p]);
+            for p in 0..P {
+                tot[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(at[p], s16), a[p], tot[p]);
             }
         }
     }
