@@ -158,7 +158,7 @@ impl Int4Matrix {
         self.zeros.is_some()
     }
 
-    /// Bytes held (values, scales, zero points).
+    /// Bytes held: values, scales and zero points (kept both by row and by row group).
     pub fn bytes(&self) -> usize {
         self.packed.len() + 4 * self.scales.len() + self.zeros.as_ref().map_or(0, Vec::len) + 4 * self.group_scales.len() + self.group_zeros.len()
     }
