@@ -113,8 +113,9 @@ fn int4_bandwidth(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::
             Int4Matrix::new(rows, cols, group, &q, s, z).unwrap()
         };
         let first = make(r);
-        let bytes = first.bytes();
-        let count = (64usize << 20).div_ceil(bytes) + 1;
+        // What a call streams: the codes, and one f32 scale (and one zero point) per row and group.
+        let bytes = rows * cols / 2 + ng * (4 + usize::from(zeros));
+        let count = (64usize << 20).div_ceil(first.bytes()) + 1;
         let mats: Vec<RowwiseLinear> = std::iter::once(first)
             .chain((1..count).map(|_| make(r)))
             .map(|m| RowwiseLinear::new(Arc::new(m), act, &caps).unwrap())

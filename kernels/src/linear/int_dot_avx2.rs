@@ -1,6 +1,6 @@
 //! AVX2 + FMA kernels for the int4 / int8 linear layers (W4A16, W4A8, W8A8 int8), with an
-//! AVX-512 VNNI level of the W4A8 and W8A8 int8 integer sums (chosen by
-//! [`crate::cpu::GemmLevel`], as the GGUF integer GEMM's is).
+//! AVX-512 VNNI level of the W8A8 int8 integer sums (chosen by [`crate::cpu::GemmLevel`], as
+//! the GGUF integer GEMM's is; W4A8's lives in [`crate::linear::int4::vnni`]).
 //!
 //! Every kernel fills `out[(r - r0) * m + i]` like the scalar ones in [`super::int4`] and
 //! [`super::int8`], walking the tokens in blocks of up to 8 and, per block, every weight row

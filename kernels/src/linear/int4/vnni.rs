@@ -41,30 +41,18 @@ pub(crate) unsafe fn int4_int8(w: &Int4Matrix, r0: usize, r1: usize, xq: &[i8], 
     if r0 == r1 {
         return;
     }
-    let ng = w.groups();
     let mut lanes = [0f32; ROW_GROUP];
     for rg in r0 / ROW_GROUP..(r1 - 1) / ROW_GROUP + 1 {
-        // Per group of the row group: its 16 scales and zero offsets `8 + z`, in lane order.
-        let meta: Vec<(__m512, __m512i)> = (0..ng)
-            .map(|g| {
-                let row = |l: usize| rg * ROW_GROUP + lane_row(l);
-                let s: [f32; ROW_GROUP] = std::array::from_fn(|l| if row(l) < w.rows() { w.row_scales(row(l))[g] } else { 0.0 });
-                let z: [i32; ROW_GROUP] =
-                    std::array::from_fn(|l| 8 + if row(l) < w.rows() { w.row_zeros(row(l)).map_or(0, |z| z[g] as i32) } else { 0 });
-                // SAFETY: 16 floats and 16 ints are 64 bytes each.
-                unsafe { (_mm512_loadu_ps(s.as_ptr()), _mm512_loadu_si512(z.as_ptr().cast())) }
-            })
-            .collect();
         let mut t0 = 0;
         while t0 < m {
             let t = (m - t0).min(TOKENS);
             // SAFETY: forwarded contract; tokens t0..t0 + t exist; row group rg exists.
             let totals = unsafe {
                 match t {
-                    1 => pad(group_rows::<1>(w, rg, &meta, xq, xs, asum, t0)),
-                    2 => pad(group_rows::<2>(w, rg, &meta, xq, xs, asum, t0)),
-                    3 => pad(group_rows::<3>(w, rg, &meta, xq, xs, asum, t0)),
-                    _ => pad(group_rows::<4>(w, rg, &meta, xq, xs, asum, t0)),
+                    1 => pad(group_rows::<1>(w, rg, xq, xs, asum, t0)),
+                    2 => pad(group_rows::<2>(w, rg, xq, xs, asum, t0)),
+                    3 => pad(group_rows::<3>(w, rg, xq, xs, asum, t0)),
+                    _ => pad(group_rows::<4>(w, rg, xq, xs, asum, t0)),
                 }
             };
             for (tt, v) in totals.iter().take(t).enumerate() {
@@ -96,12 +84,10 @@ fn pad<const T: usize>(v: [__m512; T]) -> [__m512; TOKENS] {
 /// # Safety
 /// As [`int4_int8`], with tokens `t0..t0 + T` present and `rg` a row group of `w`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
-#[allow(clippy::too_many_arguments)] // the kernel's inputs plus the row group and token block
 #[allow(clippy::needless_range_loop)] // `p` also addresses the packed rows
 unsafe fn group_rows<const T: usize>(
     w: &Int4Matrix,
     rg: usize,
-    meta: &[(__m512, __m512i)],
     xq: &[i8],
     xs: &[f32],
     asum: &[i32],
@@ -111,8 +97,18 @@ unsafe fn group_rows<const T: usize>(
     let base = w.row_ptr(rg * ROW_GROUP);
     let xp = xq.as_ptr();
     let nib = _mm512_set1_epi8(0x0F);
+    // The folded sums' lane order: lane l holds row lane_row(l) of the group.
+    let rows: [i32; ROW_GROUP] = std::array::from_fn(|l| lane_row(l) as i32);
+    // SAFETY: 16 ints are 64 bytes.
+    let order = unsafe { _mm512_loadu_si512(rows.as_ptr().cast()) };
     let mut acc = [_mm512_setzero_ps(); T];
-    for (g, &(scale, zoff)) in meta.iter().enumerate() {
+    for g in 0..ng {
+        // SAFETY: 16 scales; 16 zero points widened to 32-bit lanes.
+        let (scale, zoff) = unsafe {
+            let s = _mm512_loadu_ps(w.group_scales(rg, g).as_ptr());
+            let z = _mm512_cvtepi8_epi32(_mm_loadu_si128(w.group_zeros(rg, g).as_ptr().cast()));
+            (_mm512_permutexvar_ps(order, s), _mm512_permutexvar_epi32(order, _mm512_add_epi32(_mm512_set1_epi32(8), z)))
+        };
         let (j0, j1) = (g * group / RUN, ((g + 1) * group).min(k) / RUN);
         let mut sums = [[_mm512_setzero_si512(); 4]; T];
         for j in j0..j1 {
