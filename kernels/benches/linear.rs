@@ -69,16 +69,7 @@ fn gemv_bandwidth(c: &mut Criterion) {
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q2K, GgmlType::Q3K, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
         let row_bytes = ty.row_bytes(cols).unwrap();
         let count = (64usize << 20).div_ceil(rows * row_bytes) + 1;
-        let mats: Vec<Interleaved> = (0..count)
-            .map(|_| {
-                let mut w = vec![0u8; rows * row_bytes];
-                for row in w.chunks_exact_mut(row_bytes) {
-                    let x: Vec<f32> = (0..cols).map(|_| r.gen_range(-0.03f32..0.03)).collect();
-                    quantize_row(ty, &x, row);
-                }
-                Interleaved::pack(&WeightView::new(ty, rows, cols, &w).unwrap()).unwrap()
-            })
-            .collect();
+        let mats: Vec<Interleaved> = (0..count).map(|_| random_interleaved(&mut r, ty, rows, cols)).collect();
         let k = LinearKernel::with_isa(ty, isa, LinearPolicy::DEFAULT);
         for m in [1usize, 8] {
             let x: Vec<f32> = (0..m * cols).map(|_| r.gen_range(-1.0..1.0)).collect();
@@ -97,6 +88,53 @@ fn gemv_bandwidth(c: &mut Criterion) {
     g.finish();
 }
 
+/// A `rows x cols` matrix of type `ty` in the interleaved layout, quantized from uniform random
+/// weights in ±0.03.
+fn random_interleaved(r: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> Interleaved {
+    let row_bytes = ty.row_bytes(cols).unwrap();
+    let mut w = vec![0u8; rows * row_bytes];
+    for row in w.chunks_exact_mut(row_bytes) {
+        let x: Vec<f32> = (0..cols).map(|_| r.gen_range(-0.03f32..0.03)).collect();
+        quantize_row(ty, &x, row);
+    }
+    Interleaved::pack(&WeightView::new(ty, rows, cols, &w).unwrap()).unwrap()
+}
+
+/// A random int4 matrix: codes uniform in -8..=7, scales in 0.005..0.05, zero points when
+/// `zeros`.
+fn random_int4(r: &mut ChaCha8Rng, rows: usize, cols: usize, group: usize, zeros: bool) -> Int4Matrix {
+    let ng = rows * cols.div_ceil(group);
+    let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
+    let s: Vec<f32> = (0..ng).map(|_| r.gen_range(0.005..0.05)).collect();
+    let z = zeros.then(|| (0..ng).map(|_| r.gen_range(-8..=7)).collect());
+    Int4Matrix::new(rows, cols, group, &q, s, z).unwrap()
+}
+
+/// Prefill-shaped calls: 128 tokens through one 2048x2048 matrix (which stays in cache: prefill
+/// is bound by arithmetic), per GGUF type and checkpoint int4 scheme; throughput in
+/// multiply-adds.
+fn prefill(c: &mut Criterion) {
+    let (rows, cols, m) = (2048, 2048, 128);
+    let caps = CpuCaps::detect();
+    let mut r = ChaCha8Rng::seed_from_u64(4);
+    let x: Vec<f32> = (0..m * cols).map(|_| r.gen_range(-1.0..1.0)).collect();
+    let mut y = vec![0f32; m * rows];
+    let mut g = c.benchmark_group("prefill_2048x2048");
+    g.sample_size(10).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
+    g.throughput(Throughput::Elements((m * rows * cols) as u64));
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        let w = random_interleaved(&mut r, ty, rows, cols);
+        let k = LinearKernel::with_isa(ty, caps.best_isa(), LinearPolicy::DEFAULT);
+        g.bench_with_input(BenchmarkId::new(k.id(), m), &m, |b, &m| b.iter(|| k.forward(Weight::Interleaved(&w), &x, m, &mut y, rows)));
+    }
+    let w4a16_act = if caps.best_isa() != Isa::Scalar && bf16_dot_available() { ActQuant::Bf16 } else { ActQuant::F32 };
+    for (name, group, zeros, act) in [("w4a16-g128-asym", 128, true, w4a16_act), ("w4a8-channel", cols, false, ActQuant::Int8PerToken)] {
+        let l = RowwiseLinear::new(Arc::new(random_int4(&mut r, rows, cols, group, zeros)), act, &caps).unwrap();
+        g.bench_with_input(BenchmarkId::new(format!("{name}.{}", l.id()), m), &m, |b, &m| b.iter(|| l.forward(&x, m, &mut y, rows)));
+    }
+    g.finish();
+}
+
 /// The checkpoint int4 GEMVs on the same shape, streaming like [`gemv_bandwidth`]'s: W4A16
 /// (groups of 128 with zero points, as `tessera quantize --scheme w4a16` writes, on bf16
 /// activations where the CPU has the AVX-512 BF16 dot, else f32) and W4A8 (per channel, int8
@@ -106,12 +144,7 @@ fn int4_bandwidth(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::
     let w4a16_act = if caps.best_isa() != Isa::Scalar && bf16_dot_available() { ActQuant::Bf16 } else { ActQuant::F32 };
     for (name, group, zeros, act) in [("w4a16-g128-asym", 128, true, w4a16_act), ("w4a8-channel", cols, false, ActQuant::Int8PerToken)] {
         let ng = rows * cols.div_ceil(group);
-        let make = |r: &mut ChaCha8Rng| {
-            let q: Vec<i8> = (0..rows * cols).map(|_| r.gen_range(-8..=7)).collect();
-            let s: Vec<f32> = (0..ng).map(|_| r.gen_range(0.005..0.05)).collect();
-            let z = zeros.then(|| (0..ng).map(|_| r.gen_range(-8..=7)).collect());
-            Int4Matrix::new(rows, cols, group, &q, s, z).unwrap()
-        };
+        let make = |r: &mut ChaCha8Rng| random_int4(r, rows, cols, group, zeros);
         let first = make(r);
         // What a call streams: the codes, and one f32 scale (and one zero point) per row and group.
         let bytes = rows * cols / 2 + ng * (4 + usize::from(zeros));
@@ -187,5 +220,5 @@ fn read_bandwidth(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, linear, gemv_bandwidth, read_bandwidth);
+criterion_group!(benches, linear, gemv_bandwidth, prefill, read_bandwidth);
 criterion_main!(benches);

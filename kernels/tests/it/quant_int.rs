@@ -320,7 +320,8 @@ fn batching_never_changes_results() {
         for isa in isas_for(base.act()) {
             let l = on(&base, isa);
             let alone: Vec<Vec<u32>> = x.chunks_exact(cols).map(|xi| bits(&run(&l, xi, 1))).collect();
-            for m in [1usize, 2, 3, 5, 8, 13, 64, 100] {
+            // 17..19 and 64, 100: the W4A16 bf16 panel kernel with every tail of its 4-token tiles.
+            for m in [1usize, 2, 3, 5, 8, 13, 17, 18, 19, 64, 100] {
                 // A different window of tokens for each m, so tokens sit at different positions.
                 let start = (m * 7) % (100 - m + 1);
                 let y = run(&l, &x[start * cols..(start + m) * cols], m);
@@ -339,39 +340,42 @@ type RowFn<'a> = Box<dyn Fn(usize, usize, &mut [f32]) + 'a>;
 #[test]
 fn row_ranges_never_change_results() {
     let mut r = rng(13);
-    let (rows, cols, m) = (37, 576, 13);
-    let w4 = int4(&mut r, rows, cols, 64, true);
-    let w8 = int8(&mut r, rows, cols);
-    let x = randn(&mut r, m * cols);
-    // Ragged groups: 576 = 4 x 128 + 64.
-    let w4r = int4(&mut r, rows, cols, 128, true);
-    let mut xq = vec![0i8; m * cols];
-    let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(x, q)| quantize_int8_row(x, q)).collect();
-    let xb = to_bf16(&x);
-    let splits: [&[usize]; 4] = [&[0, 37], &[0, 1, 37], &[0, 5, 6, 19, 37], &[0, 8, 16, 24, 32, 37]];
-    for isa in isas() {
-        let mut kernels: Vec<(&str, RowFn)> = vec![
-            ("w4a16", Box::new(|a, b, o: &mut [f32]| w4.rows_f32(isa, a, b, &x, m, o))),
-            ("w4a8", Box::new(|a, b, o: &mut [f32]| w4.rows_int8(isa, a, b, &xq, &xs, m, o))),
-            ("w4a16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_f32(isa, a, b, &x, m, o))),
-            ("w4a8 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_int8(isa, a, b, &xq, &xs, m, o))),
-            ("w8a8", Box::new(|a, b, o: &mut [f32]| w8.rows_int8(isa, a, b, &xq, &xs, m, o))),
-        ];
-        if isas_for(ActQuant::Bf16).contains(&isa) {
-            kernels.push(("w4a16 bf16", Box::new(|a, b, o: &mut [f32]| w4.rows_bf16(isa, a, b, &xb, m, o))));
-            kernels.push(("w4a16 bf16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_bf16(isa, a, b, &xb, m, o))));
-        }
-        for (name, k) in &kernels {
-            let mut whole = vec![0f32; rows * m];
-            k(0, rows, &mut whole);
-            for split in splits {
-                let mut parts = Vec::new();
-                for ab in split.windows(2) {
-                    let mut o = vec![0f32; (ab[1] - ab[0]) * m];
-                    k(ab[0], ab[1], &mut o);
-                    parts.extend(o);
+    let (rows, cols) = (37, 576);
+    // 13 tokens: the W4A16 bf16 kernel's inline decoding; 19: its panel (a 3-token tail).
+    for m in [13usize, 19] {
+        let w4 = int4(&mut r, rows, cols, 64, true);
+        let w8 = int8(&mut r, rows, cols);
+        let x = randn(&mut r, m * cols);
+        // Ragged groups: 576 = 4 x 128 + 64.
+        let w4r = int4(&mut r, rows, cols, 128, true);
+        let mut xq = vec![0i8; m * cols];
+        let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(x, q)| quantize_int8_row(x, q)).collect();
+        let xb = to_bf16(&x);
+        let splits: [&[usize]; 4] = [&[0, 37], &[0, 1, 37], &[0, 5, 6, 19, 37], &[0, 8, 16, 24, 32, 37]];
+        for isa in isas() {
+            let mut kernels: Vec<(&str, RowFn)> = vec![
+                ("w4a16", Box::new(|a, b, o: &mut [f32]| w4.rows_f32(isa, a, b, &x, m, o))),
+                ("w4a8", Box::new(|a, b, o: &mut [f32]| w4.rows_int8(isa, a, b, &xq, &xs, m, o))),
+                ("w4a16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_f32(isa, a, b, &x, m, o))),
+                ("w4a8 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_int8(isa, a, b, &xq, &xs, m, o))),
+                ("w8a8", Box::new(|a, b, o: &mut [f32]| w8.rows_int8(isa, a, b, &xq, &xs, m, o))),
+            ];
+            if isas_for(ActQuant::Bf16).contains(&isa) {
+                kernels.push(("w4a16 bf16", Box::new(|a, b, o: &mut [f32]| w4.rows_bf16(isa, a, b, &xb, m, o))));
+                kernels.push(("w4a16 bf16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_bf16(isa, a, b, &xb, m, o))));
+            }
+            for (name, k) in &kernels {
+                let mut whole = vec![0f32; rows * m];
+                k(0, rows, &mut whole);
+                for split in splits {
+                    let mut parts = Vec::new();
+                    for ab in split.windows(2) {
+                        let mut o = vec![0f32; (ab[1] - ab[0]) * m];
+                        k(ab[0], ab[1], &mut o);
+                        parts.extend(o);
+                    }
+                    assert_eq!(bits(&parts), bits(&whole), "{name} {isa:?} split {split:?}");
                 }
-                assert_eq!(bits(&parts), bits(&whole), "{name} {isa:?} split {split:?}");
             }
         }
     }

@@ -14,8 +14,13 @@
 //! end for a short last group) `total = fma(s[g], acc, total)`, and [`hsum`] sums the total's
 //! lanes in one fixed tree. Row pairs and token blocks only choose how many of these
 //! independent chains run side by side.
+//!
+//! From [`PANEL_MIN_TOKENS`] tokens (prefill) the row group is decoded once into a panel and
+//! multiplied in register tiles ([`panel`]), with the same per-`(row, token)` operations.
 
 #![cfg(target_arch = "x86_64")]
+
+mod panel;
 
 use crate::cpu::simd::hsum;
 use super::{Int4Matrix, ROW_GROUP, RUN, RUN_STRIDE};
@@ -26,6 +31,10 @@ const PAIRS: usize = ROW_GROUP / 2;
 
 /// How far ahead of the loads the weights are prefetched.
 const PREFETCH: usize = 4096;
+
+/// Tokens from which a row group is decoded once into a panel ([`panel`]) rather than once per
+/// eight tokens.
+const PANEL_MIN_TOKENS: usize = 16;
 
 /// W4A16 rows `r0..r1` for `m` tokens of bf16 activations `xb` (bit patterns, `m × cols`)
 /// into `out[(r - r0) * m + i]`. A pass takes `P` row pairs and `T` tokens, `P · T = 8`
@@ -40,9 +49,11 @@ pub(crate) unsafe fn int4_bf16(w: &Int4Matrix, r0: usize, r1: usize, xb: &[u16],
     if r0 == r1 {
         return;
     }
-    let words: [u16; 32] = std::array::from_fn(|i| ((i as f32 - 16.0).to_bits() >> 16) as u16);
-    // SAFETY: 32 words are 64 bytes.
-    let table = unsafe { _mm512_loadu_si512(words.as_ptr().cast()) };
+    let table = word_table();
+    if m >= PANEL_MIN_TOKENS {
+        // SAFETY: forwarded contract.
+        return unsafe { panel::int4_bf16_panel(w, &table, r0, r1, xb, m, out) };
+    }
     for rg in r0 / ROW_GROUP..(r1 - 1) / ROW_GROUP + 1 {
         let mut t0 = 0;
         while t0 < m {
@@ -81,25 +92,96 @@ unsafe fn passes<const P: usize, const T: usize>(
     m: usize,
     out: &mut [f32],
 ) -> usize {
-    let mut lanes = [0f32; 16];
     for p0 in (0..PAIRS).step_by(P) {
         // SAFETY: forwarded contract; pairs p0..p0 + P of the group exist.
         let totals = unsafe { pair_tokens::<P, T>(w, table, rg, p0, xb, t0) };
         for (tt, pairs) in totals.iter().enumerate() {
-            for (p, v) in pairs.iter().enumerate() {
-                // SAFETY: 16 floats into a 16-float array.
-                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr().cast(), *v) };
-                for (h, half) in lanes.chunks_exact(8).enumerate() {
-                    let r = rg * ROW_GROUP + 2 * (p0 + p) + h;
-                    if (r0..r1).contains(&r) {
-                        // SAFETY: this function runs with AVX-512, which implies AVX.
-                        out[(r - r0) * m + t0 + tt] = unsafe { hsum(_mm256_loadu_ps(half.as_ptr())) };
-                    }
-                }
-            }
+            store_pairs(pairs, rg * ROW_GROUP + 2 * p0, t0 + tt, r0, r1, m, out);
         }
     }
     T
+}
+
+/// The 32-word table whose word `i` is `bf16(i - 16)`.
+#[target_feature(enable = "avx512f")]
+fn word_table() -> __m512i {
+    let words: [u16; 32] = std::array::from_fn(|i| ((i as f32 - 16.0).to_bits() >> 16) as u16);
+    // SAFETY: 32 words are 64 bytes.
+    unsafe { _mm512_loadu_si512(words.as_ptr().cast()) }
+}
+
+/// Lane `l` of a pair's scale vectors belongs to row `2p + l / 8` of the pair's two rows:
+/// the 32-bit lane indices `2p + l / 8` into a row group's 16 per-row values.
+#[target_feature(enable = "avx512f")]
+fn pair_lanes(p: usize) -> __m512i {
+    let lane = _mm512_srli_epi32::<3>(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    _mm512_add_epi32(_mm512_set1_epi32(2 * p as i32), lane)
+}
+
+/// A row group's scales and table biases of group `g`: 16 scales, and per word of a pair's
+/// widened run the index bias `8 - z` of its row (the table index of code n is n + 8 - z,
+/// 1..=31), for pair `p` ([`pair_lanes`]`(p)` in `at`).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn group_params<const P: usize>(w: &Int4Matrix, rg: usize, g: usize, at: &[__m512i; P]) -> ([__m512; P], [__m512i; P]) {
+    // SAFETY: 16 scales; 16 zero points widened to 32-bit lanes.
+    let (s16, z16) = unsafe {
+        (_mm512_loadu_ps(w.group_scales(rg, g).as_ptr()), _mm512_cvtepi8_epi32(_mm_loadu_si128(w.group_zeros(rg, g).as_ptr().cast())))
+    };
+    // Pair p's bias per word spreads 32-bit lanes 2p, 2p + 1 of `bias16` over the halves.
+    let bias16 = _mm512_sub_epi32(_mm512_set1_epi32(8), z16);
+    let scales = std::array::from_fn(|p| _mm512_permutexvar_ps(at[p], s16));
+    let bias = std::array::from_fn(|p| {
+        let b = _mm512_permutexvar_epi32(at[p], bias16);
+        _mm512_or_si512(b, _mm512_slli_epi32::<16>(b))
+    });
+    (scales, bias)
+}
+
+/// The words `bf16(q - z)` of one run of a row pair from its 32 packed bytes at `src` (row
+/// `2p` in the low 256 bits): the low nibbles' 32 columns, then the high nibbles'.
+///
+/// # Safety
+/// `src` points to 32 readable bytes.
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+#[inline]
+unsafe fn decode_pair(src: *const u8, bias: __m512i, table: __m512i) -> (__m512i, __m512i) {
+    let nib = _mm512_set1_epi16(0x0F);
+    // SAFETY: caller's contract.
+    let v = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(src.cast()) });
+    let lo = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_and_si512(v, nib), bias), table);
+    let hi = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_srli_epi16::<4>(v), bias), table);
+    (lo, hi)
+}
+
+/// Token `t`'s 16 activations at `xa` broadcast to both halves of a 512-bit register, and
+/// the next 16.
+///
+/// # Safety
+/// `xa` points to 32 readable words.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+unsafe fn tokens_run(xa: *const u16) -> (__m512bh, __m512bh) {
+    // SAFETY: caller's contract.
+    unsafe { (bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.cast()))), bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.add(16).cast())))) }
+}
+
+/// Writes one token's pair totals (pairs from row `row0` on, two rows each) as outputs
+/// `out[(r - r0) * m + t]` for the rows inside `r0..r1`: each row's eight lanes summed by
+/// [`hsum`]'s fixed tree.
+#[target_feature(enable = "avx2,avx512f")]
+fn store_pairs(pairs: &[__m512], row0: usize, t: usize, r0: usize, r1: usize, m: usize, out: &mut [f32]) {
+    let mut lanes = [0f32; 16];
+    for (p, v) in pairs.iter().enumerate() {
+        // SAFETY: 16 floats into a 16-float array.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr().cast(), *v) };
+        for (h, half) in lanes.chunks_exact(8).enumerate() {
+            let r = row0 + 2 * p + h;
+            if (r0..r1).contains(&r) {
+                // SAFETY: this function runs with AVX-512, which implies AVX.
+                out[(r - r0) * m + t] = unsafe { hsum(_mm256_loadu_ps(half.as_ptr())) };
+            }
+        }
+    }
 }
 
 /// Pairs `p0..p0 + P` of row group `rg` against tokens `t0..t0 + T`: per token and pair the
@@ -114,24 +196,11 @@ unsafe fn pair_tokens<const P: usize, const T: usize>(w: &Int4Matrix, table: &__
     let (k, group) = (w.cols(), w.group().min(w.cols()));
     let base = w.row_ptr(rg * ROW_GROUP).wrapping_add(32 * p0);
     let xp = x.as_ptr();
-    let nib = _mm512_set1_epi16(0x0F);
-    // Lane l of pair p's vectors belongs to row 2p + l / 8 (scales) or 2p + l / 16 (words).
-    let lane = _mm512_srli_epi32::<3>(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    let at: [__m512i; P] = std::array::from_fn(|p| _mm512_add_epi32(_mm512_set1_epi32(2 * (p0 + p) as i32), lane));
+    let at: [__m512i; P] = std::array::from_fn(|p| pair_lanes(p0 + p));
     let mut total = [[_mm512_setzero_ps(); P]; T];
     for g in 0..w.groups() {
         let (j0, j1) = (g * group / RUN, ((g + 1) * group).min(k) / RUN);
-        // SAFETY: 16 scales; 16 zero points widened to 32-bit lanes.
-        let (s16, z16) = unsafe {
-            (_mm512_loadu_ps(w.group_scales(rg, g).as_ptr()), _mm512_cvtepi8_epi32(_mm_loadu_si128(w.group_zeros(rg, g).as_ptr().cast())))
-        };
-        // The table index of code n is n + 8 - z (1..=31), table word i being bf16(i - 16);
-        // pair p's bias per word spreads 32-bit lanes 2p, 2p + 1 of `bias16` over the halves.
-        let bias16 = _mm512_sub_epi32(_mm512_set1_epi32(8), z16);
-        let bias: [__m512i; P] = std::array::from_fn(|p| {
-            let b = _mm512_permutexvar_epi32(at[p], bias16);
-            _mm512_or_si512(b, _mm512_slli_epi32::<16>(b))
-        });
+        let (scales, bias) = group_params::<P>(w, rg, g, &at);
         let mut acc = [[_mm512_setzero_ps(); P]; T];
         for j in j0..j1 {
             for p in 0..P {
@@ -140,22 +209,17 @@ unsafe fn pair_tokens<const P: usize, const T: usize>(w: &Int4Matrix, table: &__
                 }
                 // SAFETY: run j of rows 2(p0 + p), 2(p0 + p) + 1 of the group: 32 bytes inside
                 // the packed data.
-                let v = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(base.add(j * RUN_STRIDE + 32 * p).cast()) });
-                let lo = bh(_mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_and_si512(v, nib), bias[p]), *table));
-                let hi = bh(_mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_srli_epi16::<4>(v), bias[p]), *table));
+                let (lo, hi) = unsafe { decode_pair(base.add(j * RUN_STRIDE + 32 * p), bias[p], *table) };
                 for (t, a) in acc.iter_mut().enumerate() {
                     // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside x.
-                    let (xl, xh) = unsafe {
-                        let xa = xp.add((t0 + t) * k + j * RUN);
-                        (bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.cast()))), bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.add(16).cast()))))
-                    };
-                    a[p] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[p], lo, xl), hi, xh);
+                    let (xl, xh) = unsafe { tokens_run(xp.add((t0 + t) * k + j * RUN)) };
+                    a[p] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[p], bh(lo), xl), bh(hi), xh);
                 }
             }
         }
         for (tot, a) in total.iter_mut().zip(&acc) {
             for p in 0..P {
-                tot[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(at[p], s16), a[p], tot[p]);
+                tot[p] = _mm512_fmadd_ps(scales[p], a[p], tot[p]);
             }
         }
     }

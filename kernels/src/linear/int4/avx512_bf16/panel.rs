@@ -1,0 +1,119 @@
+//! W4A16 prefill: each row group is decoded once into a panel of `bf16(q - z)` words (the
+//! vectors the inline kernel builds per run and pair), then register tiles of four row pairs
+//! by up to four tokens multiply the panel with the activations, so each decoded run serves
+//! every token of the call and each activation load serves four pairs.
+//!
+//! Per `(row, token)` the operations are the inline kernel's ([`super`]): the same words
+//! against the same activation halves by `vdpbf16ps` into eight lanes in column order, one
+//! `fma(s[g], acc, total)` per group and [`super::hsum`]'s tree at the end, so the results
+//! are bit-identical to it whatever the batch.
+
+use super::{bh, decode_pair, group_params, pair_lanes, store_pairs, tokens_run, PAIRS};
+use crate::linear::int4::{Int4Matrix, ROW_GROUP, RUN, RUN_STRIDE};
+use std::arch::x86_64::*;
+
+/// Row pairs a tile takes (out of a row group's eight).
+const TILE_PAIRS: usize = 4;
+
+/// W4A16 rows `r0..r1` for `m` tokens, as [`super::int4_bf16`] computes them.
+///
+/// # Safety
+/// As [`super::int4_bf16`]; `table` is its word table.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(super) unsafe fn int4_bf16_panel(w: &Int4Matrix, table: &__m512i, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
+    let mut panel = Panel {
+        words: vec![_mm512_setzero_si512(); w.cols() / RUN * 2 * PAIRS],
+        scales: vec![_mm512_setzero_ps(); w.groups() * PAIRS],
+    };
+    for rg in r0 / ROW_GROUP..(r1 - 1) / ROW_GROUP + 1 {
+        panel.decode(w, table, rg);
+        let mut t0 = 0;
+        while t0 < m {
+            // SAFETY: forwarded contract; tokens t0.. exist.
+            t0 += unsafe {
+                match m - t0 {
+                    1 => panel.tile::<1>(w, rg, xb, t0, r0, r1, m, out),
+                    2 => panel.tile::<2>(w, rg, xb, t0, r0, r1, m, out),
+                    3 => panel.tile::<3>(w, rg, xb, t0, r0, r1, m, out),
+                    _ => panel.tile::<4>(w, rg, xb, t0, r0, r1, m, out),
+                }
+            };
+        }
+    }
+}
+
+/// One row group decoded: per run `j` and pair `p`, the low and high nibbles' words at
+/// `words[(j * PAIRS + p) * 2..][..2]`; per group `g` and pair `p`, the scales of the pair's
+/// lanes at `scales[g * PAIRS + p]`.
+struct Panel {
+    words: Vec<__m512i>,
+    scales: Vec<__m512>,
+}
+
+impl Panel {
+    /// Decodes row group `rg`.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
+    fn decode(&mut self, w: &Int4Matrix, table: &__m512i, rg: usize) {
+        let (k, group) = (w.cols(), w.group().min(w.cols()));
+        let base = w.row_ptr(rg * ROW_GROUP);
+        let mut at = [_mm512_setzero_si512(); PAIRS];
+        for (p, a) in at.iter_mut().enumerate() {
+            *a = pair_lanes(p);
+        }
+        for g in 0..w.groups() {
+            let (scales, bias) = group_params::<PAIRS>(w, rg, g, &at);
+            self.scales[g * PAIRS..(g + 1) * PAIRS].copy_from_slice(&scales);
+            for j in g * group / RUN..((g + 1) * group).min(k) / RUN {
+                for (p, b) in bias.iter().enumerate() {
+                    // SAFETY: run j of the group's pair p: 32 bytes inside the packed data.
+                    let (lo, hi) = unsafe { decode_pair(base.add(j * RUN_STRIDE + 32 * p), *b, *table) };
+                    self.words[(j * PAIRS + p) * 2] = lo;
+                    self.words[(j * PAIRS + p) * 2 + 1] = hi;
+                }
+            }
+        }
+    }
+
+    /// Tokens `t0..t0 + T` against the decoded row group `rg`, results into `out` for the rows
+    /// in `r0..r1`; returns `T`.
+    ///
+    /// # Safety
+    /// As [`super::int4_bf16`], with tokens `t0..t0 + T` present.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
+    #[allow(clippy::too_many_arguments)] // the decoded group, its place and the token block
+    #[allow(clippy::needless_range_loop)] // `p` and `t` address two arrays each
+    unsafe fn tile<const T: usize>(&self, w: &Int4Matrix, rg: usize, xb: &[u16], t0: usize, r0: usize, r1: usize, m: usize, out: &mut [f32]) -> usize {
+        let (k, group) = (w.cols(), w.group().min(w.cols()));
+        let xp = xb.as_ptr();
+        for p0 in (0..PAIRS).step_by(TILE_PAIRS) {
+            let mut total = [[_mm512_setzero_ps(); TILE_PAIRS]; T];
+            for g in 0..w.groups() {
+                let mut acc = [[_mm512_setzero_ps(); TILE_PAIRS]; T];
+                for j in g * group / RUN..((g + 1) * group).min(k) / RUN {
+                    let mut x = [(bh(_mm512_setzero_si512()), bh(_mm512_setzero_si512())); T];
+                    for t in 0..T {
+                        // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside xb.
+                        x[t] = unsafe { tokens_run(xp.add((t0 + t) * k + j * RUN)) };
+                    }
+                    let wj = &self.words[(j * PAIRS + p0) * 2..(j * PAIRS + p0 + TILE_PAIRS) * 2];
+                    for p in 0..TILE_PAIRS {
+                        let (lo, hi) = (bh(wj[2 * p]), bh(wj[2 * p + 1]));
+                        for t in 0..T {
+                            acc[t][p] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[t][p], lo, x[t].0), hi, x[t].1);
+                        }
+                    }
+                }
+                let s = &self.scales[g * PAIRS + p0..g * PAIRS + p0 + TILE_PAIRS];
+                for t in 0..T {
+                    for p in 0..TILE_PAIRS {
+                        total[t][p] = _mm512_fmadd_ps(s[p], acc[t][p], total[t][p]);
+                    }
+                }
+            }
+            for (tt, pairs) in total.iter().enumerate() {
+                store_pairs(pairs, rg * ROW_GROUP + 2 * p0, t0 + tt, r0, r1, m, out);
+            }
+        }
+        T
+    }
+}
