@@ -12,6 +12,11 @@
 //! contiguous: while the tokens pass over a group, its weights (18 records, 2.9 KiB of Q4_1
 //! at 576 columns) stay in L1. The repacked matrix has the same size as the GGML rows.
 //!
+//! The record kernels prefetch each group's stream 4 KiB ahead of their loads on the first
+//! token tile of a token block (the one that streams the weights from memory): a decode step
+//! reads every weight once, and the hardware prefetcher alone left the 1B models' decode
+//! 13-22% slower (docs/benchmarks/kquants.md).
+//!
 //! Numerics, per (row, token), block by block in order: `acc = fma(isum as f32, d_w * d_a, acc)`,
 //! then for Q4_1 / Q5_1 `acc = fma(m_w, s_a, acc)`, with `isum` the exact integer dot product
 //! (of the codes less 8 for Q4_0, 16 for Q5_0). The
@@ -377,32 +382,34 @@ mod avx2 {
         const GROUPS: usize;
 
         /// 4-bit records (Q4_1 when `MIN`, else Q4_0), or 5-bit ones when `HIGH` (Q5_1, Q5_0),
-        /// against T tokens; `dst` gets T rows of `8 * GROUPS` outputs at stride `width`.
+        /// against T tokens; `dst` gets T rows of `8 * GROUPS` outputs at stride `width`. With
+        /// `ahead`, each record read also prefetches its group's stream further on
+        /// ([`prefetch_ahead`]).
         ///
         /// # Safety
         /// The level's CPU features are present; `recs` holds `GROUPS` groups' whole records
         /// of the type and `a` holds T rows of as many blocks as a group has records.
-        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool);
 
         /// Q8_0 records against T tokens, as [`Records::q4`].
         ///
         /// # Safety
         /// As [`Records::q4`].
-        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool);
 
         /// Q4_K records (Q5_K when `HIGH`; one super-block of `8 * GROUPS` rows each) against T
         /// tokens, as [`Records::q4`]; `a` holds eight blocks per super-block per token.
         ///
         /// # Safety
         /// As [`Records::q4`].
-        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool);
 
         /// Q6_K, Q3_K or Q2_K records (`KIND` names the [`Halves`] kind) against T tokens, as
         /// [`Records::q4k`].
         ///
         /// # Safety
         /// As [`Records::q4`].
-        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize);
+        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool);
     }
 
     /// Calls `<$k>::$f::<n, ...>` for `n` tokens (1..=8), with const arguments `$c` after `n`.
@@ -473,16 +480,31 @@ mod avx2 {
                     // SAFETY: forwarded contract; `a` holds n token rows of nb blocks and `dst` n
                     // output rows of stride `width` with k * GROUP columns each.
                     unsafe {
+                        // The first tokens of a block stream the weights; the others find them cached.
+                        let ahead = t0 == tb;
                         if k == K::GROUPS {
-                            tile!(K, w.ty, n, recs, a, dst, width)
+                            tile!(K, w.ty, n, recs, a, dst, width, ahead)
                         } else {
-                            tile!(Avx2, w.ty, n, recs, a, dst, width)
+                            tile!(Avx2, w.ty, n, recs, a, dst, width, ahead)
                         }
                     }
                     t0 += n;
                 }
                 g += k;
             }
+        }
+    }
+
+    /// How far ahead (bytes) of a group's record stream the kernels prefetch it.
+    const PREFETCH: usize = 4096;
+
+    /// Prefetches the bytes [`PREFETCH`] past each 64 bytes of `rec` (a record the kernel is
+    /// about to read; the records ahead of it in its group's stream are read next).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) fn prefetch_ahead(rec: &[u8]) {
+        for off in (0..rec.len()).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(rec.as_ptr().wrapping_add(off + PREFETCH).cast());
         }
     }
 
@@ -599,7 +621,7 @@ mod avx2 {
         const GROUPS: usize = 1;
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             let codes = if MIN { 32 } else { 16 };
             let rb = codes + 128 + if HIGH { 32 } else { 0 };
             let nb = recs.len() / rb;
@@ -609,6 +631,9 @@ mod avx2 {
             let mut acc = [_mm256_setzero_ps(); T];
             for b in 0..nb {
                 let rec = &recs[b * rb..(b + 1) * rb];
+                if ahead {
+                    prefetch_ahead(rec);
+                }
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x8(rec.as_ptr()) };
                 let m = if MIN { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
@@ -645,13 +670,16 @@ mod avx2 {
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             const RB: usize = 16 + 32 * GROUP;
             let nb = recs.len() / RB;
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); T];
             for b in 0..nb {
                 let rec = &recs[b * RB..(b + 1) * RB];
+                if ahead {
+                    prefetch_ahead(rec);
+                }
                 // SAFETY: a record starts with 16 bytes of scales.
                 let d = unsafe { f16x8(rec.as_ptr()) };
                 let mut w = [_mm256_setzero_si256(); 8];
@@ -677,7 +705,7 @@ mod avx2 {
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
             let nsb = recs.len() / rb;
             let nb = nsb * SUBS;
@@ -686,6 +714,9 @@ mod avx2 {
             let mut acc = [_mm256_setzero_ps(); T];
             for sb in 0..nsb {
                 let rec = &recs[sb * rb..(sb + 1) * rb];
+                if ahead {
+                    prefetch_ahead(rec);
+                }
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x8(rec.as_ptr()), f16x8(rec.as_ptr().add(16))) };
                 for s in 0..SUBS {
@@ -722,7 +753,7 @@ mod avx2 {
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             let kind = Halves::of(KIND);
             let rb = kind.record();
             let nsb = recs.len() / rb;
@@ -730,6 +761,9 @@ mod avx2 {
             let mut acc = [_mm256_setzero_ps(); T];
             for sb in 0..nsb {
                 let rec = &recs[sb * rb..(sb + 1) * rb];
+                if ahead {
+                    prefetch_ahead(rec);
+                }
                 // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
                 let d = unsafe { f16x8(rec.as_ptr()) };
                 let dmin = if kind.has_min() { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
@@ -829,7 +863,7 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::avx2::{Records, SUBS};
+    use super::avx2::{prefetch_ahead, Records, SUBS};
     use super::{kquant, Halves, GROUP};
     use crate::ggml::act_quant::Q8Block;
     use std::arch::x86_64::*;
@@ -954,7 +988,7 @@ mod avx512 {
         /// activation dword `i` broadcast to all lanes, so no `vpermd` and no folding of
         /// halves, and the epilogue runs on sixteen rows at once.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             let codes = if MIN { 32 } else { 16 };
             let rb = codes + 128 + if HIGH { 32 } else { 0 };
             let nb = recs.len() / (2 * rb);
@@ -963,6 +997,10 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); T];
             for b in 0..nb {
                 let (r0, r1) = (&recs[b * rb..(b + 1) * rb], &recs[(nb + b) * rb..(nb + b + 1) * rb]);
+                if ahead {
+                    prefetch_ahead(r0);
+                    prefetch_ahead(r1);
+                }
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
                 let m = if MIN { unsafe { f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16)) } } else { _mm512_setzero_ps() };
@@ -996,13 +1034,17 @@ mod avx512 {
         /// codes are stored signed, so they go in biased by 128 (xor 0x80) and 128 * Σa comes
         /// off the sum.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             const RB: usize = 16 + 32 * GROUP;
             let nb = recs.len() / (2 * RB);
             let bias = _mm512_set1_epi8(-128);
             let mut acc = [_mm512_setzero_ps(); T];
             for b in 0..nb {
                 let (r0, r1) = (&recs[b * RB..(b + 1) * RB], &recs[(nb + b) * RB..(nb + b + 1) * RB]);
+                if ahead {
+                    prefetch_ahead(r0);
+                    prefetch_ahead(r1);
+                }
                 // SAFETY: a record starts with 16 bytes of scales.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
                 let w: [__m512i; 8] = std::array::from_fn(|i| _mm512_xor_si512(join(r0, r1, 16 + 32 * i), bias));
@@ -1022,7 +1064,7 @@ mod avx512 {
         /// code chunks of both groups (low nibbles: the first sub-block, high: the second) are
         /// loaded once, with the pair's scales and mins; the fifth bits per sub-block.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
             let nsb = recs.len() / (2 * rb);
             let nb = nsb * SUBS;
@@ -1030,6 +1072,10 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); T];
             for sb in 0..nsb {
                 let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
+                if ahead {
+                    prefetch_ahead(r0);
+                    prefetch_ahead(r1);
+                }
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x16(r0.as_ptr(), r1.as_ptr()), f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16))) };
                 for p in 0..SUBS / 2 {
@@ -1066,7 +1112,7 @@ mod avx512 {
         /// Q6_K, Q3_K or Q2_K over two groups: unsigned codes into `vpdpbusd`, each 16-value
         /// half's sum less its offset times the activation sum, times the half's scale.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize) {
+        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             let kind = Halves::of(KIND);
             let rb = kind.record();
             let nsb = recs.len() / (2 * rb);
@@ -1074,6 +1120,10 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); T];
             for sb in 0..nsb {
                 let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
+                if ahead {
+                    prefetch_ahead(r0);
+                    prefetch_ahead(r1);
+                }
                 // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
                 let dmin = if kind.has_min() { unsafe { f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16)) } } else { _mm512_setzero_ps() };
