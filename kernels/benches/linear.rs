@@ -4,7 +4,9 @@
 //! Then the integer GEMV of every interleaved GGUF type on 8192x2048 matrices (a 1B model's
 //! FFN gate/up), cycling over enough of them (> 64 MiB) that the weights stream from DRAM as
 //! in decode: throughput in bytes of weights per second; the checkpoint int4 formats (W4A16,
-//! W4A8) on the same shape beside them. Last, the roofline those figures are
+//! W4A8) on the same shape beside them. Then prefill-shaped calls: 128 tokens through one
+//! 2048x2048 matrix per type and scheme, in multiply-adds per second (bound by arithmetic;
+//! the matrix fits the last-level cache, not L2). Last, the roofline those figures are
 //! read against: summing a 512 MiB buffer on the kernel thread pool (every core reading), in
 //! bytes per second.
 //! Run: `cargo bench -p tessera-kernels --bench linear`.
@@ -110,8 +112,8 @@ fn random_int4(r: &mut ChaCha8Rng, rows: usize, cols: usize, group: usize, zeros
     Int4Matrix::new(rows, cols, group, &q, s, z).unwrap()
 }
 
-/// Prefill-shaped calls: 128 tokens through one 2048x2048 matrix (which stays in cache: prefill
-/// is bound by arithmetic), per GGUF type and checkpoint int4 scheme; throughput in
+/// Prefill-shaped calls: 128 tokens through one 2048x2048 matrix (in the last-level cache;
+/// prefill is bound by arithmetic), per GGUF type and checkpoint int4 scheme; throughput in
 /// multiply-adds.
 fn prefill(c: &mut Criterion) {
     let (rows, cols, m) = (2048, 2048, 128);

@@ -307,6 +307,7 @@ fn batching_never_changes_results() {
         (Scheme::W4A16Bf16 { group: 128, asym: false }, 45, 320),
         (Scheme::W4A16Bf16 { group: 32, asym: true }, 64, 1536),
         (Scheme::W4A16Bf16 { group: 640, asym: true }, 21, 1536),
+        (Scheme::W4A16Bf16 { group: 1536, asym: true }, 64, 1536),
         (Scheme::W4A8 { group: 128, asym: true }, 37, 576),
         (Scheme::W4A8 { group: 128, asym: false }, 45, 320),
         (Scheme::W4A8 { group: 640, asym: true }, 21, 1536),

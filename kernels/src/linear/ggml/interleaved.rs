@@ -12,10 +12,11 @@
 //! contiguous: while the tokens pass over a group, its weights (18 records, 2.9 KiB of Q4_1
 //! at 576 columns) stay in L1. The repacked matrix has the same size as the GGML rows.
 //!
-//! The record kernels prefetch each group's stream 4 KiB ahead of their loads on the first
-//! token tile of a token block (the one that streams the weights from memory): a decode step
-//! reads every weight once, and the hardware prefetcher alone left the 1B models' decode
-//! 13-22% slower (docs/benchmarks/kquants.md).
+//! The record kernels prefetch the bytes each of their record streams reads 4 KiB later
+//! (`avx2::ahead_distance`), on the first token tile of a token block (the one that streams
+//! the weights from memory): a decode step reads every weight once, and on one Intel Xeon host
+//! the prefetch made the 1B models' decode 1.13-1.22x faster than the hardware prefetcher alone
+//! (docs/benchmarks/kquants.md).
 //!
 //! Numerics, per (row, token), block by block in order: `acc = fma(isum as f32, d_w * d_a, acc)`,
 //! then for Q4_1 / Q5_1 `acc = fma(m_w, s_a, acc)`, with `isum` the exact integer dot product
@@ -383,7 +384,7 @@ mod avx2 {
 
         /// 4-bit records (Q4_1 when `MIN`, else Q4_0), or 5-bit ones when `HIGH` (Q5_1, Q5_0),
         /// against T tokens; `dst` gets T rows of `8 * GROUPS` outputs at stride `width`. With
-        /// `ahead`, each record read also prefetches its group's stream further on
+        /// `ahead`, each record read also prefetches what its stream reads next
         /// ([`prefetch_ahead`]).
         ///
         /// # Safety
@@ -498,13 +499,26 @@ mod avx2 {
     /// How far ahead (bytes) of a group's record stream the kernels prefetch it.
     const PREFETCH: usize = 4096;
 
-    /// Prefetches the bytes [`PREFETCH`] past each 64 bytes of `rec` (a record the kernel is
-    /// about to read; the records ahead of it in its group's stream are read next).
+    /// Prefetches the bytes `distance` past each 64 bytes of `rec` (a record the kernel is
+    /// about to read; see [`ahead_distance`]). Only hints: nothing is read.
     #[target_feature(enable = "avx2")]
     #[inline]
-    pub(super) fn prefetch_ahead(rec: &[u8]) {
+    pub(super) fn prefetch_ahead(rec: &[u8], distance: usize) {
         for off in (0..rec.len()).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(rec.as_ptr().wrapping_add(off + PREFETCH).cast());
+            _mm_prefetch::<_MM_HINT_T0>(rec.as_ptr().wrapping_add(off + distance).cast());
+        }
+    }
+
+    /// How far past a record at byte `at` of its group (`stream` bytes of records per group)
+    /// lie the bytes its stream reads [`PREFETCH`] bytes later, when a call reads `groups`
+    /// adjacent groups side by side: in the same group, or past its end in the group `groups`
+    /// further on (which the same stream of the next call reads), skipping the groups between.
+    #[inline]
+    pub(super) fn ahead_distance(at: usize, stream: usize, groups: usize) -> usize {
+        if at + PREFETCH >= stream {
+            PREFETCH + (groups - 1) * stream
+        } else {
+            PREFETCH
         }
     }
 
@@ -632,7 +646,7 @@ mod avx2 {
             for b in 0..nb {
                 let rec = &recs[b * rb..(b + 1) * rb];
                 if ahead {
-                    prefetch_ahead(rec);
+                    prefetch_ahead(rec, PREFETCH);
                 }
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x8(rec.as_ptr()) };
@@ -678,7 +692,7 @@ mod avx2 {
             for b in 0..nb {
                 let rec = &recs[b * RB..(b + 1) * RB];
                 if ahead {
-                    prefetch_ahead(rec);
+                    prefetch_ahead(rec, PREFETCH);
                 }
                 // SAFETY: a record starts with 16 bytes of scales.
                 let d = unsafe { f16x8(rec.as_ptr()) };
@@ -715,7 +729,7 @@ mod avx2 {
             for sb in 0..nsb {
                 let rec = &recs[sb * rb..(sb + 1) * rb];
                 if ahead {
-                    prefetch_ahead(rec);
+                    prefetch_ahead(rec, PREFETCH);
                 }
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x8(rec.as_ptr()), f16x8(rec.as_ptr().add(16))) };
@@ -762,7 +776,7 @@ mod avx2 {
             for sb in 0..nsb {
                 let rec = &recs[sb * rb..(sb + 1) * rb];
                 if ahead {
-                    prefetch_ahead(rec);
+                    prefetch_ahead(rec, PREFETCH);
                 }
                 // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
                 let d = unsafe { f16x8(rec.as_ptr()) };
@@ -863,7 +877,7 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::avx2::{prefetch_ahead, Records, SUBS};
+    use super::avx2::{ahead_distance, prefetch_ahead, Records, SUBS};
     use super::{kquant, Halves, GROUP};
     use crate::ggml::act_quant::Q8Block;
     use std::arch::x86_64::*;
@@ -998,8 +1012,9 @@ mod avx512 {
             for b in 0..nb {
                 let (r0, r1) = (&recs[b * rb..(b + 1) * rb], &recs[(nb + b) * rb..(nb + b + 1) * rb]);
                 if ahead {
-                    prefetch_ahead(r0);
-                    prefetch_ahead(r1);
+                    let distance = ahead_distance(b * rb, nb * rb, Self::GROUPS);
+                    prefetch_ahead(r0, distance);
+                    prefetch_ahead(r1, distance);
                 }
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
@@ -1042,8 +1057,9 @@ mod avx512 {
             for b in 0..nb {
                 let (r0, r1) = (&recs[b * RB..(b + 1) * RB], &recs[(nb + b) * RB..(nb + b + 1) * RB]);
                 if ahead {
-                    prefetch_ahead(r0);
-                    prefetch_ahead(r1);
+                    let distance = ahead_distance(b * RB, nb * RB, Self::GROUPS);
+                    prefetch_ahead(r0, distance);
+                    prefetch_ahead(r1, distance);
                 }
                 // SAFETY: a record starts with 16 bytes of scales.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
@@ -1073,8 +1089,9 @@ mod avx512 {
             for sb in 0..nsb {
                 let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
                 if ahead {
-                    prefetch_ahead(r0);
-                    prefetch_ahead(r1);
+                    let distance = ahead_distance(sb * rb, nsb * rb, Self::GROUPS);
+                    prefetch_ahead(r0, distance);
+                    prefetch_ahead(r1, distance);
                 }
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x16(r0.as_ptr(), r1.as_ptr()), f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16))) };
@@ -1121,8 +1138,9 @@ mod avx512 {
             for sb in 0..nsb {
                 let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
                 if ahead {
-                    prefetch_ahead(r0);
-                    prefetch_ahead(r1);
+                    let distance = ahead_distance(sb * rb, nsb * rb, Self::GROUPS);
+                    prefetch_ahead(r0, distance);
+                    prefetch_ahead(r1, distance);
                 }
                 // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };

@@ -37,9 +37,10 @@ const PREFETCH: usize = 4096;
 const PANEL_MIN_TOKENS: usize = 16;
 
 /// W4A16 rows `r0..r1` for `m` tokens of bf16 activations `xb` (bit patterns, `m × cols`)
-/// into `out[(r - r0) * m + i]`. A pass takes `P` row pairs and `T` tokens, `P · T = 8`
-/// (sixteen accumulators with their totals): eight pairs for one token at decode, one pair
-/// for eight tokens in prefill, where each decoded run then serves eight tokens.
+/// into `out[(r - r0) * m + i]`. Below [`PANEL_MIN_TOKENS`] tokens a pass takes `P` row pairs
+/// and `T` tokens, `P · T = 8` (sixteen accumulators with their totals): eight pairs for one
+/// token at decode, one pair for eight tokens from eight, where each decoded run serves eight
+/// tokens; from [`PANEL_MIN_TOKENS`] the row group is decoded once for every token ([`panel`]).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/BF16 available ([`crate::cpu::caps::bf16_dot_available`]);

@@ -26,7 +26,8 @@ pub(super) unsafe fn int4_bf16_panel(w: &Int4Matrix, table: &__m512i, r0: usize,
         scales: vec![_mm512_setzero_ps(); w.groups() * PAIRS],
     };
     for rg in r0 / ROW_GROUP..(r1 - 1) / ROW_GROUP + 1 {
-        panel.decode(w, table, rg);
+        // SAFETY: rg is a row group of w (r1 <= w.rows()).
+        unsafe { panel.decode(w, table, rg) };
         let mut t0 = 0;
         while t0 < m {
             // SAFETY: forwarded contract; tokens t0.. exist.
@@ -52,8 +53,12 @@ struct Panel {
 
 impl Panel {
     /// Decodes row group `rg`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/BF16 available; `rg` is a row group of `w` (its packed runs are read
+    /// unchecked).
     #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
-    fn decode(&mut self, w: &Int4Matrix, table: &__m512i, rg: usize) {
+    unsafe fn decode(&mut self, w: &Int4Matrix, table: &__m512i, rg: usize) {
         let (k, group) = (w.cols(), w.group().min(w.cols()));
         let base = w.row_ptr(rg * ROW_GROUP);
         let mut at = [_mm512_setzero_si512(); PAIRS];
