@@ -889,6 +889,16 @@ mod avx512 {
     /// the epilogue does the same operations per lane, so the bits are the same.
     pub(super) struct Vnni;
 
+    /// [`prefetch_ahead`] for the two records `r0`, `r1` a call reads side by side, each at
+    /// byte `at` of its group's `stream` bytes ([`ahead_distance`]).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn prefetch_pair(r0: &[u8], r1: &[u8], at: usize, stream: usize) {
+        let distance = ahead_distance(at, stream, 2);
+        prefetch_ahead(r0, distance);
+        prefetch_ahead(r1, distance);
+    }
+
     /// Sixteen f16 values, eight at `p0` and eight at `p1`, as f32.
     ///
     /// # Safety
@@ -1012,9 +1022,7 @@ mod avx512 {
             for b in 0..nb {
                 let (r0, r1) = (&recs[b * rb..(b + 1) * rb], &recs[(nb + b) * rb..(nb + b + 1) * rb]);
                 if ahead {
-                    let distance = ahead_distance(b * rb, nb * rb, Self::GROUPS);
-                    prefetch_ahead(r0, distance);
-                    prefetch_ahead(r1, distance);
+                    prefetch_pair(r0, r1, b * rb, nb * rb);
                 }
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
@@ -1057,9 +1065,7 @@ mod avx512 {
             for b in 0..nb {
                 let (r0, r1) = (&recs[b * RB..(b + 1) * RB], &recs[(nb + b) * RB..(nb + b + 1) * RB]);
                 if ahead {
-                    let distance = ahead_distance(b * RB, nb * RB, Self::GROUPS);
-                    prefetch_ahead(r0, distance);
-                    prefetch_ahead(r1, distance);
+                    prefetch_pair(r0, r1, b * RB, nb * RB);
                 }
                 // SAFETY: a record starts with 16 bytes of scales.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
@@ -1089,9 +1095,7 @@ mod avx512 {
             for sb in 0..nsb {
                 let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
                 if ahead {
-                    let distance = ahead_distance(sb * rb, nsb * rb, Self::GROUPS);
-                    prefetch_ahead(r0, distance);
-                    prefetch_ahead(r1, distance);
+                    prefetch_pair(r0, r1, sb * rb, nsb * rb);
                 }
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x16(r0.as_ptr(), r1.as_ptr()), f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16))) };
@@ -1138,9 +1142,7 @@ mod avx512 {
             for sb in 0..nsb {
                 let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
                 if ahead {
-                    let distance = ahead_distance(sb * rb, nsb * rb, Self::GROUPS);
-                    prefetch_ahead(r0, distance);
-                    prefetch_ahead(r1, distance);
+                    prefetch_pair(r0, r1, sb * rb, nsb * rb);
                 }
                 // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };

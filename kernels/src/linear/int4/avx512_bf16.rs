@@ -103,6 +103,12 @@ unsafe fn passes<const P: usize, const T: usize>(
     T
 }
 
+/// The 32-column runs of scale group `g` (the last group may be short).
+fn group_runs(w: &Int4Matrix, g: usize) -> std::ops::Range<usize> {
+    let group = w.group().min(w.cols());
+    g * group / RUN..((g + 1) * group).min(w.cols()) / RUN
+}
+
 /// The 32-word table whose word `i` is `bf16(i - 16)`.
 #[target_feature(enable = "avx512f")]
 fn word_table() -> __m512i {
@@ -194,16 +200,15 @@ fn store_pairs(pairs: &[__m512], row0: usize, t: usize, r0: usize, r1: usize, m:
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
 #[allow(clippy::needless_range_loop)] // `p` also addresses the packed rows
 unsafe fn pair_tokens<const P: usize, const T: usize>(w: &Int4Matrix, table: &__m512i, rg: usize, p0: usize, x: &[u16], t0: usize) -> [[__m512; P]; T] {
-    let (k, group) = (w.cols(), w.group().min(w.cols()));
+    let k = w.cols();
     let base = w.row_ptr(rg * ROW_GROUP).wrapping_add(32 * p0);
     let xp = x.as_ptr();
     let at: [__m512i; P] = std::array::from_fn(|p| pair_lanes(p0 + p));
     let mut total = [[_mm512_setzero_ps(); P]; T];
     for g in 0..w.groups() {
-        let (j0, j1) = (g * group / RUN, ((g + 1) * group).min(k) / RUN);
         let (scales, bias) = group_params::<P>(w, rg, g, &at);
         let mut acc = [[_mm512_setzero_ps(); P]; T];
-        for j in j0..j1 {
+        for j in group_runs(w, g) {
             for p in 0..P {
                 if p % 2 == 0 {
                     _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(j * RUN_STRIDE + 32 * p + PREFETCH).cast());

@@ -8,7 +8,7 @@
 //! `fma(s[g], acc, total)` per group and [`super::hsum`]'s tree at the end, so the results
 //! are bit-identical to it whatever the batch.
 
-use super::{bh, decode_pair, group_params, pair_lanes, store_pairs, tokens_run, PAIRS};
+use super::{bh, decode_pair, group_params, group_runs, pair_lanes, store_pairs, tokens_run, PAIRS};
 use crate::linear::int4::{Int4Matrix, ROW_GROUP, RUN, RUN_STRIDE};
 use std::arch::x86_64::*;
 
@@ -59,7 +59,6 @@ impl Panel {
     /// unchecked).
     #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
     unsafe fn decode(&mut self, w: &Int4Matrix, table: &__m512i, rg: usize) {
-        let (k, group) = (w.cols(), w.group().min(w.cols()));
         let base = w.row_ptr(rg * ROW_GROUP);
         let mut at = [_mm512_setzero_si512(); PAIRS];
         for (p, a) in at.iter_mut().enumerate() {
@@ -68,7 +67,7 @@ impl Panel {
         for g in 0..w.groups() {
             let (scales, bias) = group_params::<PAIRS>(w, rg, g, &at);
             self.scales[g * PAIRS..(g + 1) * PAIRS].copy_from_slice(&scales);
-            for j in g * group / RUN..((g + 1) * group).min(k) / RUN {
+            for j in group_runs(w, g) {
                 for (p, b) in bias.iter().enumerate() {
                     // SAFETY: run j of the group's pair p: 32 bytes inside the packed data.
                     let (lo, hi) = unsafe { decode_pair(base.add(j * RUN_STRIDE + 32 * p), *b, *table) };
@@ -88,13 +87,13 @@ impl Panel {
     #[allow(clippy::too_many_arguments)] // the decoded group, its place and the token block
     #[allow(clippy::needless_range_loop)] // `p` and `t` address two arrays each
     unsafe fn tile<const T: usize>(&self, w: &Int4Matrix, rg: usize, xb: &[u16], t0: usize, r0: usize, r1: usize, m: usize, out: &mut [f32]) -> usize {
-        let (k, group) = (w.cols(), w.group().min(w.cols()));
+        let k = w.cols();
         let xp = xb.as_ptr();
         for p0 in (0..PAIRS).step_by(TILE_PAIRS) {
             let mut total = [[_mm512_setzero_ps(); TILE_PAIRS]; T];
             for g in 0..w.groups() {
                 let mut acc = [[_mm512_setzero_ps(); TILE_PAIRS]; T];
-                for j in g * group / RUN..((g + 1) * group).min(k) / RUN {
+                for j in group_runs(w, g) {
                     let mut x = [(bh(_mm512_setzero_si512()), bh(_mm512_setzero_si512())); T];
                     for t in 0..T {
                         // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside xb.
