@@ -284,7 +284,8 @@ fn w4a16_activation_paths_follow_the_policy() {
     let (w4a8_logits, _) = logits(&b, LinearPolicy::ALWAYS_DOT);
     assert!(plan_f[..210].iter().all(|e| e.activations == "f32" && e.note.is_none()), "{:?}", plan_f[0]);
     let bf16_dot = tessera_kernels::cpu::caps::bf16_dot_available();
-    let (act, kernel) = if bf16_dot { ("bf16", "cpu.w4a16.int4xbf16.avx512bf16") } else { ("f32", "cpu.w4a16.int4xf32") };
+    let bf16_kernel = format!("cpu.w4a16.int4xbf16.{}", tessera_kernels::cpu::Bf16Products::detect().name());
+    let (act, kernel) = if bf16_dot { ("bf16", bf16_kernel.as_str()) } else { ("f32", "cpu.w4a16.int4xf32") };
     assert!(plan_d[..210].iter().all(|e| e.activations == act && e.kernel.starts_with(kernel) && e.note.is_none()), "{:?}", plan_d[0]);
     if bf16_dot {
         // Measured 0.47 with logits up to 34.8 (1.4%), the worst of 64 x 49152 logits: bf16

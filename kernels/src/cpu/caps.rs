@@ -102,6 +102,60 @@ pub fn bf16_dot_available() -> bool {
     false
 }
 
+/// How the AVX-512 BF16 W4A16 prefill panel forms its products of bf16 words. Both forms give
+/// the same f32 lanes in the same order and the same bits: the FMAs run with denormals flushed
+/// ([`crate::cpu::flush`]), as `vdpbf16ps` always computes. Decode (the inline kernel) always
+/// takes `vdpbf16ps`, which needs fewer instructions where the weights stream from memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bf16Products {
+    /// `vdpbf16ps`: two products per f32 lane per instruction.
+    Dot,
+    /// Two `vfmadd231ps` per `vdpbf16ps`, on the words widened to f32: the odd word of each
+    /// lane, then the even one (the order `vdpbf16ps` adds them in).
+    Fma,
+}
+
+impl Bf16Products {
+    /// Both forms.
+    pub const ALL: [Bf16Products; 2] = [Bf16Products::Dot, Bf16Products::Fma];
+
+    /// The faster form on this CPU, fixed per machine: [`Bf16Products::Fma`] on Intel cores,
+    /// which retire `vdpbf16ps` at a quarter of their FMA rate (one core of an Emerald Rapids
+    /// host: 1.29 G 512-bit `vdpbf16ps` against 5.2 G `vfmadd231ps` a second, so 41 against
+    /// 83 G products a second), [`Bf16Products::Dot`] elsewhere (AMD Zen 4 issues `vdpbf16ps`
+    /// at its FMA rate, with twice the products per instruction).
+    pub fn detect() -> Self {
+        static FORM: std::sync::OnceLock<Bf16Products> = std::sync::OnceLock::new();
+        *FORM.get_or_init(|| if cpu_vendor() == *b"GenuineIntel" { Bf16Products::Fma } else { Bf16Products::Dot })
+    }
+
+    /// Suffix of the W4A16 bf16 kernel id: `avx512bf16`, or `avx512bf16-fma` for the FMA
+    /// panel.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bf16Products::Dot => "avx512bf16",
+            Bf16Products::Fma => "avx512bf16-fma",
+        }
+    }
+}
+
+/// The CPU's vendor string (`cpuid` leaf 0), zeros off x86-64.
+fn cpu_vendor() -> [u8; 12] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[allow(unused_unsafe)] // `__cpuid` is safe in newer toolchains
+        // SAFETY: cpuid leaf 0 exists on every x86-64 CPU.
+        let r = unsafe { std::arch::x86_64::__cpuid(0) };
+        let mut v = [0u8; 12];
+        for (i, word) in [r.ebx, r.edx, r.ecx].into_iter().enumerate() {
+            v[4 * i..4 * i + 4].copy_from_slice(&word.to_le_bytes());
+        }
+        v
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    [0u8; 12]
+}
+
 /// An implementation level of the integer (int8-activation) dots: the GGUF integer GEMM and
 /// the W4A8 / W8A8 kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -4,10 +4,11 @@ pub mod affinity;
 pub mod caps;
 pub mod dot;
 pub mod exp;
+pub mod flush;
 pub mod pool;
 pub(crate) mod simd;
 
-pub use caps::{CpuCaps, GemmLevel, Isa};
+pub use caps::{Bf16Products, CpuCaps, GemmLevel, Isa};
 
 /// A raw output pointer shared by parallel tasks that each write a disjoint part of one buffer.
 /// Tasks reach the pointer through [`SyncPtr::get`], so closures capture the wrapper (which is

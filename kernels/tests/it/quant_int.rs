@@ -23,7 +23,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::GemmLevel;
-use tessera_kernels::cpu::Isa;
+use tessera_kernels::cpu::{Bf16Products, Isa};
 use tessera_kernels::cpu::caps::bf16_dot_available;
 use tessera_kernels::linear::act::{quantize_int8_row, quantize_int8_row_scalar, round_bf16_row, round_bf16_scalar};
 use tessera_kernels::linear::{ActQuant, Int4Matrix, Int8Matrix, Int8Rows, LinearOp, RowKernel, RowwiseLinear};
@@ -376,6 +376,54 @@ fn row_ranges_never_change_results() {
                         parts.extend(o);
                     }
                     assert_eq!(bits(&parts), bits(&whole), "{name} {isa:?} split {split:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Both forms of the W4A16 bf16 panel's products (`vdpbf16ps`, and two FMAs per `vdpbf16ps`
+/// on the widened words with denormals flushed) on one machine: with each, every token of `m`
+/// equals the token alone (the inline `vdpbf16ps` kernel below 16 tokens, the panel from 16,
+/// with every tile tail of both forms), and any row split gives the same bits. Activations are
+/// random normals, and also tiny (`±k·2^-130`, k in 16..=255: normal bf16 values whose
+/// partial sums are often subnormal, where `vdpbf16ps` flushes and an unflushed FMA would
+/// not). A form with another order, lane, nibble or flush fails here.
+#[test]
+fn bf16_product_forms_agree_bit_for_bit() {
+    if !bf16_dot_available() {
+        eprintln!("note: AVX-512 BF16 is not available on this CPU; the bf16 product forms were not tested");
+        return;
+    }
+    let mut r = rng(19);
+    for (rows, cols, group, asym) in [(37usize, 576usize, 128usize, true), (45, 320, 128, false), (64, 1536, 32, true), (21, 1536, 640, true), (64, 1536, 1536, true)] {
+        let w = int4(&mut r, rows, cols, group, asym);
+        let normal = to_bf16(&randn(&mut r, 40 * cols));
+        let tiny: Vec<u16> = (0..40 * cols)
+            .map(|_| {
+                let v = r.gen_range(16..=255) as f32 * 2f32.powi(-130) * if r.gen() { 1.0 } else { -1.0 };
+                (v.to_bits() >> 16) as u16
+            })
+            .collect();
+        for (name, x) in [("normal", &normal), ("tiny", &tiny)] {
+            for form in Bf16Products::ALL {
+                let one = |xb: &[u16], m: usize, r0: usize, r1: usize| {
+                    let mut o = vec![f32::NAN; (r1 - r0) * m];
+                    w.rows_bf16_in(form, Isa::Avx2, r0, r1, xb, m, &mut o);
+                    o
+                };
+                let alone: Vec<Vec<u32>> = x.chunks_exact(cols).map(|xi| bits(&one(xi, 1, 0, rows))).collect();
+                for m in [2usize, 3, 13, 16, 17, 18, 19, 20, 40] {
+                    let start = (m * 5) % (40 - m + 1);
+                    let xm = &x[start * cols..(start + m) * cols];
+                    let y = one(xm, m, 0, rows);
+                    for i in 0..m {
+                        let token: Vec<u32> = (0..rows).map(|row| y[row * m + i].to_bits()).collect();
+                        assert_eq!(token, alone[start + i], "{form:?} {name} {rows}x{cols} g{group}: token {} of m={m}", start + i);
+                    }
+                    let mut split = one(xm, m, 0, 5);
+                    split.extend(one(xm, m, 5, rows));
+                    assert_eq!(bits(&split), bits(&y), "{form:?} {name} {rows}x{cols} g{group} m={m}: rows split at 5");
                 }
             }
         }

@@ -17,12 +17,17 @@
 //!
 //! From [`PANEL_MIN_TOKENS`] tokens (prefill) the row group is decoded once into a panel and
 //! multiplied in register tiles ([`panel`]), with the same per-`(row, token)` operations.
+//!
+//! The panel can form each `vdpbf16ps`'s products as two FMAs on the words widened to f32
+//! instead ([`Bf16Products`]), in the same lanes and order with denormals flushed as
+//! `vdpbf16ps` flushes them, so bit for bit the same; this CPU's form is chosen for speed.
 
 #![cfg(target_arch = "x86_64")]
 
 mod panel;
 
 use crate::cpu::simd::hsum;
+use crate::cpu::Bf16Products;
 use super::{Int4Matrix, ROW_GROUP, RUN, RUN_STRIDE};
 use std::arch::x86_64::*;
 
@@ -37,7 +42,8 @@ const PREFETCH: usize = 4096;
 const PANEL_MIN_TOKENS: usize = 16;
 
 /// W4A16 rows `r0..r1` for `m` tokens of bf16 activations `xb` (bit patterns, `m × cols`)
-/// into `out[(r - r0) * m + i]`. Below [`PANEL_MIN_TOKENS`] tokens a pass takes `P` row pairs
+/// into `out[(r - r0) * m + i]`, the panel's products formed as `form` says (the same bits
+/// either way). Below [`PANEL_MIN_TOKENS`] tokens a pass takes `P` row pairs
 /// and `T` tokens, `P · T = 8` (sixteen accumulators with their totals): eight pairs for one
 /// token at decode, one pair for eight tokens from eight, where each decoded run serves eight
 /// tokens; from [`PANEL_MIN_TOKENS`] the row group is decoded once for every token ([`panel`]).
@@ -46,14 +52,14 @@ const PANEL_MIN_TOKENS: usize = 16;
 /// AVX-512 F/BW/VL/BF16 available ([`crate::cpu::caps::bf16_dot_available`]);
 /// `r0 <= r1 <= w.rows()`, `xb.len() == m * w.cols()`, `out.len() >= (r1 - r0) * m`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(crate) unsafe fn int4_bf16(w: &Int4Matrix, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
+pub(crate) unsafe fn int4_bf16(form: Bf16Products, w: &Int4Matrix, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
     if r0 == r1 {
         return;
     }
     let table = word_table();
     if m >= PANEL_MIN_TOKENS {
         // SAFETY: forwarded contract.
-        return unsafe { panel::int4_bf16_panel(w, &table, r0, r1, xb, m, out) };
+        return unsafe { panel::int4_bf16_panel(form, w, &table, r0, r1, xb, m, out) };
     }
     for rg in r0 / ROW_GROUP..(r1 - 1) / ROW_GROUP + 1 {
         let mut t0 = 0;
@@ -167,9 +173,34 @@ unsafe fn decode_pair(src: *const u8, bias: __m512i, table: __m512i) -> (__m512i
 /// `xa` points to 32 readable words.
 #[target_feature(enable = "avx2,avx512f")]
 #[inline]
-unsafe fn tokens_run(xa: *const u16) -> (__m512bh, __m512bh) {
+unsafe fn tokens_run(xa: *const u16) -> (__m512i, __m512i) {
     // SAFETY: caller's contract.
-    unsafe { (bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.cast()))), bh(_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.add(16).cast())))) }
+    unsafe { (_mm512_broadcast_i64x4(_mm256_loadu_si256(xa.cast())), _mm512_broadcast_i64x4(_mm256_loadu_si256(xa.add(16).cast()))) }
+}
+
+/// The 32 bf16 words of `v` as f32, the odd word of each 32-bit lane (its high half) and then
+/// the even one: the two operands an FMA form takes per `vdpbf16ps` operand.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn widen(v: __m512i) -> [__m512; 2] {
+    let odd = _mm512_and_si512(v, _mm512_set1_epi32(0xFFFF_0000_u32 as i32));
+    [_mm512_castsi512_ps(odd), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v))]
+}
+
+/// `acc` plus a run's products, the word vectors `lo` and `hi` against a token's activation
+/// halves `xl` and `xh`: two `vdpbf16ps`, or with `FMA` their four FMAs in `vdpbf16ps`'s
+/// order ([`Bf16Products`]; equal to the two `vdpbf16ps` bit for bit only with denormals
+/// flushed, [`crate::cpu::flush::denormals_flushed`]).
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
+#[inline]
+fn dot_run<const FMA: bool>(acc: __m512, lo: __m512i, hi: __m512i, xl: __m512i, xh: __m512i) -> __m512 {
+    if FMA {
+        let (l, h, a, b) = (widen(lo), widen(hi), widen(xl), widen(xh));
+        let acc = _mm512_fmadd_ps(l[1], a[1], _mm512_fmadd_ps(l[0], a[0], acc));
+        _mm512_fmadd_ps(h[1], b[1], _mm512_fmadd_ps(h[0], b[0], acc))
+    } else {
+        _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, bh(lo), bh(xl)), bh(hi), bh(xh))
+    }
 }
 
 /// Writes one token's pair totals (pairs from row `row0` on, two rows each) as outputs
@@ -219,7 +250,7 @@ unsafe fn pair_tokens<const P: usize, const T: usize>(w: &Int4Matrix, table: &__
                 for (t, a) in acc.iter_mut().enumerate() {
                     // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside x.
                     let (xl, xh) = unsafe { tokens_run(xp.add((t0 + t) * k + j * RUN)) };
-                    a[p] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[p], bh(lo), xl), bh(hi), xh);
+                    a[p] = dot_run::<false>(a[p], lo, hi, xl, xh);
                 }
             }
         }

@@ -16,7 +16,7 @@ pub(crate) mod avx512_bf16;
 pub mod cuda;
 pub(crate) mod vnni;
 
-use crate::cpu::GemmLevel;
+use crate::cpu::{Bf16Products, GemmLevel};
 use crate::cpu::Isa;
 use crate::cpu::caps::CpuCaps;
 use crate::cuda::device::CudaDevice;
@@ -297,13 +297,23 @@ impl Int4Matrix {
 
     /// W4A16 with bf16 activations (`xb`: bit patterns, `m × cols`): the scalar kernel is
     /// [`Self::rows_f32_scalar`] on the activations widened back to f32 (every product is
-    /// exact either way); at `Isa::Avx2` the AVX-512 BF16 kernel (`vdpbf16ps`), which agrees
-    /// with it to f32 summation order and gives bit-identical results for a token whatever
-    /// `m`, the other tokens or the row range.
+    /// exact either way); at `Isa::Avx2` the AVX-512 BF16 kernel in this CPU's
+    /// [`Bf16Products`] form, which agrees with it to f32 summation order and gives
+    /// bit-identical results for a token whatever `m`, the other tokens or the row range.
     ///
     /// # Panics
     /// If `isa` is `Avx2` and this CPU lacks AVX-512 BF16, or the shapes disagree.
     pub fn rows_bf16(&self, isa: Isa, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
+        self.rows_bf16_in(Bf16Products::detect(), isa, r0, r1, xb, m, out)
+    }
+
+    /// [`Self::rows_bf16`] with the products formed as `form` says (at `Isa::Avx2`; tests run
+    /// both forms on one machine).
+    ///
+    /// # Panics
+    /// As [`Self::rows_bf16`].
+    #[allow(clippy::too_many_arguments)] // rows_bf16's inputs and the form
+    pub fn rows_bf16_in(&self, form: Bf16Products, isa: Isa, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
         assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
         assert_eq!(xb.len(), m * self.cols, "activation shape");
         assert!(out.len() >= (r1 - r0) * m, "output tile");
@@ -317,7 +327,7 @@ impl Int4Matrix {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: AVX-512 BF16 checked above; shapes asserted above.
                 unsafe {
-                    avx512_bf16::int4_bf16(self, r0, r1, xb, m, out)
+                    avx512_bf16::int4_bf16(form, self, r0, r1, xb, m, out)
                 }
             }
         }
@@ -404,7 +414,7 @@ impl RowKernel for Int4Matrix {
     fn kernel_id(&self, act: ActQuant, isa: Isa) -> String {
         match act {
             ActQuant::F32 => format!("cpu.w4a16.int4xf32.{}", isa.name()),
-            ActQuant::Bf16 => format!("cpu.w4a16.int4xbf16.{}", if isa == Isa::Scalar { "scalar" } else { "avx512bf16" }),
+            ActQuant::Bf16 => format!("cpu.w4a16.int4xbf16.{}", if isa == Isa::Scalar { "scalar" } else { Bf16Products::detect().name() }),
             _ => format!("cpu.w4a8.int4xint8.{}", GemmLevel::for_isa(isa).name()),
         }
     }

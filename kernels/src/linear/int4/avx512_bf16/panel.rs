@@ -6,24 +6,55 @@
 //! Per `(row, token)` the operations are the inline kernel's ([`super`]): the same words
 //! against the same activation halves by `vdpbf16ps` into eight lanes in column order, one
 //! `fma(s[g], acc, total)` per group and [`super::hsum`]'s tree at the end, so the results
-//! are bit-identical to it whatever the batch.
+//! are bit-identical to it whatever the batch. The FMA form ([`crate::cpu::Bf16Products`])
+//! widens the words to f32 in the tile and takes tiles of three tokens: its four products
+//! per `vdpbf16ps` need the registers a fourth token's accumulators would hold.
 
-use super::{bh, decode_pair, group_params, group_runs, pair_lanes, store_pairs, tokens_run, PAIRS};
+use super::{decode_pair, dot_run, group_params, group_runs, pair_lanes, store_pairs, tokens_run, PAIRS};
+use crate::cpu::flush::denormals_flushed;
+use crate::cpu::Bf16Products;
 use crate::linear::int4::{Int4Matrix, ROW_GROUP, RUN, RUN_STRIDE};
 use std::arch::x86_64::*;
 
 /// Row pairs a tile takes (out of a row group's eight).
 const TILE_PAIRS: usize = 4;
 
-/// W4A16 rows `r0..r1` for `m` tokens, as [`super::int4_bf16`] computes them.
+/// Most tokens a tile takes: four with `vdpbf16ps`, three in the FMA form.
+const fn tile_tokens(fma: bool) -> usize {
+    if fma {
+        3
+    } else {
+        4
+    }
+}
+
+/// W4A16 rows `r0..r1` for `m` tokens, as [`super::int4_bf16`] computes them, the products
+/// formed as `form` says.
 ///
 /// # Safety
 /// As [`super::int4_bf16`]; `table` is its word table.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(super) unsafe fn int4_bf16_panel(w: &Int4Matrix, table: &__m512i, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)] // the kernel's inputs, its form and word table
+pub(super) unsafe fn int4_bf16_panel(form: Bf16Products, w: &Int4Matrix, table: &__m512i, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match form {
+            Bf16Products::Dot => panel_in::<false>(w, table, r0, r1, xb, m, out),
+            Bf16Products::Fma => panel_in::<true>(w, table, r0, r1, xb, m, out),
+        }
+    }
+}
+
+/// [`int4_bf16_panel`] in one form: [`Bf16Products::Fma`] when `FMA`.
+///
+/// # Safety
+/// As [`int4_bf16_panel`].
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn panel_in<const FMA: bool>(w: &Int4Matrix, table: &__m512i, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
     let mut panel = Panel {
         words: vec![_mm512_setzero_si512(); w.cols() / RUN * 2 * PAIRS],
         scales: vec![_mm512_setzero_ps(); w.groups() * PAIRS],
+        sums: vec![_mm512_setzero_ps(); w.groups() * TILE_PAIRS * tile_tokens(false)],
     };
     for rg in r0 / ROW_GROUP..(r1 - 1) / ROW_GROUP + 1 {
         // SAFETY: rg is a row group of w (r1 <= w.rows()).
@@ -32,11 +63,11 @@ pub(super) unsafe fn int4_bf16_panel(w: &Int4Matrix, table: &__m512i, r0: usize,
         while t0 < m {
             // SAFETY: forwarded contract; tokens t0.. exist.
             t0 += unsafe {
-                match m - t0 {
-                    1 => panel.tile::<1>(w, rg, xb, t0, r0, r1, m, out),
-                    2 => panel.tile::<2>(w, rg, xb, t0, r0, r1, m, out),
-                    3 => panel.tile::<3>(w, rg, xb, t0, r0, r1, m, out),
-                    _ => panel.tile::<4>(w, rg, xb, t0, r0, r1, m, out),
+                match (m - t0).min(tile_tokens(FMA)) {
+                    1 => panel.tile::<1, FMA>(w, rg, xb, t0, r0, r1, m, out),
+                    2 => panel.tile::<2, FMA>(w, rg, xb, t0, r0, r1, m, out),
+                    3 => panel.tile::<3, FMA>(w, rg, xb, t0, r0, r1, m, out),
+                    _ => panel.tile::<4, FMA>(w, rg, xb, t0, r0, r1, m, out),
                 }
             };
         }
@@ -45,10 +76,11 @@ pub(super) unsafe fn int4_bf16_panel(w: &Int4Matrix, table: &__m512i, r0: usize,
 
 /// One row group decoded: per run `j` and pair `p`, the low and high nibbles' words at
 /// `words[(j * PAIRS + p) * 2..][..2]`; per group `g` and pair `p`, the scales of the pair's
-/// lanes at `scales[g * PAIRS + p]`.
+/// lanes at `scales[g * PAIRS + p]`; and a tile's group sums ([`group_sums`]).
 struct Panel {
     words: Vec<__m512i>,
     scales: Vec<__m512>,
+    sums: Vec<__m512>,
 }
 
 impl Panel {
@@ -79,38 +111,30 @@ impl Panel {
     }
 
     /// Tokens `t0..t0 + T` against the decoded row group `rg`, results into `out` for the rows
-    /// in `r0..r1`; returns `T`.
+    /// in `r0..r1` (products in the FMA form when `FMA`); returns `T`.
     ///
     /// # Safety
     /// As [`super::int4_bf16`], with tokens `t0..t0 + T` present.
     #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
     #[allow(clippy::too_many_arguments)] // the decoded group, its place and the token block
     #[allow(clippy::needless_range_loop)] // `p` and `t` address two arrays each
-    unsafe fn tile<const T: usize>(&self, w: &Int4Matrix, rg: usize, xb: &[u16], t0: usize, r0: usize, r1: usize, m: usize, out: &mut [f32]) -> usize {
-        let k = w.cols();
-        let xp = xb.as_ptr();
+    unsafe fn tile<const T: usize, const FMA: bool>(&mut self, w: &Int4Matrix, rg: usize, xb: &[u16], t0: usize, r0: usize, r1: usize, m: usize, out: &mut [f32]) -> usize {
         for p0 in (0..PAIRS).step_by(TILE_PAIRS) {
+            let (words, sums) = (&self.words[..], &mut self.sums[..]);
+            // SAFETY (both): forwarded contract.
+            if FMA {
+                // The FMAs flush denormals as `vdpbf16ps` does; the scales below run outside.
+                denormals_flushed(|| unsafe { group_sums::<T, true>(words, w, xb, t0, p0, sums) });
+            } else {
+                unsafe { group_sums::<T, false>(words, w, xb, t0, p0, sums) };
+            }
             let mut total = [[_mm512_setzero_ps(); TILE_PAIRS]; T];
             for g in 0..w.groups() {
-                let mut acc = [[_mm512_setzero_ps(); TILE_PAIRS]; T];
-                for j in group_runs(w, g) {
-                    let mut x = [(bh(_mm512_setzero_si512()), bh(_mm512_setzero_si512())); T];
-                    for t in 0..T {
-                        // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside xb.
-                        x[t] = unsafe { tokens_run(xp.add((t0 + t) * k + j * RUN)) };
-                    }
-                    let wj = &self.words[(j * PAIRS + p0) * 2..(j * PAIRS + p0 + TILE_PAIRS) * 2];
-                    for p in 0..TILE_PAIRS {
-                        let (lo, hi) = (bh(wj[2 * p]), bh(wj[2 * p + 1]));
-                        for t in 0..T {
-                            acc[t][p] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[t][p], lo, x[t].0), hi, x[t].1);
-                        }
-                    }
-                }
                 let s = &self.scales[g * PAIRS + p0..g * PAIRS + p0 + TILE_PAIRS];
+                let acc = &self.sums[g * TILE_PAIRS * T..(g + 1) * TILE_PAIRS * T];
                 for t in 0..T {
                     for p in 0..TILE_PAIRS {
-                        total[t][p] = _mm512_fmadd_ps(s[p], acc[t][p], total[t][p]);
+                        total[t][p] = _mm512_fmadd_ps(s[p], acc[t * TILE_PAIRS + p], total[t][p]);
                     }
                 }
             }
@@ -119,5 +143,40 @@ impl Panel {
             }
         }
         T
+    }
+}
+
+/// Per group `g`, token `t` and pair `p` of pairs `p0..p0 + TILE_PAIRS`, the 8-lane sum of the
+/// group's products into `sums[(g * T + t) * TILE_PAIRS + p]`: the decoded `words` against
+/// tokens `t0..t0 + T`, in the FMA form when `FMA`. Never inlined, so that no arithmetic of
+/// its caller moves into a [`denormals_flushed`] region around it, nor this out.
+///
+/// # Safety
+/// As [`super::int4_bf16`], with tokens `t0..t0 + T` present; `words` is a decoded row group
+/// of `w` and `sums` holds `w.groups() * T * TILE_PAIRS` vectors.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
+#[inline(never)]
+#[allow(clippy::needless_range_loop)] // `p` and `t` address two arrays each
+unsafe fn group_sums<const T: usize, const FMA: bool>(words: &[__m512i], w: &Int4Matrix, xb: &[u16], t0: usize, p0: usize, sums: &mut [__m512]) {
+    let k = w.cols();
+    let xp = xb.as_ptr();
+    for g in 0..w.groups() {
+        let mut acc = [[_mm512_setzero_ps(); TILE_PAIRS]; T];
+        for j in group_runs(w, g) {
+            let mut x = [(_mm512_setzero_si512(), _mm512_setzero_si512()); T];
+            for t in 0..T {
+                // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside xb.
+                x[t] = unsafe { tokens_run(xp.add((t0 + t) * k + j * RUN)) };
+            }
+            let wj = &words[(j * PAIRS + p0) * 2..(j * PAIRS + p0 + TILE_PAIRS) * 2];
+            for p in 0..TILE_PAIRS {
+                for t in 0..T {
+                    acc[t][p] = dot_run::<FMA>(acc[t][p], wj[2 * p], wj[2 * p + 1], x[t].0, x[t].1);
+                }
+            }
+        }
+        for t in 0..T {
+            sums[(g * T + t) * TILE_PAIRS..(g * T + t + 1) * TILE_PAIRS].copy_from_slice(&acc[t]);
+        }
     }
 }
