@@ -179,7 +179,8 @@ unsafe fn tokens_run(xa: *const u16) -> (__m512i, __m512i) {
 }
 
 /// The 32 bf16 words of `v` as f32, the odd word of each 32-bit lane (its high half) and then
-/// the even one: the two operands an FMA form takes per `vdpbf16ps` operand.
+/// the even one: the two FMA operands ([`Bf16Products::Fma`]) of one `vdpbf16ps` operand,
+/// in the order `vdpbf16ps` adds their products.
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn widen(v: __m512i) -> [__m512; 2] {
@@ -187,20 +188,12 @@ fn widen(v: __m512i) -> [__m512; 2] {
     [_mm512_castsi512_ps(odd), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v))]
 }
 
-/// `acc` plus a run's products, the word vectors `lo` and `hi` against a token's activation
-/// halves `xl` and `xh`: two `vdpbf16ps`, or with `FMA` their four FMAs in `vdpbf16ps`'s
-/// order ([`Bf16Products`]; equal to the two `vdpbf16ps` bit for bit only with denormals
-/// flushed, [`crate::cpu::flush::denormals_flushed`]).
+/// `acc` plus a run's products by two `vdpbf16ps`: the word vectors `lo` and `hi` against a
+/// token's activation halves `xl` and `xh`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
 #[inline]
-fn dot_run<const FMA: bool>(acc: __m512, lo: __m512i, hi: __m512i, xl: __m512i, xh: __m512i) -> __m512 {
-    if FMA {
-        let (l, h, a, b) = (widen(lo), widen(hi), widen(xl), widen(xh));
-        let acc = _mm512_fmadd_ps(l[1], a[1], _mm512_fmadd_ps(l[0], a[0], acc));
-        _mm512_fmadd_ps(h[1], b[1], _mm512_fmadd_ps(h[0], b[0], acc))
-    } else {
-        _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, bh(lo), bh(xl)), bh(hi), bh(xh))
-    }
+fn dot_run(acc: __m512, lo: __m512i, hi: __m512i, xl: __m512i, xh: __m512i) -> __m512 {
+    _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, bh(lo), bh(xl)), bh(hi), bh(xh))
 }
 
 /// Writes one token's pair totals (pairs from row `row0` on, two rows each) as outputs
@@ -250,7 +243,7 @@ unsafe fn pair_tokens<const P: usize, const T: usize>(w: &Int4Matrix, table: &__
                 for (t, a) in acc.iter_mut().enumerate() {
                     // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside x.
                     let (xl, xh) = unsafe { tokens_run(xp.add((t0 + t) * k + j * RUN)) };
-                    a[p] = dot_run::<false>(a[p], lo, hi, xl, xh);
+                    a[p] = dot_run(a[p], lo, hi, xl, xh);
                 }
             }
         }

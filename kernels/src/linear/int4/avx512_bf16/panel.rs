@@ -6,11 +6,11 @@
 //! Per `(row, token)` the operations are the inline kernel's ([`super`]): the same words
 //! against the same activation halves by `vdpbf16ps` into eight lanes in column order, one
 //! `fma(s[g], acc, total)` per group and [`super::hsum`]'s tree at the end, so the results
-//! are bit-identical to it whatever the batch. The FMA form ([`crate::cpu::Bf16Products`])
-//! widens the words to f32 in the tile and takes tiles of three tokens: its four products
-//! per `vdpbf16ps` need the registers a fourth token's accumulators would hold.
+//! are bit-identical to it whatever the batch. In the FMA form ([`crate::cpu::Bf16Products`])
+//! the panel holds the words widened to f32, odd and even words apart, and each `vdpbf16ps`
+//! becomes two FMAs in its order, run with denormals flushed as it flushes them: the same bits.
 
-use super::{decode_pair, dot_run, group_params, group_runs, pair_lanes, store_pairs, tokens_run, PAIRS};
+use super::{decode_pair, dot_run, group_params, group_runs, pair_lanes, store_pairs, tokens_run, widen, PAIRS};
 use crate::cpu::flush::denormals_flushed;
 use crate::cpu::Bf16Products;
 use crate::linear::int4::{Int4Matrix, ROW_GROUP, RUN, RUN_STRIDE};
@@ -19,12 +19,16 @@ use std::arch::x86_64::*;
 /// Row pairs a tile takes (out of a row group's eight).
 const TILE_PAIRS: usize = 4;
 
-/// Most tokens a tile takes: four with `vdpbf16ps`, three in the FMA form.
-const fn tile_tokens(fma: bool) -> usize {
+/// Most tokens a tile takes.
+const TILE_TOKENS: usize = 4;
+
+/// Vectors the panel holds per run and pair: the low and high nibbles' words, or in the FMA
+/// form each of them widened ([`super::widen`]: odd words, then even ones).
+const fn run_vectors(fma: bool) -> usize {
     if fma {
-        3
-    } else {
         4
+    } else {
+        2
     }
 }
 
@@ -52,18 +56,18 @@ pub(super) unsafe fn int4_bf16_panel(form: Bf16Products, w: &Int4Matrix, table: 
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn panel_in<const FMA: bool>(w: &Int4Matrix, table: &__m512i, r0: usize, r1: usize, xb: &[u16], m: usize, out: &mut [f32]) {
     let mut panel = Panel {
-        words: vec![_mm512_setzero_si512(); w.cols() / RUN * 2 * PAIRS],
+        words: vec![_mm512_setzero_si512(); w.cols() / RUN * run_vectors(FMA) * PAIRS],
         scales: vec![_mm512_setzero_ps(); w.groups() * PAIRS],
-        sums: vec![_mm512_setzero_ps(); w.groups() * TILE_PAIRS * tile_tokens(false)],
+        sums: vec![_mm512_setzero_ps(); w.groups() * TILE_PAIRS * TILE_TOKENS],
     };
     for rg in r0 / ROW_GROUP..(r1 - 1) / ROW_GROUP + 1 {
         // SAFETY: rg is a row group of w (r1 <= w.rows()).
-        unsafe { panel.decode(w, table, rg) };
+        unsafe { panel.decode::<FMA>(w, table, rg) };
         let mut t0 = 0;
         while t0 < m {
             // SAFETY: forwarded contract; tokens t0.. exist.
             t0 += unsafe {
-                match (m - t0).min(tile_tokens(FMA)) {
+                match m - t0 {
                     1 => panel.tile::<1, FMA>(w, rg, xb, t0, r0, r1, m, out),
                     2 => panel.tile::<2, FMA>(w, rg, xb, t0, r0, r1, m, out),
                     3 => panel.tile::<3, FMA>(w, rg, xb, t0, r0, r1, m, out),
@@ -74,8 +78,8 @@ unsafe fn panel_in<const FMA: bool>(w: &Int4Matrix, table: &__m512i, r0: usize, 
     }
 }
 
-/// One row group decoded: per run `j` and pair `p`, the low and high nibbles' words at
-/// `words[(j * PAIRS + p) * 2..][..2]`; per group `g` and pair `p`, the scales of the pair's
+/// One row group decoded: per run `j` and pair `p`, its [`run_vectors`] at
+/// `words[(j * PAIRS + p) * V..][..V]`; per group `g` and pair `p`, the scales of the pair's
 /// lanes at `scales[g * PAIRS + p]`; and a tile's group sums ([`group_sums`]).
 struct Panel {
     words: Vec<__m512i>,
@@ -84,13 +88,13 @@ struct Panel {
 }
 
 impl Panel {
-    /// Decodes row group `rg`.
+    /// Decodes row group `rg` (widened when `FMA`).
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/BF16 available; `rg` is a row group of `w` (its packed runs are read
     /// unchecked).
     #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")]
-    unsafe fn decode(&mut self, w: &Int4Matrix, table: &__m512i, rg: usize) {
+    unsafe fn decode<const FMA: bool>(&mut self, w: &Int4Matrix, table: &__m512i, rg: usize) {
         let base = w.row_ptr(rg * ROW_GROUP);
         let mut at = [_mm512_setzero_si512(); PAIRS];
         for (p, a) in at.iter_mut().enumerate() {
@@ -103,8 +107,15 @@ impl Panel {
                 for (p, b) in bias.iter().enumerate() {
                     // SAFETY: run j of the group's pair p: 32 bytes inside the packed data.
                     let (lo, hi) = unsafe { decode_pair(base.add(j * RUN_STRIDE + 32 * p), *b, *table) };
-                    self.words[(j * PAIRS + p) * 2] = lo;
-                    self.words[(j * PAIRS + p) * 2 + 1] = hi;
+                    let at = (j * PAIRS + p) * run_vectors(FMA);
+                    if FMA {
+                        let [l, h] = [widen(lo), widen(hi)];
+                        for (d, v) in self.words[at..at + 4].iter_mut().zip([l[0], l[1], h[0], h[1]]) {
+                            *d = _mm512_castps_si512(v);
+                        }
+                    } else {
+                        self.words[at..at + 2].copy_from_slice(&[lo, hi]);
+                    }
                 }
             }
         }
@@ -148,7 +159,8 @@ impl Panel {
 
 /// Per group `g`, token `t` and pair `p` of pairs `p0..p0 + TILE_PAIRS`, the 8-lane sum of the
 /// group's products into `sums[(g * T + t) * TILE_PAIRS + p]`: the decoded `words` against
-/// tokens `t0..t0 + T`, in the FMA form when `FMA`. Never inlined, so that no arithmetic of
+/// tokens `t0..t0 + T`, in the FMA form when `FMA` (four FMAs per `vdpbf16ps`: the odd words
+/// of the low nibbles' run, the even ones, then the high nibbles'). Never inlined, so that no arithmetic of
 /// its caller moves into a [`denormals_flushed`] region around it, nor this out.
 ///
 /// # Safety
@@ -168,10 +180,25 @@ unsafe fn group_sums<const T: usize, const FMA: bool>(words: &[__m512i], w: &Int
                 // SAFETY: token t0 + t's columns j*32..j*32+32 lie inside xb.
                 x[t] = unsafe { tokens_run(xp.add((t0 + t) * k + j * RUN)) };
             }
-            let wj = &words[(j * PAIRS + p0) * 2..(j * PAIRS + p0 + TILE_PAIRS) * 2];
-            for p in 0..TILE_PAIRS {
-                for t in 0..T {
-                    acc[t][p] = dot_run::<FMA>(acc[t][p], wj[2 * p], wj[2 * p + 1], x[t].0, x[t].1);
+            let v = run_vectors(FMA);
+            let wj = &words[(j * PAIRS + p0) * v..(j * PAIRS + p0 + TILE_PAIRS) * v];
+            if FMA {
+                let xw: [[__m512; 4]; T] = std::array::from_fn(|t| {
+                    let [l, h] = [widen(x[t].0), widen(x[t].1)];
+                    [l[0], l[1], h[0], h[1]]
+                });
+                for p in 0..TILE_PAIRS {
+                    for t in 0..T {
+                        for (wv, xv) in wj[4 * p..4 * p + 4].iter().zip(&xw[t]) {
+                            acc[t][p] = _mm512_fmadd_ps(_mm512_castsi512_ps(*wv), *xv, acc[t][p]);
+                        }
+                    }
+                }
+            } else {
+                for p in 0..TILE_PAIRS {
+                    for t in 0..T {
+                        acc[t][p] = dot_run(acc[t][p], wj[2 * p], wj[2 * p + 1], x[t].0, x[t].1);
+                    }
                 }
             }
         }
