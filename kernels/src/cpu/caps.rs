@@ -103,8 +103,10 @@ pub fn bf16_dot_available() -> bool {
 }
 
 /// How the AVX-512 BF16 W4A16 prefill panel forms its products of bf16 words. Both forms give
-/// the same f32 lanes in the same order and the same bits: the FMAs run with denormals flushed
-/// ([`crate::cpu::flush`]), as `vdpbf16ps` always computes. Decode (the inline kernel) always
+/// the same f32 lanes in the same order and the same bits (NaN payloads aside): the FMAs run
+/// with denormals flushed and rounding to nearest even (MXCSR set for them), as `vdpbf16ps`
+/// always computes. [`Bf16Products::Fma`] is checked against `vdpbf16ps` on Intel CPUs, the
+/// only ones that choose it. Decode (the inline kernel) always
 /// takes `vdpbf16ps`, which needs fewer instructions where the weights stream from memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Bf16Products {

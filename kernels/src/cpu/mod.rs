@@ -4,8 +4,9 @@ pub mod affinity;
 pub mod caps;
 pub mod dot;
 pub mod exp;
-pub mod flush;
+pub(crate) mod flush;
 pub mod pool;
+pub mod scratch;
 pub(crate) mod simd;
 
 pub use caps::{Bf16Products, CpuCaps, GemmLevel, Isa};

@@ -8,7 +8,8 @@
 //! `fma(s[g], acc, total)` per group and [`super::hsum`]'s tree at the end, so the results
 //! are bit-identical to it whatever the batch. In the FMA form ([`crate::cpu::Bf16Products`])
 //! the panel holds the words widened to f32, odd and even words apart, and each `vdpbf16ps`
-//! becomes two FMAs in its order, run with denormals flushed as it flushes them: the same bits.
+//! becomes two FMAs in its order, run with denormals flushed as it flushes them: the same bits
+//! (NaN payloads aside).
 
 use super::{decode_pair, dot_run, group_params, group_runs, pair_lanes, store_pairs, tokens_run, widen, PAIRS};
 use crate::cpu::flush::denormals_flushed;
@@ -107,14 +108,14 @@ impl Panel {
                 for (p, b) in bias.iter().enumerate() {
                     // SAFETY: run j of the group's pair p: 32 bytes inside the packed data.
                     let (lo, hi) = unsafe { decode_pair(base.add(j * RUN_STRIDE + 32 * p), *b, *table) };
-                    let at = (j * PAIRS + p) * run_vectors(FMA);
+                    let first = (j * PAIRS + p) * run_vectors(FMA);
                     if FMA {
                         let [l, h] = [widen(lo), widen(hi)];
-                        for (d, v) in self.words[at..at + 4].iter_mut().zip([l[0], l[1], h[0], h[1]]) {
+                        for (d, v) in self.words[first..first + 4].iter_mut().zip([l[0], l[1], h[0], h[1]]) {
                             *d = _mm512_castps_si512(v);
                         }
                     } else {
-                        self.words[at..at + 2].copy_from_slice(&[lo, hi]);
+                        self.words[first..first + 2].copy_from_slice(&[lo, hi]);
                     }
                 }
             }
@@ -135,7 +136,9 @@ impl Panel {
             // SAFETY (both): forwarded contract.
             if FMA {
                 // The FMAs flush denormals as `vdpbf16ps` does; the scales below run outside.
-                denormals_flushed(|| unsafe { group_sums::<T, true>(words, w, xb, t0, p0, sums) });
+                // SAFETY (flush): `group_sums` is never inlined; it reads the panel and the
+                // activations and leaves its sums in `sums`.
+                unsafe { denormals_flushed(|| group_sums::<T, true>(words, w, xb, t0, p0, sums)) };
             } else {
                 unsafe { group_sums::<T, false>(words, w, xb, t0, p0, sums) };
             }
@@ -159,8 +162,8 @@ impl Panel {
 
 /// Per group `g`, token `t` and pair `p` of pairs `p0..p0 + TILE_PAIRS`, the 8-lane sum of the
 /// group's products into `sums[(g * T + t) * TILE_PAIRS + p]`: the decoded `words` against
-/// tokens `t0..t0 + T`, in the FMA form when `FMA` (four FMAs per `vdpbf16ps`: the odd words
-/// of the low nibbles' run, the even ones, then the high nibbles'). Never inlined, so that no arithmetic of
+/// tokens `t0..t0 + T`, in the FMA form when `FMA` (two FMAs per `vdpbf16ps`, four per run:
+/// the odd words of the low nibbles' run, the even ones, then the high nibbles'). Never inlined, so that no arithmetic of
 /// its caller moves into a [`denormals_flushed`] region around it, nor this out.
 ///
 /// # Safety
