@@ -5,6 +5,7 @@ use super::linear::{Linear, PlanEntry};
 use super::shard::{col_align, Cut, Shard};
 use crate::checkpoint::LoadError;
 use crate::weights::ModelWeights;
+use tessera_kernels::cpu::scratch::with_f32;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::LinearPolicy;
 use tessera_kernels::ops::silu_mul;
@@ -51,12 +52,15 @@ impl Mlp {
     /// the inner width) to `inner` first.
     pub fn forward_with(&self, x: &[f32], segments: &[usize], out: &mut [f32], mut inner: impl FnMut(&[f32])) {
         let (m, ffn, hidden) = (segments.iter().sum::<usize>(), self.gate.rows(), self.down.rows());
-        let mut gu = vec![0f32; m * 2 * ffn];
-        let mut act = vec![0f32; m * ffn];
-        Linear::forward_fused(&[&self.gate, &self.up], x, segments, &mut gu, 2 * ffn);
-        silu_mul(&gu, ffn, &mut act);
-        inner(&act);
-        self.down.forward(&act, segments, out, hidden);
+        // Reused buffers: at prefill these are tens of MiB per layer.
+        with_f32(m * 2 * ffn, |gu| {
+            with_f32(m * ffn, |act| {
+                Linear::forward_fused(&[&self.gate, &self.up], x, segments, gu, 2 * ffn);
+                silu_mul(gu, ffn, act);
+                inner(act);
+                self.down.forward(act, segments, out, hidden);
+            })
+        });
     }
 
     /// Gate, up and down.

@@ -19,6 +19,7 @@
 use super::act::{self, ActQuant};
 use super::{downcast_group, rows_per_task, LinearOp, LinearPolicy, OpPlan, WeightMatrix};
 use crate::cpu::caps::{CpuCaps, Isa};
+use crate::cpu::scratch::with_f32;
 use crate::cpu::{pool, SyncPtr};
 use crate::cuda::device::CudaDevice;
 use crate::linear::cuda::DeviceWeight;
@@ -339,14 +340,15 @@ pub fn forward_fused(parts: &[(&RowwiseLinear, usize)], x: &[f32], m: usize, y: 
     pool::for_each(tasks.len(), |ti| {
         let (p, r0, r1) = tasks[ti];
         let (l, col) = parts[p];
-        let mut tile = vec![0f32; (r1 - r0) * m];
-        l.w.row_range(l.isa, preps[p], r0, r1, m, &mut tile);
-        for (r, vals) in (r0..r1).zip(tile.chunks_exact(m)) {
-            for (i, &v) in vals.iter().enumerate() {
-                // SAFETY: (i, col + r) is inside y (asserted above); each (layer, row) belongs
-                // to one task.
-                unsafe { *out.get().add(i * ldy + col + r) = v };
+        with_f32((r1 - r0) * m, |tile| {
+            l.w.row_range(l.isa, preps[p], r0, r1, m, tile);
+            for (r, vals) in (r0..r1).zip(tile.chunks_exact(m)) {
+                for (i, &v) in vals.iter().enumerate() {
+                    // SAFETY: (i, col + r) is inside y (asserted above); each (layer, row)
+                    // belongs to one task.
+                    unsafe { *out.get().add(i * ldy + col + r) = v };
+                }
             }
-        }
+        });
     });
 }

@@ -29,6 +29,7 @@ use super::LinearPolicy;
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::{pool, SyncPtr};
 use crate::cpu::dot::dot_f32;
+use crate::cpu::scratch::with_f32;
 use crate::cpu::GemmLevel;
 use interleaved::{Interleaved, GROUP};
 use crate::ggml::act_quant::{quantize_q8, Q8Block, Q8_BLOCK};
@@ -321,14 +322,15 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
             (SmallPath::Integer, Weight::Interleaved(w)) => {
                 let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
                 let width = (g1 - g0) * GROUP;
-                let mut tile = vec![0f32; rows.len() * width];
-                w.gemm(GemmLevel::for_isa(kern.isa), g0, g1, &acts, rows.len(), &mut tile);
-                for (&i, res) in rows.iter().zip(tile.chunks_exact(width)) {
-                    // SAFETY: columns col + r0..col + r1 of output row i are inside y (asserted
-                    // by the caller) and belong to this task alone.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(i * ldy + col + r0), r1 - r0) };
-                    dst.copy_from_slice(&res[..r1 - r0]);
-                }
+                with_f32(rows.len() * width, |tile| {
+                    w.gemm(GemmLevel::for_isa(kern.isa), g0, g1, &acts, rows.len(), tile);
+                    for (&i, res) in rows.iter().zip(tile.chunks_exact(width)) {
+                        // SAFETY: columns col + r0..col + r1 of output row i are inside y
+                        // (asserted by the caller) and belong to this task alone.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(i * ldy + col + r0), r1 - r0) };
+                        dst.copy_from_slice(&res[..r1 - r0]);
+                    }
+                });
             }
             (SmallPath::Integer, Weight::Rows(_)) => {
                 panic!("{} weights reach the integer kernel as GGML rows: pack them with Interleaved::pack", kern.ty)
