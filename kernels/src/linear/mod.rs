@@ -116,7 +116,8 @@ pub trait LinearOp: Send + Sync + fmt::Debug + Any {
     /// Storage, activations and kernel, for plans.
     fn plan(&self) -> OpPlan;
     /// Runs `group`, ops of this op's own concrete type (it may downcast them) that read the
-    /// same input `x`, each writing `y[i * ldy + col + j]` for its `(op, col)`. `segments` are
+    /// same input `x`, each writing `y[i * ldy + col + j]` for its `(op, col)`, every one of
+    /// them (`y` may hold stale values: it is overwritten, never added to). `segments` are
     /// the token counts of the sequences whose rows make up `x`, in order.
     fn forward_group(&self, group: &[(&dyn LinearOp, usize)], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize);
     /// Hands back the pages of weights the op reads in place from a mapped file, when it is

@@ -67,7 +67,8 @@ pub trait RowKernel: Send + Sync + fmt::Debug + Any {
     fn act_block(&self) -> usize {
         self.cols()
     }
-    /// Weight rows `r0..r1` for all `m` tokens into `tile[(r - r0) * m + i]`.
+    /// Weight rows `r0..r1` for all `m` tokens into `tile[(r - r0) * m + i]`: every one of
+    /// those floats is written (`tile` holds stale values from earlier calls).
     #[allow(clippy::too_many_arguments)] // matrix, level, activations, row range, tokens, tile
     fn row_range(&self, isa: Isa, act: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]);
     /// Kernel id for plans, e.g. `cpu.w4a8.int4xint8.avx2`.
