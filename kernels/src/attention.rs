@@ -13,6 +13,7 @@
 use crate::cpu::{pool, SyncPtr};
 use crate::cpu::dot::dots_f32;
 use crate::cpu::exp::{exp, exp_shifted};
+use crate::cpu::softmax::{add_by_position, max_of, SUM_LANES};
 use crate::kv::{isa, KvCodec, KvPage};
 use std::ops::Range;
 
@@ -395,14 +396,14 @@ fn range_task(shape: AttnShape, (m, pos0, kv): (usize, usize, &KvView<'_>), g: u
         let mut base = 0;
         for &(_, _, n) in pieces {
             let r = &scores[base * rows + row * n..base * rows + (row + 1) * n];
-            p.max[row] = r.iter().fold(p.max[row], |a, &b| a.max(b));
+            p.max[row] = max_of(r, p.max[row]);
             base += n;
         }
     }
     // One exp per score, then the weighted sum of values. Each row's exps are summed in eight
     // lanes chosen by the key's absolute position, folded in a fixed order at the end: the
     // same rounding whatever the tile layout, without one long chain of dependent adds.
-    let mut lanes = vec![[0f32; 8]; rows];
+    let mut lanes = vec![[0f32; SUM_LANES]; rows];
     let mut base = 0;
     for &(ti, off, n) in pieces {
         let block = &mut scores[base * rows..(base + n) * rows];
@@ -414,10 +415,7 @@ fn range_task(shape: AttnShape, (m, pos0, kv): (usize, usize, &KvView<'_>), g: u
                 continue;
             }
             exp_shifted(r, mx);
-            let lane = &mut lanes[row];
-            for (j, &w) in r.iter().enumerate() {
-                lane[(first + j) % 8] += w;
-            }
+            add_by_position(&mut lanes[row], first, r);
         }
         kv.v.accumulate(g, kv.value_page(&kv.tiles[ti], g), off..off + n, block, &mut p.acc);
         base += n;

@@ -24,11 +24,15 @@ const LN2_LO: f32 = 1.428_606_8e-6;
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let c = x.clamp(LOW, HIGH);
-    let n = (c * LOG2E + ROUND) - ROUND;
+    let t = c * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = (c - n * LN2_HI) - n * LN2_LO;
     let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // 2^n as an f32's exponent field; n + 127 is in 1..=255 for n in the clamped range.
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n as an f32's exponent field; n + 127 is in 1..=255 for n in the clamped range. `t`
+    // and ROUND share their exponent (ulp 1), so n is the difference of their bits: integer
+    // operations that vectorize, where a float-to-int cast would not (its saturation is scalar).
+    let n_int = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    let scale = f32::from_bits(((n_int + 127) as u32) << 23);
     let y = p * scale;
     if x < LOW {
         0.0
@@ -42,6 +46,11 @@ pub fn exp(x: f32) -> f32 {
 /// `v = e^(v - shift)` for every value of `v`.
 pub fn exp_shifted(v: &mut [f32], shift: f32) {
     #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F present (checked just above).
+        return unsafe { exp_shifted_avx512(v, shift) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 present (checked just above).
         return unsafe { exp_shifted_avx2(v, shift) };
@@ -49,15 +58,29 @@ pub fn exp_shifted(v: &mut [f32], shift: f32) {
     exp_shifted_portable(v, shift);
 }
 
+/// Runs of 16 values, so a whole run is vectorized even in short rows (a 16-key page of
+/// scores): the compiler's own loop would leave rows shorter than its unrolled step scalar.
 #[inline(always)]
 fn exp_shifted_portable(v: &mut [f32], shift: f32) {
-    v.iter_mut().for_each(|x| *x = exp(*x - shift));
+    let mut runs = v.chunks_exact_mut(16);
+    for run in &mut runs {
+        let run: &mut [f32; 16] = run.try_into().expect("16 values");
+        run.iter_mut().for_each(|x| *x = exp(*x - shift));
+    }
+    runs.into_remainder().iter_mut().for_each(|x| *x = exp(*x - shift));
 }
 
 /// The same loop compiled for 8-wide vectors.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn exp_shifted_avx2(v: &mut [f32], shift: f32) {
+    exp_shifted_portable(v, shift);
+}
+
+/// The same loop compiled for 16-wide vectors (still no fused multiply-adds, so the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_shifted_avx512(v: &mut [f32], shift: f32) {
     exp_shifted_portable(v, shift);
 }
 
@@ -82,6 +105,22 @@ mod tests {
         exp_shifted(&mut v, 0.0);
         for (x, y) in xs.iter().zip(&v) {
             assert_eq!(exp(*x).to_bits(), y.to_bits(), "exp({x})");
+        }
+        // Each SIMD build this CPU runs, not only the one dispatch picks, with a shift.
+        #[cfg(target_arch = "x86_64")]
+        for (name, ok, f) in [
+            ("avx2", std::arch::is_x86_feature_detected!("avx2"), exp_shifted_avx2 as unsafe fn(&mut [f32], f32)),
+            ("avx512", std::arch::is_x86_feature_detected!("avx512f"), exp_shifted_avx512),
+        ] {
+            if !ok {
+                continue;
+            }
+            let mut v = xs.clone();
+            // SAFETY: the feature was detected just above.
+            unsafe { f(&mut v, 1.25) };
+            for (x, y) in xs.iter().zip(&v) {
+                assert_eq!(exp(*x - 1.25).to_bits(), y.to_bits(), "{name} exp({x} - 1.25)");
+            }
         }
         for x in [f32::NEG_INFINITY, -1e30, -88.0, -100.0] {
             assert_eq!(exp(x), 0.0, "exp({x})");

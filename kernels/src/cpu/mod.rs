@@ -8,6 +8,7 @@ pub(crate) mod flush;
 pub mod pool;
 pub mod scratch;
 pub(crate) mod simd;
+pub mod softmax;
 
 pub use caps::{Bf16Products, CpuCaps, GemmLevel, Isa};
 
