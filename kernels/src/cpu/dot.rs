@@ -71,7 +71,9 @@ pub fn dots_f32(isa: Isa, q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
 /// skipped.
 ///
 /// With AVX2 and `d` a multiple of 8, each row's sums stay in registers across the keys
-/// (64 columns at a time) instead of being loaded and stored once per key.
+/// (64 columns at a time) instead of being loaded and stored once per key. With AVX-512 and
+/// `d` a multiple of 64, four rows share each value load. Every form adds each nonzero term
+/// into each sum in key order with one FMA, so all give the same bits.
 pub fn weighted_sum_f32(isa: Isa, w: &[f32], v: &[f32], d: usize, acc: &mut [f32]) {
     assert!(d > 0 && acc.len().is_multiple_of(d) && v.len().is_multiple_of(d), "rows of {d}");
     let n = v.len() / d;
@@ -79,8 +81,13 @@ pub fn weighted_sum_f32(isa: Isa, w: &[f32], v: &[f32], d: usize, acc: &mut [f32
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && d.is_multiple_of(8) {
         assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
-        // SAFETY: AVX2+FMA present (checked); shapes checked above.
-        unsafe { avx2::weighted_sum(w, v, d, acc) };
+        if d.is_multiple_of(avx512::COLUMNS) && std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F present (checked); shapes checked above.
+            unsafe { avx512::weighted_sum(w, v, d, acc) };
+        } else {
+            // SAFETY: AVX2+FMA present (checked); shapes checked above.
+            unsafe { avx2::weighted_sum(w, v, d, acc) };
+        }
         return;
     }
     for (a, wi) in acc.chunks_exact_mut(d).zip(w.chunks_exact(n.max(1))) {
@@ -88,6 +95,79 @@ pub fn weighted_sum_f32(isa: Isa, w: &[f32], v: &[f32], d: usize, acc: &mut [f32
             if wj != 0.0 {
                 axpy_f32(isa, wj, vj, a);
             }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Columns one pass keeps in registers per row (four vectors).
+    pub const COLUMNS: usize = 64;
+    /// Rows that share each value load.
+    const ROWS: usize = 4;
+
+    /// Columns `c0..c0 + 64` of `R` accumulator rows (`d` apart from `acc`) += Σ_j w_ij · v_j;
+    /// a zero weight leaves its row's sums untouched (masked FMA), as the other forms skip it.
+    ///
+    /// # Safety
+    /// AVX-512F present; `acc` has `R` rows of `d >= c0 + 64` floats, `w` `R` rows of `n`
+    /// weights (`n` apart) and `v` `n` rows of `d` floats.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn rows_columns<const R: usize>(w: &[f32], n: usize, v: &[f32], d: usize, c0: usize, acc: &mut [f32]) {
+        let pa = acc.as_mut_ptr();
+        let mut sums = [[_mm512_setzero_ps(); 4]; R];
+        // SAFETY (loads and stores of `acc` and `v`): inside the rows the caller vouches for.
+        unsafe {
+            for (r, s) in sums.iter_mut().enumerate() {
+                for (u, x) in s.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(pa.add(r * d + c0 + 16 * u));
+                }
+            }
+            for j in 0..n {
+                let wj: [f32; R] = std::array::from_fn(|r| w[r * n + j]);
+                if wj.iter().all(|&x| x == 0.0) {
+                    continue;
+                }
+                let vj: [__m512; 4] = std::array::from_fn(|u| _mm512_loadu_ps(v.as_ptr().add(j * d + c0 + 16 * u)));
+                for (s, &x) in sums.iter_mut().zip(&wj) {
+                    let (k, b) = (if x != 0.0 { 0xFFFF } else { 0 }, _mm512_set1_ps(x));
+                    for (su, vu) in s.iter_mut().zip(&vj) {
+                        *su = _mm512_mask3_fmadd_ps(b, *vu, *su, k);
+                    }
+                }
+            }
+            for (r, s) in sums.iter().enumerate() {
+                for (u, x) in s.iter().enumerate() {
+                    _mm512_storeu_ps(pa.add(r * d + c0 + 16 * u), *x);
+                }
+            }
+        }
+    }
+
+    /// See [`super::weighted_sum_f32`]; `d` is a multiple of [`COLUMNS`].
+    ///
+    /// # Safety
+    /// AVX-512F present; shapes as [`super::weighted_sum_f32`] checks.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn weighted_sum(w: &[f32], v: &[f32], d: usize, acc: &mut [f32]) {
+        let (n, rows) = (v.len() / d, acc.len() / d);
+        let mut r0 = 0;
+        while r0 < rows {
+            let (wr, ar) = (&w[r0 * n..], &mut acc[r0 * d..]);
+            for c0 in (0..d).step_by(COLUMNS) {
+                // SAFETY: rows r0.. of `acc` and `w` exist as the calls need (shapes checked).
+                unsafe {
+                    if r0 + ROWS <= rows {
+                        rows_columns::<ROWS>(wr, n, v, d, c0, ar);
+                    } else {
+                        rows_columns::<1>(wr, n, v, d, c0, ar);
+                    }
+                }
+            }
+            r0 += if r0 + ROWS <= rows { ROWS } else { 1 };
         }
     }
 }
@@ -115,9 +195,27 @@ mod avx2 {
         let n = k.len() / d;
         let (pq, pk) = (q.as_ptr(), k.as_ptr());
         for (i, o) in out.chunks_exact_mut(n.max(1)).enumerate().take(q.len() / d) {
-            // Keys eight at a time; a last partial block is reduced the same way with empty
-            // lanes, so a key's score has the same bits wherever it falls in the run.
-            for j0 in (0..n).step_by(8) {
+            // Whole blocks of eight keys with fixed trip counts (no per-key test in the loop,
+            // the sums stored straight to the output).
+            let whole = n / 8 * 8;
+            for j0 in (0..whole).step_by(8) {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for c in (0..d).step_by(8) {
+                    // SAFETY: query i and keys j0..j0 + 8 have d floats each (shapes checked).
+                    unsafe {
+                        let qv = _mm256_loadu_ps(pq.add(i * d + c));
+                        for (u, a) in acc.iter_mut().enumerate() {
+                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(pk.add((j0 + u) * d + c)), *a);
+                        }
+                    }
+                }
+                let dst: &mut [f32; 8] = (&mut o[j0..j0 + 8]).try_into().expect("8 scores");
+                // SAFETY: `dst` is 8 writable floats.
+                unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), hsum8(&acc)) };
+            }
+            // A last partial block is reduced the same way with empty lanes, so a key's score
+            // has the same bits wherever it falls in the run.
+            for j0 in (whole..n).step_by(8) {
                 let kn = 8.min(n - j0);
                 let mut acc = [_mm256_setzero_ps(); 8];
                 for c in (0..d).step_by(8) {
@@ -235,6 +333,40 @@ mod avx2 {
                 i += 1;
             }
             total
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    /// The AVX-512 weighted sum against the AVX2 one, bit for bit: row counts that fill the
+    /// four-row blocks and leave a tail, 64 and 128 columns, a third of the weights zero and
+    /// some keys zero in every row, and a NaN value under a zero weight (skipped, so no NaN).
+    #[test]
+    fn weighted_sum_forms_agree_bit_for_bit() {
+        if !(super::Isa::Avx2.available() && std::arch::is_x86_feature_detected!("avx512f")) {
+            return;
+        }
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        for (rows, n, d) in [(4, 16, 64), (7, 21, 64), (9, 5, 128), (1, 3, 64), (3, 0, 64)] {
+            let mut v: Vec<f32> = (0..n * d).map(|_| r.gen_range(-2.0f32..2.0)).collect();
+            let mut w: Vec<f32> = (0..rows * n).map(|_| r.gen::<f32>()).collect();
+            w.iter_mut().step_by(3).for_each(|x| *x = 0.0);
+            if n > 2 {
+                (0..rows).for_each(|i| w[i * n + 1] = 0.0);
+                v[d + 5] = f32::NAN;
+            }
+            let acc0: Vec<f32> = (0..rows * d).map(|_| r.gen_range(-1.0f32..1.0)).collect();
+            let (mut a2, mut a512) = (acc0.clone(), acc0);
+            // SAFETY: AVX2+FMA and AVX-512F present (checked above); shapes consistent.
+            unsafe {
+                super::avx2::weighted_sum(&w, &v, d, &mut a2);
+                super::avx512::weighted_sum(&w, &v, d, &mut a512);
+            }
+            assert!(a2.iter().all(|x| !x.is_nan()), "{rows}x{n}x{d}: a skipped NaN leaked");
+            assert_eq!(a2.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), a512.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{rows}x{n}x{d}");
         }
     }
 }
