@@ -306,6 +306,37 @@ fn interleaved_gemm_is_bit_exact_and_batch_invariant() {
     }
 }
 
+/// Q6_K at its largest block sums: every code 0 (value -32) under scales of -128, against
+/// activations of +127 and of -127 (quantized from +1 and -1), so each 32-value block's exact
+/// sum is ±2 · 128 · 16 · 32 · 127 = ±16,646,144, just under 2^24. The AVX-512 kernel applies
+/// the scales in floats, exact only below 2^24; every level must still equal the reference.
+#[test]
+fn q6k_kernels_are_exact_at_their_largest_sums() {
+    let levels: Vec<GemmLevel> = GemmLevel::ALL.into_iter().filter(|l| l.available()).collect();
+    let (rows, k) = (2 * GROUP, 512);
+    let mut block = vec![0u8; 210];
+    block[192..208].fill(0x80);
+    block[208..210].copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
+    let w = block.repeat(rows * k / 256);
+    let view = WeightView::new(GgmlType::Q6K, rows, k, &w).unwrap();
+    let packed = Interleaved::pack(&view).unwrap();
+    let x: Vec<f32> = (0..2 * k).map(|i| if i < k { 1.0 } else { -1.0 }).collect();
+    let mut acts = vec![Q8Block::default(); 2 * k / 32];
+    quantize_q8(&x, &mut acts);
+    assert!(acts.iter().all(|a| a.qs.iter().all(|&q| q.abs() == 127)));
+    for &level in &levels {
+        let mut out = vec![f32::NAN; 2 * rows];
+        packed.gemm(level, 0, rows / GROUP, &acts, 2, &mut out);
+        for t in 0..2 {
+            let want = ggml_block_dot(GgmlType::Q6K, view.row(0), &acts[t * k / 32..(t + 1) * k / 32]);
+            assert!(want.abs() > 1e7 * acts[t * k / 32].d, "{level:?}: the sums are near 2^24");
+            for (row, got) in out[t * rows..(t + 1) * rows].iter().enumerate() {
+                assert_eq!(got.to_bits(), want.to_bits(), "{level:?} token {t} row {row}: {got} vs {want}");
+            }
+        }
+    }
+}
+
 /// The integer path approximates the float dot within the activation quantization error:
 /// per element at most d_a/2 = amax/254, plus the f16 rounding of d_a and s_a (2^-11
 /// relative), so |error| <= Σ|w| · amax · (1/254 + 2/2048) per block. The k-quants compute

@@ -1132,6 +1132,13 @@ mod avx512 {
 
         /// Q6_K, Q3_K or Q2_K over two groups: unsigned codes into `vpdpbusd`, each 16-value
         /// half's sum less its offset times the activation sum, times the half's scale.
+        ///
+        /// The half sums start from `-offset · Σ a` (no subtraction after), and the scales
+        /// (and Q2_K's mins) are applied in floats rather than by `vpmulld` (two uops on the
+        /// port every `vpdpbusd` needs). Still exact, so the bits are the reference's: a half's
+        /// sum is at most 16 · 32 · 127 < 2^16 in magnitude and a scale at most 128, so each
+        /// product is below 2^23 and their sum below 2^24 (Q3_K and Q2_K, and the mins, are
+        /// smaller still).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
         unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             let kind = Halves::of(KIND);
@@ -1151,36 +1158,33 @@ mod avx512 {
                     let q = halves_codes16(kind, r0, r1, s);
                     // The scale bytes of the block's two halves are adjacent.
                     let at = kind.scales_at() + GROUP * 2 * s;
-                    let mut sm = [(_mm512_setzero_si512(), _mm512_setzero_si512()); 2];
+                    // Per half: (scale, min) as floats (the min 0 without mins).
+                    let mut sm = [(_mm512_setzero_ps(), _mm512_setzero_ps()); 2];
                     if kind.has_min() {
                         for (smh, v) in sm.iter_mut().zip(bytes16x2::<false>(r0, r1, at)) {
-                            *smh = (_mm512_and_si512(v, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32::<4>(v));
+                            *smh = (_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x0F))), _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(v)));
                         }
                     } else {
                         for (smh, v) in sm.iter_mut().zip(bytes16x2::<true>(r0, r1, at)) {
-                            smh.0 = v;
+                            smh.0 = _mm512_cvtepi32_ps(v);
                         }
                     }
                     for t in 0..T {
                         let ab = &a[t * nb + sb * SUBS + s];
-                        let (mut isum, mut msum) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                        for (h, (qh, &(sc, m))) in q.iter().zip(&sm).enumerate() {
-                            let mut u = _mm512_setzero_si512();
-                            for (i, qi) in qh.iter().enumerate() {
+                        let asums = [ab.sum_lo, ab.sum - ab.sum_lo];
+                        let u: [__m512; 2] = std::array::from_fn(|h| {
+                            let mut u = _mm512_set1_epi32(-kind.offset() * asums[h]);
+                            for (i, qi) in q[h].iter().enumerate() {
                                 u = _mm512_dpbusd_epi32(u, *qi, bcast16(ab, 4 * h + i));
                             }
-                            let asum = if h == 0 { ab.sum_lo } else { ab.sum - ab.sum_lo };
-                            if kind.offset() != 0 {
-                                u = _mm512_sub_epi32(u, _mm512_set1_epi32(kind.offset() * asum));
-                            }
-                            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(u, sc));
-                            if kind.has_min() {
-                                msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(m, _mm512_set1_epi32(asum)));
-                            }
-                        }
-                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(ab.d)), acc[t]);
+                            _mm512_cvtepi32_ps(u)
+                        });
+                        // sc_0 u_0 + sc_1 u_1, exact (see above).
+                        let isum = _mm512_fmadd_ps(u[1], sm[1].0, _mm512_mul_ps(u[0], sm[0].0));
+                        acc[t] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(ab.d)), acc[t]);
                         if kind.has_min() {
-                            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), _mm512_cvtepi32_ps(msum), acc[t]);
+                            let msum = _mm512_fmadd_ps(sm[1].1, _mm512_set1_ps(asums[1] as f32), _mm512_mul_ps(sm[0].1, _mm512_set1_ps(asums[0] as f32)));
+                            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(ab.d)), msum, acc[t]);
                         }
                     }
                 }
