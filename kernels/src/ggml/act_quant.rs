@@ -18,13 +18,20 @@ pub struct Q8Block {
     pub d: f32,
     /// `d * Σ qs` (f16-rounded), the block sum needed by Q4_1/Q5_1 weights.
     pub s: f32,
-    /// `Σ qs` exactly (the offset correction of Q4_0 weights).
-    pub sum: i32,
+    /// `Σ qs` exactly (the offset correction of Q4_0 weights; |Σ| <= 32 · 128).
+    pub sum: i16,
     /// `Σ qs[..16]` exactly (the offset correction of Q6_K's 16-value sub-blocks).
-    pub sum_lo: i32,
+    pub sum_lo: i16,
+    /// `-(d · Σ qs)` in f32, the factor of Q4_K's and Q5_K's min term, made once per block
+    /// rather than once per block and row group.
+    pub neg_dsum: f32,
     /// Quantized values in [-127, 127].
     pub qs: [i8; Q8_BLOCK],
 }
+
+// 48 bytes, three per activation value: the prefill kernels keep a block of tokens' blocks in
+// L1/L2 (see `linear::ggml::interleaved`).
+const _: () = assert!(std::mem::size_of::<Q8Block>() == 48);
 
 /// Quantizes `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks), absmax / 127
 /// per block, values rounded half away from zero; the AVX2 version where the CPU has it.
@@ -57,11 +64,12 @@ pub fn quantize_q8_with(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
                     *q = r as i8;
                     sum += r;
                     if l == Q8_BLOCK / 2 - 1 {
-                        blk.sum_lo = sum;
+                        blk.sum_lo = sum as i16;
                     }
                 }
-                blk.sum = sum;
+                blk.sum = sum as i16;
                 blk.d = f16::from_f32(d).to_f32();
+                blk.neg_dsum = -(blk.d * sum as f32);
                 blk.s = f16::from_f32(sum as f32 * d).to_f32();
             }
         }
@@ -105,9 +113,10 @@ mod avx2 {
             let (d, id) = scales(amax);
             let (sum, sum_lo) = round_block(xs, id, &mut blk.qs);
             let h = _mm_cvtph_ps(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_setr_ps(d, sum as f32 * d, 0.0, 0.0)));
-            blk.sum = sum;
-            blk.sum_lo = sum_lo;
+            blk.sum = sum as i16;
+            blk.sum_lo = sum_lo as i16;
             blk.d = _mm_cvtss_f32(h);
+            blk.neg_dsum = -(blk.d * sum as f32);
             blk.s = _mm_cvtss_f32(_mm_shuffle_ps::<1>(h, h));
         }
     }

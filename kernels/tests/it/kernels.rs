@@ -214,8 +214,8 @@ fn q8_quantizer_simd_matches_scalar() {
         quantize_q8_with(isa, &x, &mut got);
         for (b, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(
-                (g.qs, g.sum, g.sum_lo, g.d.to_bits(), g.s.to_bits()),
-                (w.qs, w.sum, w.sum_lo, w.d.to_bits(), w.s.to_bits()),
+                (g.qs, g.sum, g.sum_lo, g.d.to_bits(), g.s.to_bits(), g.neg_dsum.to_bits()),
+                (w.qs, w.sum, w.sum_lo, w.d.to_bits(), w.s.to_bits(), w.neg_dsum.to_bits()),
                 "{isa:?} block {b}"
             );
         }

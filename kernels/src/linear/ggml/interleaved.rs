@@ -351,7 +351,7 @@ impl Interleaved {
                         let byte = |c: usize| blk[rec.code(j, c)];
                         let isum: i32 = match self.ty {
                             GgmlType::Q8_0 => (0..32).map(|c| byte(c) as i8 as i32 * a.qs[c] as i32).sum(),
-                            _ => rec.small_codes(blk, j).iter().zip(&a.qs).map(|(&q, &x)| q as i32 * x as i32).sum::<i32>() - offset(self.ty) * a.sum,
+                            _ => rec.small_codes(blk, j).iter().zip(&a.qs).map(|(&q, &x)| q as i32 * x as i32).sum::<i32>() - offset(self.ty) * i32::from(a.sum),
                         };
                         acc = (isum as f32).mul_add(d * a.d, acc);
                         if has_min(self.ty) {
@@ -675,7 +675,7 @@ mod avx2 {
                     };
                     let mut isum = if HIGH { _mm256_add_epi32(part(0, 2), part(2, 4)) } else { part(0, 4) };
                     if !MIN {
-                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(off * ab.sum));
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(off * i32::from(ab.sum)));
                     }
                     acc[t] = accumulate::<MIN>(acc[t], isum, d, m, ab);
                 }
@@ -759,7 +759,7 @@ mod avx2 {
                             _mm256_madd_epi16(half(0..8), ones)
                         };
                         let acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[t]);
-                        acc[t] = _mm256_fmadd_ps(dm, _mm256_set1_ps(-(ab.d * ab.sum as f32)), acc1);
+                        acc[t] = _mm256_fmadd_ps(dm, _mm256_set1_ps(ab.neg_dsum), acc1);
                     }
                 }
             }
@@ -791,7 +791,7 @@ mod avx2 {
                             // Two chunks per i16 sum: 4 products of at most 63 * 127.
                             let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[0], bcast(ab, 4 * h)), _mm256_maddubs_epi16(qh[1], bcast(ab, 4 * h + 1)));
                             let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[2], bcast(ab, 4 * h + 2)), _mm256_maddubs_epi16(qh[3], bcast(ab, 4 * h + 3)));
-                            let asum = if h == 0 { ab.sum_lo } else { ab.sum - ab.sum_lo };
+                            let asum = if h == 0 { i32::from(ab.sum_lo) } else { i32::from(ab.sum) - i32::from(ab.sum_lo) };
                             isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
                             if kind.offset() != 0 {
                                 // The codes' offset: sc * (-offset / 2 * Σa) twice; |16 Σa| <= 16 * 16 * 127 fits in i16.
@@ -1045,7 +1045,7 @@ mod avx512 {
                         s = _mm512_dpbusd_epi32(s, hi[i], bcast16(ab, 4 + i));
                     }
                     if !MIN {
-                        s = _mm512_sub_epi32(s, _mm512_set1_epi32(off * ab.sum));
+                        s = _mm512_sub_epi32(s, _mm512_set1_epi32(off * i32::from(ab.sum)));
                     }
                     acc[t] = accumulate16::<MIN>(acc[t], s, d, m, ab);
                 }
@@ -1076,7 +1076,7 @@ mod avx512 {
                     for (i, wi) in w.iter().enumerate() {
                         s = _mm512_dpbusd_epi32(s, *wi, bcast16(ab, i));
                     }
-                    let isum = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * ab.sum));
+                    let isum = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * i32::from(ab.sum)));
                     acc[t] = accumulate16::<false>(acc[t], isum, d, d, ab);
                 }
             }
@@ -1122,7 +1122,7 @@ mod avx512 {
                                 isum = _mm512_dpbusd_epi32(isum, *qi, bcast16(ab, i));
                             }
                             let acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, _mm512_set1_ps(ab.d)), acc[t]);
-                            acc[t] = _mm512_fmadd_ps(dm, _mm512_set1_ps(-(ab.d * ab.sum as f32)), acc1);
+                            acc[t] = _mm512_fmadd_ps(dm, _mm512_set1_ps(ab.neg_dsum), acc1);
                         }
                     }
                 }
@@ -1171,7 +1171,7 @@ mod avx512 {
                     }
                     for t in 0..T {
                         let ab = &a[t * nb + sb * SUBS + s];
-                        let asums = [ab.sum_lo, ab.sum - ab.sum_lo];
+                        let asums = [i32::from(ab.sum_lo), i32::from(ab.sum) - i32::from(ab.sum_lo)];
                         let u: [__m512; 2] = std::array::from_fn(|h| {
                             let mut u = _mm512_set1_epi32(-kind.offset() * asums[h]);
                             for (i, qi) in q[h].iter().enumerate() {

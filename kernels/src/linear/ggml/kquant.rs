@@ -135,7 +135,7 @@ pub(crate) fn dot_k4(rec: &[u8], j: usize, a: &[Q8Block], mut acc: f32, high: bo
         let dsc = d * rec[32 + s * GROUP + j] as f32;
         let dm = dmin * rec[96 + s * GROUP + j] as f32;
         acc = (isum as f32).mul_add(dsc * ab.d, acc);
-        acc = dm.mul_add(-(ab.d * ab.sum as f32), acc);
+        acc = dm.mul_add(-(ab.d * i32::from(ab.sum) as f32), acc);
     }
     acc
 }
@@ -365,7 +365,7 @@ pub(crate) fn dot_halves(kind: Halves, rec: &[u8], j: usize, a: &[Q8Block], mut 
     for (s, ab) in a.iter().enumerate().take(QK_K / Q8_BLOCK) {
         let (mut isum, mut msum) = (0i32, 0i32);
         for h in 0..2 {
-            let asum = if h == 0 { ab.sum_lo } else { ab.sum - ab.sum_lo };
+            let asum = if h == 0 { i32::from(ab.sum_lo) } else { i32::from(ab.sum) - i32::from(ab.sum_lo) };
             let (sc, m) = kind.scale_min(rec, j, 2 * s + h);
             let dot: i32 = (16 * h..16 * h + 16).map(|v| kind.code(rec, j, s, v) as i32 * ab.qs[v] as i32).sum();
             isum += sc * (dot - kind.offset() * asum);
