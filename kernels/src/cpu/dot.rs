@@ -1,6 +1,7 @@
 //! f32 row kernels: dot product and axpy, and their many-row forms for attention (every
 //! query against every key, weighted sums of value rows), each with a scalar reference and
-//! an AVX2 version (tests compare them on random data). The integer kernels of quantized weights live in
+//! an AVX2 version (tests compare them on random data); the weighted sums also have an
+//! AVX-512 form, the AVX2 one's bits. The integer kernels of quantized weights live in
 //! [`crate::linear::ggml::interleaved`].
 
 use super::caps::Isa;
@@ -72,8 +73,9 @@ pub fn dots_f32(isa: Isa, q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
 ///
 /// With AVX2 and `d` a multiple of 8, each row's sums stay in registers across the keys
 /// (64 columns at a time) instead of being loaded and stored once per key. With AVX-512 and
-/// `d` a multiple of 64, four rows share each value load. Every form adds each nonzero term
-/// into each sum in key order with one FMA, so all give the same bits.
+/// `d` a multiple of 64, four rows share each value load. Both SIMD forms add each nonzero term
+/// into each sum in key order with one FMA, so they give the same bits (the scalar form
+/// multiplies and adds, two roundings).
 pub fn weighted_sum_f32(isa: Isa, w: &[f32], v: &[f32], d: usize, acc: &mut [f32]) {
     assert!(d > 0 && acc.len().is_multiple_of(d) && v.len().is_multiple_of(d), "rows of {d}");
     let n = v.len() / d;
@@ -343,7 +345,9 @@ mod tests {
 
     /// The AVX-512 weighted sum against the AVX2 one, bit for bit: row counts that fill the
     /// four-row blocks and leave a tail, 64 and 128 columns, a third of the weights zero and
-    /// some keys zero in every row, and a NaN value under a zero weight (skipped, so no NaN).
+    /// some keys zero in every row, a NaN value under weights zero in every row, and an
+    /// infinite value under a weight zero in one row of a four-row block but not in the next
+    /// (the masked FMA must leave the first untouched: 0 · inf would be NaN).
     #[test]
     fn weighted_sum_forms_agree_bit_for_bit() {
         if !(super::Isa::Avx2.available() && std::arch::is_x86_feature_detected!("avx512f")) {
@@ -357,6 +361,11 @@ mod tests {
             if n > 2 {
                 (0..rows).for_each(|i| w[i * n + 1] = 0.0);
                 v[d + 5] = f32::NAN;
+                if rows > 1 {
+                    v[2 * d + 7] = f32::INFINITY;
+                    w[2] = 0.0;
+                    w[n + 2] = 0.5;
+                }
             }
             let acc0: Vec<f32> = (0..rows * d).map(|_| r.gen_range(-1.0f32..1.0)).collect();
             let (mut a2, mut a512) = (acc0.clone(), acc0);

@@ -4,8 +4,8 @@
 //! `expf` is most of a prefill chunk's attention time. This one is range reduction to
 //! `2^n · e^r` with `|r| <= ln2/2` and a degree-7 Taylor polynomial (truncation under 1e-8
 //! relative), written with plain multiplies and adds in array loops the compiler vectorizes.
-//! Rust never fuses a multiply and an add on its own, so the AVX2 build and the portable one
-//! give the same bits: a score's weight does not depend on the SIMD level either.
+//! Rust never fuses a multiply and an add on its own, so the AVX2 and AVX-512 builds and the
+//! portable one give the same bits: a score's weight does not depend on the SIMD level either.
 
 /// Below this, `e^x` is under f32's smallest normal: the result is 0 (masked scores, -inf,
 /// land here, so they weigh exactly nothing).
@@ -28,7 +28,7 @@ pub fn exp(x: f32) -> f32 {
     let n = t - ROUND;
     let r = (c - n * LN2_HI) - n * LN2_LO;
     let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // 2^n as an f32's exponent field; n + 127 is in 1..=255 for n in the clamped range. `t`
+    // 2^n as an f32's exponent field; n + 127 is in 1..=254 for n in the clamped range. `t`
     // and ROUND share their exponent (ulp 1), so n is the difference of their bits: integer
     // operations that vectorize, where a float-to-int cast would not (its saturation is scalar).
     let n_int = t.to_bits() as i32 - ROUND.to_bits() as i32;

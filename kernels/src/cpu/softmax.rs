@@ -1,7 +1,7 @@
 //! Row passes of attention's softmax besides the exp ([`super::exp`]): the largest score of a
-//! row, and a row's weights summed into eight lanes chosen by key position. Written as plain
-//! loops over fixed-width lanes that the compiler vectorizes, compiled once more for AVX-512;
-//! each lane sees its values in the same order in every build, so every build gives the same
+//! row, and a row's weights summed into eight lanes chosen by key position: portable loops
+//! over fixed-width lanes, an AVX2 build of the sums and AVX-512 intrinsics for the maximum.
+//! Each lane sees its values in the same order in every form, so every form gives the same
 //! bits.
 
 /// Lanes of the running maximum (one AVX-512 register).

@@ -29,7 +29,7 @@ pub struct Q8Block {
     pub qs: [i8; Q8_BLOCK],
 }
 
-// 48 bytes, three per activation value: the prefill kernels keep a block of tokens' blocks in
+// 48 bytes, 1.5 per activation value: the prefill kernels keep a block of tokens' blocks in
 // L1/L2 (see `linear::ggml::interleaved`).
 const _: () = assert!(std::mem::size_of::<Q8Block>() == 48);
 
@@ -41,7 +41,7 @@ pub fn quantize_q8(x: &[f32], out: &mut [Q8Block]) {
 }
 
 /// [`quantize_q8`] at an explicit ISA level; every level gives the same bytes for finite
-/// inputs (a NaN becomes 0 in the scalar path and -128 in the AVX2 one).
+/// inputs, and for NaNs, which become 0 in every path (so `sum` is always `Σ qs`).
 ///
 /// # Panics
 /// If `isa` is unavailable or the lengths disagree.
@@ -134,6 +134,8 @@ mod avx2 {
             let c: &[f32; 8] = x[8 * i..8 * i + 8].try_into().expect("8 values");
             // SAFETY: `c` is 8 readable floats.
             let p = _mm256_mul_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, _mm256_set1_ps(id));
+            // NaN to 0, as the scalar path's `as i32` makes it (`vcvtps2dq` would give i32::MIN).
+            let p = _mm256_and_ps(p, _mm256_cmp_ps::<_CMP_ORD_Q>(p, p));
             // Truncate, then step one away from zero where the dropped fraction is >= 1/2
             // (exact: the fraction of a float below 2^23 is representable).
             let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);

@@ -198,6 +198,8 @@ fn q8_quantizer_simd_matches_scalar() {
     x.extend([0f32; 32]);
     // A scale whose inverse overflows (zeros), one that f16 flushes to zero, and one
     // beyond f16's range (infinite d), each with a negative zero.
+    // NaNs, which every level quantizes to 0 (so the block sums stay the sums of its values).
+    x.extend((0..32).map(|i| if i % 5 == 2 { f32::NAN } else { i as f32 - 16.0 }));
     for amax in [1e-38f32, 1e-6, 1e7] {
         x.extend((0..32).map(|i| match i {
             0 => amax,
@@ -306,16 +308,23 @@ fn interleaved_gemm_is_bit_exact_and_batch_invariant() {
     }
 }
 
-/// Q6_K at its largest block sums: every code 0 (value -32) under scales of -128, against
-/// activations of +127 and of -127 (quantized from +1 and -1), so each 32-value block's exact
-/// sum is ±2 · 128 · 16 · 32 · 127 = ±16,646,144, just under 2^24. The AVX-512 kernel applies
-/// the scales in floats, exact only below 2^24; every level must still equal the reference.
+/// Q6_K near its largest block sums: codes 0 (value -32) but the first of each 16-value half
+/// at 1 (value -31), under scales of -127, against activations of +127 and of -127 (quantized
+/// from +1 and -1). Each half's sum is ∓127 · 511, odd, each scaled half ±8,241,919 (odd) and
+/// each 32-value block ±16,483,838, between 2^23 and 2^24, where f32 still holds every
+/// integer. The AVX-512 kernel applies the scales in floats; every level must equal the
+/// reference.
 #[test]
 fn q6k_kernels_are_exact_at_their_largest_sums() {
     let levels: Vec<GemmLevel> = GemmLevel::ALL.into_iter().filter(|l| l.available()).collect();
     let (rows, k) = (2 * GROUP, 512);
     let mut block = vec![0u8; 210];
-    block[192..208].fill(0x80);
+    for v in (0..256).step_by(16) {
+        // Value v's low nibble (GGML Q6_K: 128-value halves, 32-value quarters).
+        let (n, quarter, l) = (v / 128, (v % 128) / 32, v % 32);
+        block[n * 64 + l + (quarter & 1) * 32] |= if quarter < 2 { 0x01 } else { 0x10 };
+    }
+    block[192..208].fill(0x81);
     block[208..210].copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
     let w = block.repeat(rows * k / 256);
     let view = WeightView::new(GgmlType::Q6K, rows, k, &w).unwrap();
