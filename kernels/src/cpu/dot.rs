@@ -188,6 +188,30 @@ mod avx2 {
         _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(u0, u1), _mm256_permute2f128_ps::<0x31>(u0, u1))
     }
 
+    /// The scores of query row `qi` (at `pq`) against keys `j0..j0 + kn` (rows of `d` at
+    /// `pk`), in the lanes of one vector; the lanes past `kn` are reduced empty, so a key's
+    /// score has the same bits wherever it falls in the run. `FULL` fixes `kn` at 8: whole
+    /// blocks then run with fixed trip counts, no per-key test in the loop.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; query `qi` and keys `j0..j0 + kn` have `d` floats each.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn key_block<const FULL: bool>(pq: *const f32, pk: *const f32, qi: usize, j0: usize, kn: usize, d: usize) -> __m256 {
+        let kn = if FULL { 8 } else { kn };
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for c in (0..d).step_by(8) {
+            // SAFETY: caller's contract.
+            unsafe {
+                let qv = _mm256_loadu_ps(pq.add(qi * d + c));
+                for (u, a) in acc.iter_mut().enumerate().take(kn) {
+                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(pk.add((j0 + u) * d + c)), *a);
+                }
+            }
+        }
+        hsum8(&acc)
+    }
+
     /// See [`super::dots_f32`]; `d` is a multiple of 8.
     ///
     /// # Safety
@@ -196,43 +220,18 @@ mod avx2 {
     pub unsafe fn dots(q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
         let n = k.len() / d;
         let (pq, pk) = (q.as_ptr(), k.as_ptr());
+        let whole = n / 8 * 8;
         for (i, o) in out.chunks_exact_mut(n.max(1)).enumerate().take(q.len() / d) {
-            // Whole blocks of eight keys with fixed trip counts (no per-key test in the loop,
-            // the sums stored straight to the output).
-            let whole = n / 8 * 8;
             for j0 in (0..whole).step_by(8) {
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for c in (0..d).step_by(8) {
-                    // SAFETY: query i and keys j0..j0 + 8 have d floats each (shapes checked).
-                    unsafe {
-                        let qv = _mm256_loadu_ps(pq.add(i * d + c));
-                        for (u, a) in acc.iter_mut().enumerate() {
-                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(pk.add((j0 + u) * d + c)), *a);
-                        }
-                    }
-                }
                 let dst: &mut [f32; 8] = (&mut o[j0..j0 + 8]).try_into().expect("8 scores");
-                // SAFETY: `dst` is 8 writable floats.
-                unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), hsum8(&acc)) };
+                // SAFETY: query i and keys j0..j0 + 8 exist (shapes checked); `dst` is 8 floats.
+                unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), key_block::<true>(pq, pk, i, j0, 8, d)) };
             }
-            // A last partial block is reduced the same way with empty lanes, so a key's score
-            // has the same bits wherever it falls in the run.
-            for j0 in (whole..n).step_by(8) {
-                let kn = 8.min(n - j0);
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for c in (0..d).step_by(8) {
-                    // SAFETY: query i and keys j0..j0 + kn have d floats each (shapes checked).
-                    unsafe {
-                        let qv = _mm256_loadu_ps(pq.add(i * d + c));
-                        for (u, a) in acc.iter_mut().enumerate().take(kn) {
-                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(pk.add((j0 + u) * d + c)), *a);
-                        }
-                    }
-                }
+            if whole < n {
                 let mut sums = [0f32; 8];
-                // SAFETY: `sums` is 8 writable floats.
-                unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), hsum8(&acc)) };
-                o[j0..j0 + kn].copy_from_slice(&sums[..kn]);
+                // SAFETY: query i and keys whole..n exist (shapes checked); `sums` is 8 floats.
+                unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), key_block::<false>(pq, pk, i, whole, n - whole, d)) };
+                o[whole..].copy_from_slice(&sums[..n - whole]);
             }
         }
     }
