@@ -48,9 +48,10 @@ for ctx in ${CTXS:-1024 2048}; do
       continue
     fi
     # shellcheck disable=SC2086
-    out=$("$BIN" perplexity ${MODEL_FLAGS[@]+"${MODEL_FLAGS[@]}"} --file "$CORPUS" --ctx "$ctx" --chunks "$chunks" $f 2>&1)
+    out=$(RUST_LOG=${RUST_LOG:-info} "$BIN" perplexity ${MODEL_FLAGS[@]+"${MODEL_FLAGS[@]}"} --file "$CORPUS" --ctx "$ctx" --chunks "$chunks" $f 2>&1)
     ppl=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\) .*/\1/p' <<<"$out")
-    desc=$(sed -n 's/.*kv cache \(.*\) (\([0-9.]*\) bytes\/token, \([0-9.]*\)x smaller than bf16[^)]*)$/\1|\2|\3/p' <<<"$out")
+    # The KV-cache pool's log line: kv_cache=NAME (BYTES bytes/token, RATIOx smaller than bf16...).
+    desc=$(sed 's/\x1b\[[0-9;]*m//g' <<<"$out" | sed -n 's/.*kv_cache=\(.*\) (\([0-9.]*\) bytes\/token, \([0-9.]*\)x smaller than bf16.*/\1|\2|\3/p' | head -1)
     IFS='|' read -r name bpt ratio <<<"$desc"
     [[ "$name" == "bf16" ]] && base=$ppl
     delta=$(awk -v p="$ppl" -v b="$base" 'BEGIN{printf "%+.2f%%", (p/b-1)*100}')

@@ -10,39 +10,30 @@
 //! `ε²·(Σ aᵢ·sᵢ²)·(Σ bᵢ/sᵢ²)/d` for `aᵢ = E[qᵢ²]`, `bᵢ = Var[kᵢ]`. By Cauchy-Schwarz that is
 //! least at `sᵢ = (bᵢ/aᵢ)^¼`, where it falls by `(Σa)(Σb)/(Σ√(ab))²`: 1.1x to 2.5x per head
 //! in SmolLM2 (mean 1.7x, from the corpus' own statistics), whose queries and keys put their
-//! energy in different channels. The statistics here come from a short text, not the one
-//! served, and half that exponent ([`BALANCE_EXPONENT`]) does better.
+//! energy in different channels. The statistics here come from a calibration text, not the
+//! one served, and a smaller exponent ([`BALANCE_EXPONENT`]) does better.
 
 use super::{ActivationObserver, ForwardError, LinearSite, LlamaModel, SeqInput};
 use crate::kv_cache::{KeyTransform, KvLayout};
 
-/// The calibration text: varied prose, dialogue, numbers and code, so that the mean is not
-/// one genre's. It is not taken from the perplexity corpus.
-pub const CALIBRATION_TEXT: &str = "\
-The harbour was quiet before dawn. Fishing boats rocked against the pier, and a single lamp \
-burned in the window of the customs house, where an old clerk counted crates by hand. \
-\"Twelve from Lisbon, nine from Bergen,\" he muttered, writing each number in a ledger that had \
-outlived three governments. Outside, the tide turned; gulls began to argue over the nets.\n\
-In mathematics, a prime number is a natural number greater than 1 that has no divisors other \
-than 1 and itself. The first primes are 2, 3, 5, 7, 11 and 13; there are infinitely many, as \
-Euclid proved around 300 BC. Their distribution is described by the prime number theorem.\n\
-def mean(values):\n    total = sum(values)\n    return total / len(values) if values else 0.0\n\n\
-Q: What is the capital of Australia?\nA: Canberra, not Sydney, although Sydney is larger.\n\
-To bake bread, mix 500 g of flour with 350 ml of water, 10 g of salt and 7 g of yeast. Knead \
-for ten minutes, let the dough rise for an hour, shape it, and bake at 230 degrees Celsius \
-for about thirty-five minutes, until the crust sounds hollow when tapped.\n\
-The committee met on Tuesday to discuss the budget. After a long debate, members agreed to \
-postpone the vote until more data on energy costs, staffing and maintenance were available.";
+/// The calibration text (`key_calibration.txt`, about 1,060 tokens): mostly prose and
+/// dialogue (narrative, a letter, exposition, news), with a little chat, Q&A, numbers and code,
+/// written for the project and not taken from any text its quality is measured on. The
+/// statistics need length as well as variety: on held-out text (`scripts/heldout-texts.sh`,
+/// ctx 1024, 12 windows), tq3_0 lost +10.5% (Persuasion) and +11.3% (license texts) against
+/// bf16 when calibrated on the ~330 tokens of this text's first version, and +6.6% and +6.8%
+/// on this one (with [`BALANCE_EXPONENT`] ³⁄₁₆).
+pub const CALIBRATION_TEXT: &str = include_str!("key_calibration.txt");
 
 /// Passes of [`CALIBRATION_TEXT`], one after another in one sequence, that calibrate keys
-/// which are only centered (HQMQ), so that the mean covers positions 0 to about 1000 rather
-/// than 0 to 330: the slowest RoPE pairs barely turn within one pass, so their post-RoPE mean
-/// depends on the positions seen. hqmq-s96-r4 at ctx 1024 (`tessera perplexity`, the corpus):
-/// one pass 22.68, three 22.40. Balanced keys (tq3_0, qjl1) take one pass: with three, tq3_0
-/// PPL improved (23.07 → 22.87 at ctx 1024, 23.62 → 23.06 at 2048), but a passphrase 4k
-/// tokens back was missed at three corpus offsets out of three, and found at all three with
-/// one. Second moments over a pass in which the model copies its previous one are skewed.
-pub const CENTERING_PASSES: usize = 3;
+/// which are only centered (HQMQ), so that the mean covers positions 0 to about 2,100 rather
+/// than 0 to 1,060: the slowest RoPE pairs barely turn within one pass, so their post-RoPE
+/// mean depends on the positions seen. hqmq-s96-r4 at ctx 1024 on Persuasion: one pass 33.90,
+/// two 33.62 (bf16 31.78). Balanced keys (tq3_0, qjl1) take one pass: second moments over a
+/// pass in which the model copies its previous one are skewed (with three passes of the
+/// text's first version, a passphrase 4k tokens back was missed at three corpus offsets out of
+/// three, and found at all three with one).
+pub const CENTERING_PASSES: usize = 2;
 
 /// Per layer, running sums of the keys, their squares and the squared queries of each KV
 /// head's group, channel by channel.
@@ -76,11 +67,11 @@ impl ActivationObserver for AttentionSums {
 }
 
 /// The exponent of the balancing scales `(b/a)^e`. The optimum for statistics of the served
-/// text is ¼; with these, measured with TQ3_0 (`tessera perplexity`, the corpus): ⅛ gives PPL
-/// 22.96 at ctx 1024 (K and V) and 22.84 at ctx 2048 (keys only), 0.18 gives 23.10 and 23.20,
-/// ¼ gives 23.40 and 23.86 (unbalanced: 23.68 at ctx 1024); these runs used the TQ3_0
-/// encoder's first scale search, over all 13 ratios 1.5 to 2.7.
-const BALANCE_EXPONENT: f64 = 0.125;
+/// text is ¼; statistics from a calibration text are a less certain guide, and a smaller
+/// exponent trusts them less. TQ3_0 PPL at ctx 1024 on held-out text (Persuasion / license
+/// texts, bf16 31.78 / 15.13): ⅛ 34.11 / 16.56, ³⁄₁₆ 33.87 / 16.15, ¼ 34.06 on Persuasion.
+/// ⅛ had been chosen with the ~330-token first version of the calibration text.
+const BALANCE_EXPONENT: f64 = 0.1875;
 
 /// Floor of a channel's statistic, relative to its head's mean: keeps a channel that never
 /// varied in the calibration text from getting an extreme scale.
@@ -149,7 +140,8 @@ mod tests {
         // Key variances [1, 0, 1, 4] (channel 1 floored at 1e-3 of its head's mean 0.5);
         // query powers [1, 0, 0, 4] (KV head 0's channel 1 and head 1's channel 0 floored at
         // 1e-3 of 0.5 and of 2).
-        let raw = [(1.0f64 / 1.0).powf(0.125), (5e-4f64 / 5e-4).powf(0.125), (1.0f64 / 2e-3).powf(0.125), (4.0f64 / 4.0).powf(0.125)];
+        let e = BALANCE_EXPONENT;
+        let raw = [(1.0f64 / 1.0).powf(e), (5e-4f64 / 5e-4).powf(e), (1.0f64 / 2e-3).powf(e), (4.0f64 / 4.0).powf(e)];
         let heads = [[raw[0], raw[1]], [raw[2], raw[3]]];
         let want: Vec<f32> = heads.iter().flat_map(|h| h.map(|x| (x / (h[0] * h[1]).sqrt()) as f32)).collect();
         let got = &t.scales.unwrap()[0];
@@ -164,8 +156,9 @@ mod tests {
         let a = [16.0, 1.0, 1.0 / 16.0, 1.0];
         let b = [1.0, 1.0, 16.0, 256.0];
         let s = balance(&a, &b);
-        // (b/a)^⅛ = [1/√2, 1, 2, 2], geometric mean 2^(3/8).
-        let want = [0.5f64.sqrt(), 1.0, 2.0, 2.0].map(|x| x / 2f64.powf(0.375));
+        // b/a = [2^-4, 1, 2^8, 2^8], so (b/a)^e = [2^-4e, 1, 2^8e, 2^8e], geometric mean 2^3e.
+        let e = BALANCE_EXPONENT;
+        let want = [2f64.powf(-4.0 * e), 1.0, 2f64.powf(8.0 * e), 2f64.powf(8.0 * e)].map(|x| x / 2f64.powf(3.0 * e));
         for (g, w) in s.iter().zip(want) {
             assert!((f64::from(*g) - w).abs() < 1e-6, "{s:?} vs {want:?}");
         }

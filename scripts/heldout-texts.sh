@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Writes held-out evaluation texts, none of which the project tunes anything on, into DIR
+# (default target/heldout), and prints their paths:
+#   persuasion.txt  Jane Austen, Persuasion (1817): another novel from the Debian package
+#                   `r-cran-janeaustenr` 1.0.0-1 that the corpus (Pride and Prejudice) comes
+#                   from, extracted the same way (one line per element, joined with newlines);
+#                   the same extraction of `prideprejudice` reproduces the corpus byte for byte.
+#   licenses.txt    legal prose: Debian's /usr/share/common-licenses GPL-3, Apache-2.0,
+#                   MPL-2.0, GFDL-1.3, CC0-1.0, Artistic and LGPL-2.1, concatenated.
+# Use them with the quality scripts, e.g. CORPUS=target/heldout/persuasion.txt scripts/kv-ppl.sh.
+#
+#   scripts/heldout-texts.sh [DIR]
+#
+# Needs apt-get (to download the package, no root) and python3 with venv; the R data reader
+# (`rdata` from PyPI) goes into ~/.cache/tessera/heldout-venv.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+DIR=${1:-$ROOT/target/heldout}
+mkdir -p "$DIR"
+DIR=$(cd "$DIR" && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+if [[ ! -s "$DIR/persuasion.txt" ]]; then
+  VENV=${HOME}/.cache/tessera/heldout-venv
+  [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+  "$VENV/bin/python" -c "import rdata" 2>/dev/null || "$VENV/bin/pip" install -q "rdata==1.1.0"
+  (cd "$WORK" && apt-get -o APT::Sandbox::User=root download r-cran-janeaustenr=1.0.0-1 >/dev/null)
+  dpkg-deb -x "$WORK"/r-cran-janeaustenr_1.0.0-1_all.deb "$WORK/pkg"
+  "$VENV/bin/python" -W ignore - "$WORK/pkg/usr/lib/R/site-library/janeaustenr/data/Rdata" "$DIR" <<'PY'
+import gzip, sys, zlib
+import rdata
+
+base, out = sys.argv[1], sys.argv[2]
+# R's lazy-load database: the .rdx index (gzip) maps each data set to an (offset, length) in
+# the .rdb, whose entries are a 4-byte length and a zlib stream of one serialized R object.
+index = rdata.conversion.convert(rdata.parser.parse_data(gzip.decompress(open(base + ".rdx", "rb").read())))
+blob = open(base + ".rdb", "rb").read()
+for name, file in [("persuasion", "persuasion.txt"), ("prideprejudice", "prideprejudice.txt")]:
+    off, length = (int(x) for x in index["variables"][name])
+    lines = rdata.conversion.convert(rdata.parser.parse_data(zlib.decompress(blob[off + 4:off + length])))
+    with open(f"{out}/{file}", "w", encoding="utf-8") as f:
+        f.write("\n".join(str(x) for x in lines) + "\n")
+PY
+  # The corpus is this extraction of Pride and Prejudice: check that the method reproduces it.
+  want=dfc684d4f857fa938268f9ab9c5567b64bd0691251eca959644adeabe6287a4d
+  got=$(sha256sum "$DIR/prideprejudice.txt" | cut -d' ' -f1)
+  rm "$DIR/prideprejudice.txt"
+  [[ "$got" == "$want" ]] || { echo "extraction does not reproduce the corpus (sha256 $got)" >&2; rm -f "$DIR/persuasion.txt"; exit 1; }
+fi
+
+L=/usr/share/common-licenses
+cat "$L/GPL-3" "$L/Apache-2.0" "$L/MPL-2.0" "$L/GFDL-1.3" "$L/CC0-1.0" "$L/Artistic" "$L/LGPL-2.1" >"$DIR/licenses.txt"
+echo "$DIR/persuasion.txt"
+echo "$DIR/licenses.txt"
