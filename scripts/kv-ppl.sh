@@ -7,7 +7,7 @@
 #
 # Environment: MODEL (a model path; default $TESSERA_MODEL, else the default model), CTXS
 # (default "1024 2048"), ONLY (an extended regex: run only the formats whose flags match it;
-# bf16 always runs).
+# bf16 always runs), CORPUS (another text, e.g. one of scripts/heldout-texts.sh's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${TESSERA_BIN:-target/release/tessera}
