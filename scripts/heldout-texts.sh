@@ -23,11 +23,11 @@ trap 'rm -rf "$WORK"' EXIT
 
 if [[ ! -s "$DIR/persuasion.txt" ]]; then
   VENV=${HOME}/.cache/tessera/heldout-venv
-  [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
-  "$VENV/bin/python" -c "import rdata" 2>/dev/null || "$VENV/bin/pip" install -q "rdata==1.1.0"
+  [[ -x "$VENV/bin/pip" ]] || { rm -rf "$VENV"; python3 -m venv "$VENV"; }
+  [[ "$("$VENV/bin/python" -c "import rdata; print(rdata.__version__)" 2>/dev/null)" == 1.1.0 ]] || "$VENV/bin/pip" install -q "rdata==1.1.0"
   (cd "$WORK" && apt-get -o APT::Sandbox::User=root download r-cran-janeaustenr=1.0.0-1 >/dev/null)
   dpkg-deb -x "$WORK"/r-cran-janeaustenr_1.0.0-1_all.deb "$WORK/pkg"
-  "$VENV/bin/python" -W ignore - "$WORK/pkg/usr/lib/R/site-library/janeaustenr/data/Rdata" "$DIR" <<'PY'
+  "$VENV/bin/python" -W ignore - "$WORK/pkg/usr/lib/R/site-library/janeaustenr/data/Rdata" "$WORK" <<'PY'
 import gzip, sys, zlib
 import rdata
 
@@ -42,11 +42,12 @@ for name, file in [("persuasion", "persuasion.txt"), ("prideprejudice", "pridepr
     with open(f"{out}/{file}", "w", encoding="utf-8") as f:
         f.write("\n".join(str(x) for x in lines) + "\n")
 PY
-  # The corpus is this extraction of Pride and Prejudice: check that the method reproduces it.
+  # The corpus is this extraction of Pride and Prejudice: check that the method reproduces it
+  # before the book leaves the scratch directory.
   want=dfc684d4f857fa938268f9ab9c5567b64bd0691251eca959644adeabe6287a4d
-  got=$(sha256sum "$DIR/prideprejudice.txt" | cut -d' ' -f1)
-  rm "$DIR/prideprejudice.txt"
-  [[ "$got" == "$want" ]] || { echo "extraction does not reproduce the corpus (sha256 $got)" >&2; rm -f "$DIR/persuasion.txt"; exit 1; }
+  got=$(sha256sum "$WORK/prideprejudice.txt" | cut -d' ' -f1)
+  [[ "$got" == "$want" ]] || { echo "extraction does not reproduce the corpus (sha256 $got)" >&2; exit 1; }
+  mv "$WORK/persuasion.txt" "$DIR/persuasion.txt"
 fi
 
 L=/usr/share/common-licenses

@@ -52,6 +52,10 @@ for ctx in ${CTXS:-1024 2048}; do
     ppl=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\) .*/\1/p' <<<"$out")
     # The KV-cache pool's log line: kv_cache=NAME (BYTES bytes/token, RATIOx smaller than bf16...).
     desc=$(sed 's/\x1b\[[0-9;]*m//g' <<<"$out" | sed -n 's/.*kv_cache=\(.*\) (\([0-9.]*\) bytes\/token, \([0-9.]*\)x smaller than bf16.*/\1|\2|\3/p' | head -1)
+    if [[ -z "$ppl" || -z "$desc" ]]; then
+      echo "no perplexity or KV-cache log line from: $BIN perplexity ... $f (RUST_LOG must show info)" >&2
+      exit 1
+    fi
     IFS='|' read -r name bpt ratio <<<"$desc"
     [[ "$name" == "bf16" ]] && base=$ppl
     delta=$(awk -v p="$ppl" -v b="$base" 'BEGIN{printf "%+.2f%%", (p/b-1)*100}')
