@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Writes held-out evaluation texts, none of which the project tunes anything on, into DIR
-# (default target/heldout), and prints their paths:
+# Writes evaluation texts other than the corpus into DIR (default target/heldout) and prints
+# their paths. The project was tuned on neither until 0c0caa5, which chose the key
+# calibration's constants on them:
 #   persuasion.txt  Jane Austen, Persuasion (1817): another novel from the Debian package
 #                   `r-cran-janeaustenr` 1.0.0-1 that the corpus (Pride and Prejudice) comes
 #                   from, extracted the same way (one line per element, joined with newlines);

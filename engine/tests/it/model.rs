@@ -9,6 +9,7 @@ use common::{fixture, model, model_with};
 use serde_json::Value;
 use tessera_engine::kv_cache::{LocalKv, SequenceKv};
 use tessera_engine::model::{LlamaModel, SeqInput};
+use tessera_engine::LoadedModel;
 use tessera_engine::perplexity::{perplexity, PerplexityOptions};
 use tessera_engine::sample::argmax;
 use tessera_kernels::linear::LinearPolicy;
@@ -345,33 +346,57 @@ fn key_calibration_centers_are_the_cached_keys_mean() {
 /// bound of 1.25x tells them apart.
 #[test]
 fn key_calibration_generalizes_to_held_out_text() {
-    use tessera_engine::kv_cache::KvDtype;
     use tessera_engine::model::key_calibration;
-    use tessera_kernels::kv::KvFormat;
     let lm = model();
-    let m = &lm.model;
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/persuasion_chapter20.txt")).unwrap();
-    let mut tokens = lm.tokenizer.encode(&text).unwrap();
-    assert!(tokens.len() >= 1024, "{} tokens", tokens.len());
-    tokens.truncate(1024);
-    // The second half's predictions, as perplexity scores a window.
-    let log_probs = |layout| {
-        let mut kv = LocalKv::new(layout, tokens.len());
-        let logits = m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(512) }]).unwrap().swap_remove(0);
-        common::log_softmax_rows(&logits, m.config().vocab_size)
-    };
-    let exact = log_probs(m.kv_layout(KvDtype::default(), 16, 0).unwrap());
-    let dtype = KvDtype { k: KvFormat::TQ3_0, v: KvFormat::F32 };
-    let calibrated_on = |calibration: &[u32]| {
-        let mut layout = m.kv_layout(dtype, 16, 0).unwrap();
-        let t = key_calibration::measure(m, &layout, calibration).unwrap();
-        std::sync::Arc::get_mut(&mut layout).unwrap().set_key_transform(t).unwrap();
-        common::mean_kl(&exact, &log_probs(layout))
-    };
-    let built_in = calibrated_on(&lm.tokenizer.encode(key_calibration::CALIBRATION_TEXT).unwrap());
-    let itself = calibrated_on(&tokens);
+    let kl = Tq3KeysKl::new(lm, &text);
+    let built_in = kl.calibrated_on(&lm.tokenizer.encode(key_calibration::CALIBRATION_TEXT).unwrap(), true);
+    let itself = kl.calibrated_on(&kl.tokens, true);
     eprintln!("mean KL vs the f32 cache: built-in calibration {built_in:.5}, calibrated on the chapter itself {itself:.5}");
     assert!(built_in < 1.25 * itself, "the built-in calibration generalizes poorly: KL {built_in} vs {itself} calibrated on the text itself");
+}
+
+/// How far TQ3_0 keys (f32 values) move a model's predictions from an f32 cache's: mean KL
+/// per token over the second half of the first 1,024 tokens of a text, as perplexity scores a
+/// window.
+struct Tq3KeysKl<'a> {
+    lm: &'a LoadedModel,
+    tokens: Vec<u32>,
+    exact: Vec<Vec<f64>>,
+}
+
+impl<'a> Tq3KeysKl<'a> {
+    fn new(lm: &'a LoadedModel, text: &str) -> Self {
+        let mut tokens = lm.tokenizer.encode(text).unwrap();
+        assert!(tokens.len() >= 1024, "{} tokens", tokens.len());
+        tokens.truncate(1024);
+        let mut kl = Tq3KeysKl { lm, tokens, exact: Vec::new() };
+        kl.exact = kl.log_probs(lm.model.kv_layout(tessera_engine::kv_cache::KvDtype::default(), 16, 0).unwrap());
+        kl
+    }
+
+    fn log_probs(&self, layout: std::sync::Arc<tessera_engine::kv_cache::KvLayout>) -> Vec<Vec<f64>> {
+        let m = &self.lm.model;
+        let mut kv = LocalKv::new(layout, self.tokens.len());
+        let logits = m.forward(&mut [SeqInput { tokens: &self.tokens, kv: &mut kv, logits_from: Some(512) }]).unwrap().swap_remove(0);
+        common::log_softmax_rows(&logits, m.config().vocab_size)
+    }
+
+    /// The mean KL with keys centered (and balanced when `balanced`) by statistics measured
+    /// on `calibration`.
+    fn calibrated_on(&self, calibration: &[u32], balanced: bool) -> f64 {
+        use tessera_engine::kv_cache::KvDtype;
+        use tessera_engine::model::key_calibration;
+        use tessera_kernels::kv::KvFormat;
+        let m = &self.lm.model;
+        let mut layout = m.kv_layout(KvDtype { k: KvFormat::TQ3_0, v: KvFormat::F32 }, 16, 0).unwrap();
+        let mut t = key_calibration::measure(m, &layout, calibration).unwrap();
+        if !balanced {
+            t.scales = None;
+        }
+        std::sync::Arc::get_mut(&mut layout).unwrap().set_key_transform(t).unwrap();
+        common::mean_kl(&self.exact, &self.log_probs(layout))
+    }
 }
 
 /// Balancing pays: with TQ3_0 keys (f32 values), the second half of 1,024 tokens of the
@@ -383,34 +408,12 @@ fn key_calibration_generalizes_to_held_out_text() {
 /// it does: tq3_0 on Persuasion at ctx 1024, 33.87 balanced vs 35.01 centered only.)
 #[test]
 fn balanced_tq3_keys_track_the_float_cache_better() {
-    use tessera_engine::kv_cache::KvDtype;
     use tessera_engine::model::key_calibration;
-    use tessera_kernels::kv::KvFormat;
     let lm = model();
-    let m = &lm.model;
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/pride_and_prejudice.txt")).unwrap();
-    let mut tokens = lm.tokenizer.encode(&text[..8000]).unwrap();
-    tokens.truncate(1024);
-    // The second half's predictions, as perplexity scores a window.
-    let log_probs = |layout| {
-        let mut kv = LocalKv::new(layout, tokens.len());
-        let logits = m.forward(&mut [SeqInput { tokens: &tokens, kv: &mut kv, logits_from: Some(512) }]).unwrap().swap_remove(0);
-        common::log_softmax_rows(&logits, m.config().vocab_size)
-    };
-    let kl = common::mean_kl;
-    let exact = log_probs(m.kv_layout(KvDtype::default(), 16, 0).unwrap());
+    let kl = Tq3KeysKl::new(lm, &text[..8000]);
     let calibration = lm.tokenizer.encode(key_calibration::CALIBRATION_TEXT).unwrap();
-    let dtype = KvDtype { k: KvFormat::TQ3_0, v: KvFormat::F32 };
-    let transformed = |balanced: bool| {
-        let mut layout = m.kv_layout(dtype, 16, 0).unwrap();
-        let mut t = key_calibration::measure(m, &layout, &calibration).unwrap();
-        if !balanced {
-            t.scales = None;
-        }
-        std::sync::Arc::get_mut(&mut layout).unwrap().set_key_transform(t).unwrap();
-        kl(&exact, &log_probs(layout))
-    };
-    let (centered, balanced) = (transformed(false), transformed(true));
+    let (centered, balanced) = (kl.calibrated_on(&calibration, false), kl.calibrated_on(&calibration, true));
     eprintln!("mean KL vs the f32 cache: centered {centered:.5}, centered and balanced {balanced:.5}");
     assert!(balanced < 0.9 * centered, "balancing did not help: KL {balanced} vs {centered} centered only");
 }
