@@ -89,7 +89,8 @@ impl LoadedModel {
     /// [`Self::kv_layouts`] for one model: the whole one, or (inside [`Self::run`]) a rank's.
     pub fn kv_layout_on(&self, m: &LlamaModel, req: impl Into<KvRequest>, block_size: usize, seed: u64) -> Result<Arc<KvLayout>, KvLayoutError> {
         let bos: Vec<u32> = self.tokenizer.special().bos.filter(|_| self.tokenizer.special().add_bos).into_iter().collect();
-        let text = self.tokenizer.encode(CALIBRATION_TEXT).map_err(KvLayoutError::Calibration)?;
+        // The text without a BOS of its own: the prefix holds the one BOS, whatever the passes.
+        let text = self.tokenizer.encode_with(CALIBRATION_TEXT, false).map_err(KvLayoutError::Calibration)?;
         m.kv_layout_calibrated(req, block_size, seed, &bos, &text)
     }
 

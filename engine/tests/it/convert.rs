@@ -195,3 +195,43 @@ fn sharded_output_has_an_index() {
         assert_eq!(t.data.bytes(), single.tensors[name].data.bytes(), "{name}");
     }
 }
+
+/// On a model that prepends BOS (the bf16 conversion with `add_bos_token: true`), the key
+/// calibration `LoadedModel::kv_layout` runs is one BOS, then the built-in text's passes
+/// without a BOS of their own: the layout's key centers (and scales) are exactly what
+/// `key_calibration::measure` gives on that sequence, for a one-pass format (tq3_0) and for one
+/// that takes `CENTERING_PASSES` (HQMQ). (The text was encoded with the tokenizer's own BOS
+/// once, so the sequence began with two.)
+#[test]
+fn key_calibration_has_one_bos_on_models_that_add_it() {
+    use tessera_engine::kv_cache::KvDtype;
+    use tessera_engine::model::key_calibration::{self, CALIBRATION_TEXT, CENTERING_PASSES};
+    let src = converted(FloatDtype::BF16);
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        std::os::unix::fs::symlink(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = dir.path().join("tokenizer_config.json");
+    let mut tcfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    tcfg["add_bos_token"] = Value::Bool(true);
+    std::fs::remove_file(&cfg_path).unwrap();
+    std::fs::write(&cfg_path, tcfg.to_string()).unwrap();
+
+    let lm = LoadedModel::load(dir.path(), LinearPolicy::DEFAULT).unwrap();
+    let bos = lm.tokenizer.special().bos.unwrap();
+    assert!(lm.tokenizer.special().add_bos);
+    let text = lm.tokenizer.encode_with(CALIBRATION_TEXT, false).unwrap();
+    assert_ne!(text[0], bos);
+    for (format, passes) in [("tq3_0", 1), ("hqmq-s96-r4", CENTERING_PASSES)] {
+        let req = KvDtype { k: format.parse().unwrap(), v: "bf16".parse().unwrap() };
+        let layout = lm.kv_layout(req, 16, 0).unwrap();
+        let mut sequence = vec![bos];
+        (0..passes).for_each(|_| sequence.extend_from_slice(&text));
+        let want = key_calibration::measure(&lm.model, &lm.model.kv_layout(req, 16, 0).unwrap(), &sequence).unwrap();
+        for layer in 0..lm.model.config().num_layers {
+            assert_eq!(layout.key_center(layer), Some(want.centers[layer].as_slice()), "{format}: layer {layer}'s key center");
+            assert_eq!(layout.key_scale(layer), want.scales.as_ref().map(|s| s[layer].as_slice()), "{format}: layer {layer}'s key scales");
+        }
+    }
+}
