@@ -83,7 +83,7 @@ impl TpBackend {
 impl Backend for TpBackend {
     fn forward(&mut self, batch: &mut [StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
         if batch.iter().any(|s| s.exact.is_some()) {
-            return Err("exact-key windows (qjl1) are not supported with tensor parallelism".into());
+            return Err("exact keys (qjl1, hqmq-...-sinkN) are not supported with tensor parallelism".into());
         }
         let batch = &*batch;
         let pools = &self.pools;

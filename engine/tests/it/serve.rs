@@ -241,7 +241,7 @@ fn greedy_bits(e: &Engine, id: &str, prompt: &[u32], max_tokens: usize) -> (Vec<
 fn prefix_hits_and_chunking_do_not_change_results() {
     let model = Arc::new(LoadedModel::load(&default_model_path(), LinearPolicy::DEFAULT).unwrap());
     // The default format over the whole grid; the others over one chunking and one hit.
-    prefix_and_chunking_invariance(model, &["f32", "bf16", "int8", "fp8_e4m3", "tq3_0", "hqmq-s96-r4", "k=qjl1-w0-s0,v=bf16"]);
+    prefix_and_chunking_invariance(model, &["f32", "bf16", "int8", "fp8_e4m3", "tq3_0", "hqmq-s96-r4", "k=hqmq-s96-r4-sink4,v=hqmq-s96-r4", "k=qjl1-w0-s0,v=bf16"]);
 }
 
 /// The same promise for GGUF k-quants, whose integer kernels compute a token's outputs the
@@ -377,6 +377,29 @@ fn prefix_hits_with_exact_qjl_keys_leave_a_window_to_compute() {
     assert!(cached > 0 && cached < (prompt.len() - 1) / 16 * 16);
     assert_eq!(second.ids.len(), 4);
     e.shutdown(Duration::from_secs(1));
+}
+
+/// HQMQ keys with a sink (`hqmq-...-sinkN`) score the sink's keys exactly: on a prompt no
+/// longer than the sink, with f32 values, the prompt's logprobs are those of an f32 cache up to
+/// float rounding (the keys are centered before they are kept, which moves scores by a
+/// constant per query), while HQMQ keys without the sink move them by far more.
+#[test]
+fn hqmq_sink_keys_are_scored_exactly() {
+    let prompt = tokens(PROMPTS[1])[..8].to_vec();
+    let logprobs = |k: &str| {
+        let e = engine(EngineConfig { kv_dtype: KvDtype { k: k.parse().unwrap(), v: "f32".parse().unwrap() }.into(), ..no_cache() });
+        let mut r = greedy("p", prompt.clone(), 1);
+        r.prompt_logprobs = Some(0);
+        let o = collect(e.submit(r).unwrap());
+        e.shutdown(Duration::from_secs(1));
+        o.prompt_logprobs.into_iter().skip(1).map(Option::unwrap).collect::<Vec<f32>>()
+    };
+    let exact = logprobs("f32");
+    let gap = |k: &str| logprobs(k).iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let (sink, plain) = (gap("hqmq-s96-r4-sink8"), gap("hqmq-s96-r4"));
+    eprintln!("largest prompt logprob gap to the f32 cache: sink of 8 {sink:.2e}, no sink {plain:.2e}");
+    assert!(sink < 1e-3, "the sink's keys were not scored exactly: gap {sink}");
+    assert!(plain > 10.0 * sink.max(1e-5), "HQMQ keys without a sink should move the logprobs: gap {plain}");
 }
 
 /// With too few blocks for everyone, the newest sequences are preempted and recomputed;

@@ -11,6 +11,10 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct KvParams(pub u64);
 
+/// The longest sink of exact keys a format's name may ask for (it must also fit the cache's
+/// first block, which the layout checks).
+pub const MAX_SINK: u16 = 16;
+
 /// Keys a format keeps exactly beside its pages (the engine holds them per sequence and
 /// attention scores them exactly): the first `sink` positions of the sequence and the
 /// `window` positions before each query.

@@ -31,6 +31,9 @@ pub enum KvFormatError {
     /// A keys-only format asked to store values.
     #[error("{0} compresses keys only; store values in another format (e.g. --kv-cache-dtype-k {0} --kv-cache-dtype-v bf16)")]
     KeysOnly(KvFormat),
+    /// A format that keeps exact keys (a sink) asked to store values, which have none.
+    #[error("{0} keeps a sequence's first keys exactly, which values cannot: give it for keys only (--kv-cache-dtype-k {0}) and values a format without a sink (--kv-cache-dtype-v)")]
+    ExactKeysForValues(KvFormat),
     /// A sink of exact keys longer than the cache's first block (the prefix cache carries the
     /// sink with that block).
     #[error("{format}'s sink must fit the first KV-cache block ({block_size} tokens)")]
@@ -92,6 +95,9 @@ impl KvFormat {
     pub fn check(&self, geom: KvGeometry, role: KvRole) -> Result<(), KvFormatError> {
         if role == KvRole::Value && self.keys_only() {
             return Err(KvFormatError::KeysOnly(*self));
+        }
+        if role == KvRole::Value && self.exact_keys().is_some() {
+            return Err(KvFormatError::ExactKeysForValues(*self));
         }
         let multiple = self.family.head_dim_multiple(self.params);
         if !geom.head_dim.is_multiple_of(multiple) || geom.head_dim == 0 {
@@ -158,7 +164,11 @@ mod tests {
         assert_eq!("qjl1".parse::<KvFormat>().unwrap(), qjl(128, 4));
         assert_eq!("qjl1-w128-s4".parse::<KvFormat>().unwrap().to_string(), "qjl1");
         assert_eq!("QJL1_W32_S1".parse::<KvFormat>().unwrap(), qjl(32, 1));
-        for bad in ["qjl1-w8193-s0", "qjl1-w32-s17", "qjl1-w32", "qjl1-s4-w32", "qjl1-w32-s4-x", "hqmq-s95-r4", "hqmq-s96-r5", "hqmq-s96", "hqmq-s96-r4-med4", "q4_0", ""] {
+        for name in ["hqmq-s96-r4-sink4", "hqmq-s192-r6-med3-sink16", "hqmq-s24-r3-sink1"] {
+            assert_eq!(name.parse::<KvFormat>().unwrap().to_string(), name);
+        }
+        assert_eq!("hmqm_s96_r4_sink4".parse::<KvFormat>().unwrap().exact_keys(), Some(ExactKeyParams { window: 0, sink: 4 }));
+        for bad in ["qjl1-w8193-s0", "qjl1-w32-s17", "qjl1-w32", "qjl1-s4-w32", "qjl1-w32-s4-x", "hqmq-s95-r4", "hqmq-s96-r5", "hqmq-s96", "hqmq-s96-r4-med4", "hqmq-s96-r4-sink0", "hqmq-s96-r4-sink17", "hqmq-s96-r4-sink4-med3", "hqmq-s96-r4-sink", "q4_0", ""] {
             assert!(matches!(bad.parse::<KvFormat>(), Err(KvFormatError::Unknown { .. })), "{bad}");
         }
     }
@@ -169,7 +179,7 @@ mod tests {
         let e = "q4_0".parse::<KvFormat>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown KV-cache dtype \"q4_0\": expected auto, f32, bf16, f16, fp8_e4m3 (fp8), int8, qjl1[-w{0..8192}-s{0..16}], tq3_0 or hqmq-s{24,48,96,192}-r{3,4,6}[-med3]"
+            "unknown KV-cache dtype \"q4_0\": expected auto, f32, bf16, f16, fp8_e4m3 (fp8), int8, qjl1[-w{0..8192}-s{0..16}], tq3_0 or hqmq-s{24,48,96,192}-r{3,4,6}[-med3][-sink{1..16}]"
         );
     }
 
@@ -182,11 +192,16 @@ mod tests {
         assert!(e.to_string().contains("keys only"), "{e}");
         let odd = KvGeometry { head_dim: 48, n_kv_heads: 1 };
         assert!(matches!(KvFormat::TQ3_0.check(odd, KvRole::Key), Err(KvFormatError::HeadDim { multiple: 32, .. })));
-        let hqmq = crate::kv::hqmq::format(HqmqParams { secondary: 24, radius_bits: 3, med3: false });
+        let hqmq = crate::kv::hqmq::format(HqmqParams { secondary: 24, radius_bits: 3, med3: false, sink: 0 });
         assert!(hqmq.check(odd, KvRole::Value).is_ok());
+        let sink = crate::kv::hqmq::format(HqmqParams { secondary: 24, radius_bits: 3, med3: false, sink: 4 });
+        assert!(sink.check(g, KvRole::Key).is_ok());
+        let e = sink.check(g, KvRole::Value).unwrap_err();
+        assert!(matches!(e, KvFormatError::ExactKeysForValues(_)) && e.to_string().contains("--kv-cache-dtype-k hqmq-s24-r3-sink4"), "{e}");
     }
 
-    /// Formats compare and hash by family and parameters, and only the QJL ones keep exact keys.
+    /// Formats compare and hash by family and parameters, and of those `all` lists only the QJL
+    /// ones keep exact keys (HQMQ's sink variants are named, not listed).
     #[test]
     fn formats_compare_by_family_and_parameters() {
         use std::collections::HashSet;

@@ -26,7 +26,7 @@ pub mod registry;
 pub mod scaled8;
 pub mod tq3;
 
-pub use family::{ExactKeyParams, KvCuda, KvFamily, KvPageKind, KvParams};
+pub use family::{ExactKeyParams, KvCuda, KvFamily, KvPageKind, KvParams, MAX_SINK};
 pub use format::{KvFormat, KvFormatError};
 pub use heads::HeadOffset;
 pub use registry::{KvCudaPage, KvCudaRow, KvRegistry};

@@ -203,7 +203,7 @@ fn a_registry_row_defined_outside_the_crate_names_checks_and_builds_the_format()
     assert_eq!(reg.parse("int8").unwrap(), KvFormat::INT8);
     assert!(matches!("toy4".parse::<KvFormat>(), Err(KvFormatError::Unknown { .. })));
     let e = reg.parse("toy5").unwrap_err().to_string();
-    assert!(e.ends_with("hqmq-s{24,48,96,192}-r{3,4,6}[-med3] or toy4"), "{e}");
+    assert!(e.ends_with("hqmq-s{24,48,96,192}-r{3,4,6}[-med3][-sink{1..16}] or toy4"), "{e}");
     assert!(!toy.keys_only() && toy.exact_keys().is_none());
     let geom = KvGeometry { head_dim: 64, n_kv_heads: 2 };
     assert!(toy.check(geom, KvRole::Value).is_ok());

@@ -12,7 +12,7 @@ pub struct KvCacheArgs {
     /// the compute type), f32, bf16, f16,
     /// fp8_e4m3, int8, tq3_0, hqmq-s{24,48,96,192}-r{3,4,6}[-med3]; qjl1 compresses keys only
     /// (give it with --kv-cache-dtype-k; qjl1-wW-sS keeps the first S and last W keys of each
-    /// sequence exact, qjl1 = qjl1-w128-s4).
+    /// sequence exact, qjl1 = qjl1-w128-s4; hqmq-...-sinkN keeps the first N keys exact, keys only).
     #[arg(long)]
     pub kv_cache_dtype: Option<String>,
     /// Key format (overrides --kv-cache-dtype for keys).
@@ -45,6 +45,9 @@ pub fn kv_dtype(both: Option<&str>, k: Option<&str>, v: Option<&str>) -> Result<
     if let Some(f) = v.filter(KvFormat::keys_only) {
         bail!("{}", KvFormatError::KeysOnly(f));
     }
+    if let Some(f) = v.filter(|f| f.exact_keys().is_some()) {
+        bail!("{}", KvFormatError::ExactKeysForValues(f));
+    }
     Ok(KvRequest { k, v })
 }
 
@@ -59,6 +62,9 @@ mod tests {
         let d = kv_dtype(Some("int8"), Some("qjl1"), None).unwrap();
         assert_eq!(d.to_string(), "k=qjl1,v=int8");
         assert_eq!(kv_dtype(None, Some("f32"), None).unwrap().to_string(), "k=f32,v=auto");
+        assert_eq!(kv_dtype(Some("hqmq-s96-r4"), Some("hqmq-s96-r4-sink4"), None).unwrap().to_string(), "k=hqmq-s96-r4-sink4,v=hqmq-s96-r4");
+        let e = kv_dtype(Some("hqmq-s96-r4-sink4"), None, None).unwrap_err().to_string();
+        assert!(e.contains("--kv-cache-dtype-k hqmq-s96-r4-sink4"), "{e}");
         let e = kv_dtype(Some("q4_0"), None, None).unwrap_err().to_string();
         assert!(e.contains("--kv-cache-dtype") && e.contains("q4_0"), "{e}");
     }

@@ -72,7 +72,7 @@ pub struct ServeArgs {
     /// the compute type), f32, bf16, f16,
     /// fp8_e4m3, int8, tq3_0, hqmq-s{24,48,96,192}-r{3,4,6}[-med3]; qjl1 compresses keys only
     /// (give it with --kv-cache-dtype-k; qjl1-wW-sS keeps the first S and last W keys of each
-    /// sequence exact, qjl1 = qjl1-w128-s4) [default: auto].
+    /// sequence exact, qjl1 = qjl1-w128-s4; hqmq-...-sinkN keeps the first N keys exact, keys only) [default: auto].
     #[arg(long)]
     kv_cache_dtype: Option<String>,
     /// Key format (overrides --kv-cache-dtype for keys).

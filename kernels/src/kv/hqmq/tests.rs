@@ -4,7 +4,7 @@ use crate::kv::tests_support::{check_attention_hooks, random_rows};
 use rand::Rng;
 
 const fn p(secondary: usize, radius_bits: u32, med3: bool) -> HqmqParams {
-    HqmqParams { secondary, radius_bits, med3 }
+    HqmqParams { secondary, radius_bits, med3, sink: 0 }
 }
 
 fn codec(hd: usize, params: HqmqParams) -> HqmqCodec {

@@ -2,16 +2,13 @@
 //! the 1-bit sketches (window and sink, [`ExactKeyParams`]).
 
 use super::QjlCodec;
-use crate::kv::{CodecOptions, ExactKeyParams, KvCodec, KvFamily, KvFormat, KvGeometry, KvParams, KvRole};
+use crate::kv::{CodecOptions, ExactKeyParams, KvCodec, KvFamily, KvFormat, KvGeometry, KvParams, KvRole, MAX_SINK};
 use std::fmt;
 
 /// `qjl1`'s window: the QJL reference's buffer of unquantized recent keys (its `buffer_size`).
 const DEFAULT_WINDOW: u16 = 128;
 /// `qjl1`'s sink: StreamingLLM's four attention-sink tokens.
 const DEFAULT_SINK: u16 = 4;
-/// The longest sink a name may ask for (it must also fit the cache's first block, which the
-/// layout checks).
-const MAX_SINK: u16 = 16;
 /// The longest window a name may ask for.
 const MAX_WINDOW: u16 = 8192;
 
