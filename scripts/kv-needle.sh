@@ -16,7 +16,7 @@ if [[ -n "${ONLY:-}" ]]; then
   rc=0; grep -Eq -- "$ONLY" </dev/null || rc=$?
   (( rc <= 1 )) || { echo "ONLY is not a valid extended regex: $ONLY" >&2; exit 2; }
 fi
-FORMATS=(f32 bf16 fp8_e4m3 int8 "k=qjl1,v=bf16" "k=qjl1-w0-s0,v=bf16" tq3_0 "k=bf16,v=tq3_0" hqmq-s96-r4 hqmq-s192-r6-med3)
+FORMATS=(f32 bf16 fp8_e4m3 int8 "k=qjl1,v=bf16" "k=qjl1-w0-s0,v=bf16" tq3_0 "k=bf16,v=tq3_0" hqmq-s96-r4 "k=hqmq-s96-r4-sink4,v=hqmq-s96-r4" hqmq-s192-r6-med3)
 PROMPT=$(python3 - "$CORPUS" "$CHARS" <<'PY'
 import json, sys
 text = open(sys.argv[1], encoding="utf-8").read()[20000:20000 + int(sys.argv[2])]

@@ -32,8 +32,10 @@ FORMATS=(
   "--kv-cache-dtype-k bf16 --kv-cache-dtype-v tq3_0"
   "--kv-cache-dtype hqmq-s24-r3"
   "--kv-cache-dtype hqmq-s96-r4"
+  "--kv-cache-dtype-k hqmq-s96-r4-sink4 --kv-cache-dtype-v hqmq-s96-r4"
   "--kv-cache-dtype hqmq-s96-r6-med3"
   "--kv-cache-dtype hqmq-s192-r6-med3"
+  "--kv-cache-dtype-k hqmq-s192-r6-med3-sink4 --kv-cache-dtype-v hqmq-s192-r6-med3"
 )
 for ctx in ${CTXS:-1024 2048}; do
   chunks=$(( CHUNKS * 1024 / ctx ))
