@@ -17,8 +17,9 @@ pub struct HqmqParams {
     /// Leading positions of a sequence whose keys are kept exactly beside the pages (an
     /// attention sink, as `qjl1` keeps; keys only). The first tokens take much of the
     /// attention, so their keys' codec error costs most: on the license texts at ctx 1024,
-    /// hqmq-s96-r4 loses +7.08% against bf16 without a sink and +5.49% with four
-    /// (docs/benchmarks/kv-quality.md).
+    /// hqmq-s96-r4 loses +7.08% against bf16 without a sink and +5.49% with four; but with
+    /// HQMQ values the default model then missed a passphrase 4-5k tokens back that it found
+    /// without the sink (docs/benchmarks/kv-quality.md), so no name has a sink by default.
     pub sink: u16,
 }
 
