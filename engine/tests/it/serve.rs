@@ -380,9 +380,11 @@ fn prefix_hits_with_exact_qjl_keys_leave_a_window_to_compute() {
 }
 
 /// HQMQ keys with a sink (`hqmq-...-sinkN`) score the sink's keys exactly: on a prompt no
-/// longer than the sink, with f32 values, the prompt's logprobs are those of an f32 cache up to
-/// float rounding (the keys are centered before they are kept, which moves scores by a
-/// constant per query), while HQMQ keys without the sink move them by far more.
+/// longer than the sink, with f32 values, the prompt's logprobs are those of an f32 cache,
+/// while HQMQ keys without the sink move them by far more. Measured: largest gap 0 with the
+/// sink, 0.94 without. The 1e-3 bound leaves room for rounding, since the kept keys are centered
+/// (a constant shift per query's scores, exact only in exact arithmetic); a sink scored through
+/// the codec would be near the no-sink gap.
 #[test]
 fn hqmq_sink_keys_are_scored_exactly() {
     let prompt = tokens(PROMPTS[1])[..8].to_vec();

@@ -545,8 +545,6 @@ mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
 
-    /// A burst of 1,100 connections that start sending before the server accepts any: none
-    /// is reset (with tokio's default backlog of 1024, the overflow was, under SYN cookies).
     /// The keep-alive timer of a connection whose request is in progress, however long ago its
     /// last activity, looks again a whole timeout later rather than at once (it used to fire
     /// immediately, over and over, while a long response streamed); an idle connection's
@@ -563,6 +561,8 @@ mod tests {
         assert!(a.keep_alive_check(timeout, later) < later, "idle again: due");
     }
 
+    /// A burst of 1,100 connections that start sending before the server accepts any: none
+    /// is reset (with tokio's default backlog of 1024, the overflow was, under SYN cookies).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_listen_backlog_holds_a_burst_of_connections() {
         // Past tokio's default backlog (1024), as far as the kernel's cap on backlogs allows.
