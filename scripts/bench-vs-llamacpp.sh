@@ -5,7 +5,9 @@
 # load average before it; take medians over rounds (docs/benchmarks/kquants.md does).
 # Usage: scripts/bench-vs-llamacpp.sh [model.gguf ...]   (default: the project's default model)
 # Env: LLAMA_BENCH (default: built by scripts/build-llama-cpp.sh), TESSERA (default
-#      target/release/tessera), THREADS (2), ROUNDS (3), PP (512), TG (64), REPS (2).
+#      target/release/tessera), THREADS (2), ROUNDS (3), PP (512), TG (64), REPS (2),
+#      LLAMA_BENCH_FLAGS (added to llama-bench's; e.g. `--repack 0,1` runs both weight layouts,
+#      each line then led by its repack value, on hosts where both run: not where AMX faults).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LLAMA_BENCH="${LLAMA_BENCH:-$("$ROOT/scripts/build-llama-cpp.sh")/llama-bench}"
@@ -19,7 +21,9 @@ for i in $(seq 1 "$ROUNDS"); do
     for m in "${MODELS[@]}"; do
         name=$(basename "$m" .gguf)
         echo "== round $i $name llama.cpp load $(load)"
-        "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" -o md 2>/dev/null | grep -E "\| +(pp|tg)[0-9]+ " | awk -F'|' '{print $(NF-2), $(NF-1)}'
+        # shellcheck disable=SC2086
+        "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" ${LLAMA_BENCH_FLAGS:-} -o md 2>/dev/null | grep -E "\| +(pp|tg)[0-9]+ " |
+            awk -F'|' -v repack="${LLAMA_BENCH_FLAGS:-}" '{print (repack ~ /repack/ ? "repack" $(NF-3) : ""), $(NF-2), $(NF-1)}'
         echo "== round $i $name tessera load $(load)"
         RAYON_NUM_THREADS="$THREADS" "$TESSERA" bench --model "$m" -p "$PP" -n "$TG" -r "$REPS" 2>/dev/null | grep -E "^\| (pp|tg)[0-9]+ " | awk -F'|' '{print $2, $3}'
     done
