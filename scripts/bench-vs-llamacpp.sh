@@ -23,7 +23,7 @@ for i in $(seq 1 "$ROUNDS"); do
         echo "== round $i $name llama.cpp load $(load)"
         # shellcheck disable=SC2086
         "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r "$REPS" ${LLAMA_BENCH_FLAGS:-} -o md 2>/dev/null | grep -E "\| +(pp|tg)[0-9]+ " |
-            awk -F'|' -v repack="${LLAMA_BENCH_FLAGS:-}" '{print (repack ~ /repack/ ? "repack" $(NF-3) : ""), $(NF-2), $(NF-1)}'
+            awk -F'|' -v repack="${LLAMA_BENCH_FLAGS:-}" '{ if (repack ~ /repack/) printf "repack%s ", $(NF-3); print $(NF-2), $(NF-1) }'
         echo "== round $i $name tessera load $(load)"
         RAYON_NUM_THREADS="$THREADS" "$TESSERA" bench --model "$m" -p "$PP" -n "$TG" -r "$REPS" 2>/dev/null | grep -E "^\| (pp|tg)[0-9]+ " | awk -F'|' '{print $2, $3}'
     done
