@@ -7,7 +7,7 @@
 //! one [`KvTile`]. Blocks are allocated and shared by the [`super::KvCacheManager`]; this module
 //! only stores their contents.
 
-use super::{ExactKeyStore, KvError, KvLayout, SequenceKv};
+use super::{ExactKeyPart, KvError, KvLayout, SequenceKv};
 use std::borrow::Cow;
 use tessera_kernels::cpu::pool;
 use std::cell::UnsafeCell;
@@ -89,7 +89,7 @@ impl BlockPool {
 
     /// Tokens `0..end` of layer `layer` of the sequence whose block table is `blocks`, with
     /// the sequence's exact keys when its key format keeps some.
-    pub fn view<'a>(&'a self, blocks: &[u32], layer: usize, end: usize, exact: Option<&'a ExactKeyStore>) -> KvView<'a> {
+    pub fn view<'a>(&'a self, blocks: &[u32], layer: usize, end: usize, exact: Option<&'a ExactKeyPart>) -> KvView<'a> {
         let bs = self.layout.block_size();
         let (k, v) = self.layout.codecs(layer);
         let tiles = (0..end.div_ceil(bs)).map(|b| self.tile(blocks[b], layer, b * bs, bs.min(end - b * bs))).collect();
@@ -120,7 +120,7 @@ pub struct PagedSeqKv<'a> {
     /// Positions below this live in shared (read-only) blocks.
     shared_len: usize,
     /// The sequence's exact keys, when its key format keeps some.
-    exact: Option<&'a mut ExactKeyStore>,
+    exact: Option<&'a mut ExactKeyPart>,
 }
 
 impl<'a> PagedSeqKv<'a> {
@@ -133,7 +133,7 @@ impl<'a> PagedSeqKv<'a> {
     }
 
     /// The same, recording keys in (and scoring from) the sequence's exact-key store too.
-    pub fn with_exact(mut self, exact: Option<&'a mut ExactKeyStore>) -> Self {
+    pub fn with_exact(mut self, exact: Option<&'a mut ExactKeyPart>) -> Self {
         self.exact = exact;
         self
     }

@@ -299,7 +299,7 @@ mod tests {
         let t: Vec<u32> = (0..9).collect();
         m.allocate_slots(1, t.len()).unwrap();
         let rows: Vec<f32> = (0..t.len() * 4).map(|i| i as f32).collect();
-        m.step_caches(&[1])[0].exact.as_mut().unwrap().write(0, 0, &rows);
+        m.step_caches(&[1])[0].exact.as_mut().unwrap().only_part().write(0, 0, &rows);
         m.commit(1, &t, t.len());
         let want = m.step_caches(&[1])[0].exact.as_ref().unwrap().sink_keys();
         assert!(want.is_some());

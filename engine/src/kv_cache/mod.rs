@@ -14,7 +14,7 @@ mod layout;
 
 pub use cache_manager::{Fork, KvCacheManager, OutOfBlocks, StepCache};
 pub use block_pool::{BlockPool, PagedSeqKv};
-pub use exact_keys::{ExactKeyStore, SinkKeys};
+pub use exact_keys::{ExactKeyPart, ExactKeyStore, SinkKeys};
 pub use layout::{KeyTransform, KvCacheScheme, KvDtype, KvLayout, KvLayoutError, KvRequest, DEFAULT_BLOCK_SIZE};
 
 use std::sync::Arc;
@@ -60,14 +60,14 @@ pub struct LocalKv {
     pool: BlockPool,
     blocks: Vec<u32>,
     len: usize,
-    exact: Option<ExactKeyStore>,
+    exact: Option<ExactKeyPart>,
 }
 
 impl LocalKv {
     /// An empty cache of up to `capacity` tokens in `layout`.
     pub fn new(layout: Arc<KvLayout>, capacity: usize) -> Self {
         let n = capacity.div_ceil(layout.block_size());
-        let exact = ExactKeyStore::for_layout(&layout);
+        let exact = ExactKeyPart::for_layout(&layout);
         LocalKv { pool: BlockPool::new(layout, n), blocks: (0..n as u32).collect(), len: 0, exact }
     }
 

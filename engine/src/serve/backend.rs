@@ -1,11 +1,11 @@
 //! Where the engine's forward passes run: the scheduler hands out KV block ids and token spans;
 //! a [`Backend`] owns the model and the pool those ids index, on the CPU or on a GPU.
 
-use crate::kv_cache::{BlockPool, ExactKeyStore, KvLayout, PagedSeqKv};
+use crate::kv_cache::{BlockPool, ExactKeyPart, ExactKeyStore, KvLayout, PagedSeqKv};
 use crate::model::cuda::{CudaLlama, CudaStep};
 use crate::model::{PlanEntry, SeqInput};
 use crate::LoadedModel;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// One sequence's part of a step.
 pub struct StepSeq<'a> {
@@ -19,7 +19,7 @@ pub struct StepSeq<'a> {
     pub shared: usize,
     /// Return logits of new tokens `logits_from..` (`None`: none).
     pub logits_from: Option<usize>,
-    /// The sequence's exact keys, when its key format keeps some.
+    /// The sequence's exact keys, when its key format keeps some (a part per rank).
     pub exact: Option<&'a mut ExactKeyStore>,
 }
 
@@ -49,7 +49,7 @@ impl CpuBackend {
 impl Backend for CpuBackend {
     fn forward(&mut self, batch: &mut [StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
         let mut views: Vec<PagedSeqKv<'_>> =
-            batch.iter_mut().map(|s| PagedSeqKv::new(&self.pool, s.blocks, s.cached, s.shared).with_exact(s.exact.take())).collect();
+            batch.iter_mut().map(|s| PagedSeqKv::new(&self.pool, s.blocks, s.cached, s.shared).with_exact(s.exact.take().map(ExactKeyStore::only_part))).collect();
         let mut inputs: Vec<SeqInput<'_>> =
             batch.iter().zip(views.iter_mut()).map(|(s, kv)| SeqInput { tokens: s.tokens, kv, logits_from: s.logits_from }).collect();
         self.model.model.forward(&mut inputs).map_err(|e| e.to_string())
@@ -66,7 +66,8 @@ impl Backend for CpuBackend {
 }
 
 /// A tensor-parallel model on the CPU: each rank's shard over a block pool of its own KV heads,
-/// all pools indexed by the same block ids (one block table per sequence for every rank).
+/// all pools indexed by the same block ids (one block table per sequence for every rank), and
+/// each rank's part of a sequence's exact keys.
 pub struct TpBackend {
     model: Arc<LoadedModel>,
     pools: Vec<BlockPool>,
@@ -82,15 +83,31 @@ impl TpBackend {
 
 impl Backend for TpBackend {
     fn forward(&mut self, batch: &mut [StepSeq<'_>]) -> Result<Vec<Vec<f32>>, String> {
-        if batch.iter().any(|s| s.exact.is_some()) {
-            return Err("exact keys (qjl1, hqmq-...-sinkN) are not supported with tensor parallelism".into());
+        // Each rank's part of every sequence's exact keys, for that rank's thread alone.
+        let world = self.pools.len();
+        let mut parts: Vec<Vec<Option<&mut ExactKeyPart>>> = (0..world).map(|_| Vec::with_capacity(batch.len())).collect();
+        for s in batch.iter_mut() {
+            match s.exact.take().map(ExactKeyStore::parts_mut) {
+                Some(ps) => {
+                    assert_eq!(ps.len(), world, "exact keys: one part per rank");
+                    parts.iter_mut().zip(ps).for_each(|(rank, p)| rank.push(Some(p)));
+                }
+                None => parts.iter_mut().for_each(|rank| rank.push(None)),
+            }
         }
+        let parts: Vec<Mutex<Vec<Option<&mut ExactKeyPart>>>> = parts.into_iter().map(Mutex::new).collect();
         let batch = &*batch;
         let pools = &self.pools;
         self.model
             .run(|m| {
-                let pool = &pools[m.shard().map_or(0, |s| s.rank)];
-                let mut views: Vec<PagedSeqKv<'_>> = batch.iter().map(|s| PagedSeqKv::new(pool, s.blocks, s.cached, s.shared)).collect();
+                let rank = m.shard().map_or(0, |s| s.rank);
+                let pool = &pools[rank];
+                let mut exact = parts[rank].lock().unwrap_or_else(|e| e.into_inner());
+                let mut views: Vec<PagedSeqKv<'_>> = batch
+                    .iter()
+                    .zip(exact.iter_mut())
+                    .map(|(s, e)| PagedSeqKv::new(pool, s.blocks, s.cached, s.shared).with_exact(e.take()))
+                    .collect();
                 let mut inputs: Vec<SeqInput<'_>> =
                     batch.iter().zip(views.iter_mut()).map(|(s, kv)| SeqInput { tokens: s.tokens, kv, logits_from: s.logits_from }).collect();
                 m.forward(&mut inputs)

@@ -124,8 +124,8 @@ impl Engine {
         if num_blocks == 0 {
             return Err(format!("kv_cache_bytes {} holds no block of {block_bytes} bytes", c.kv_cache_bytes));
         }
-        if layouts.len() > 1 && (ExactKeyStore::for_layout(&layout).is_some() || !matches!(c.device, Device::Cpu)) {
-            return Err(format!("tensor parallelism runs on the CPU, without exact-key windows (KV cache {})", layout.describe()));
+        if layouts.len() > 1 && !matches!(c.device, Device::Cpu) {
+            return Err("tensor parallelism runs on the CPU".into());
         }
         let max_model_len = c.max_model_len.unwrap_or(usize::MAX).min(mc.max_position_embeddings).min(num_blocks * c.block_size);
         let backend: Box<dyn Backend> = match c.device {
@@ -159,7 +159,7 @@ impl Engine {
         metrics.set_kv(0, num_blocks);
         let queued = Arc::new(AtomicUsize::new(0));
         let limits = Limits { max_seqs: c.max_num_seqs, max_tokens: c.max_num_batched_tokens, chunk: c.max_num_batched_tokens - c.max_num_seqs };
-        let kv = KvCacheManager::new(num_blocks, c.block_size, c.prefix_caching).with_exact_keys(ExactKeyStore::for_layout(&layout));
+        let kv = KvCacheManager::new(num_blocks, c.block_size, c.prefix_caching).with_exact_keys(ExactKeyStore::for_layouts(&layouts.iter().map(|l| &**l).collect::<Vec<_>>()));
         let sched = Scheduler::new(limits, kv, queued.clone());
         let (tx, rx) = channel();
         let engine_loop = EngineLoop {

@@ -307,8 +307,9 @@ fn query_scale_undoes_keys_stored_divided_by_it() {
 /// rule (exact or the codec's decoded key), on the decode path (1 and 3 queries), the prefill
 /// path (40 queries, across tiles) and with recent keys that start after the window reaches
 /// back (a prefix hit: the missing ones go through the codec), over several query blocks and
-/// key sub-tiles, and with keys stored divided by a `query_scale` (exact rows in that space
-/// too). Tolerance 1e-4 as for the compressed formats in
+/// key sub-tiles; keys are stored as the layout's key transform stores them, centered (so each
+/// query's scores all move by `q · center`, which softmax cancels) and, in two cases, divided by
+/// a `query_scale` (exact rows in that space too). Tolerance 1e-4 as for the compressed formats in
 /// `attention_matches_reference_in_every_format`.
 #[test]
 fn exact_keys_are_scored_exactly_and_only_those() {
@@ -331,7 +332,8 @@ fn exact_keys_are_scored_exactly_and_only_those() {
         let total = pos0 + m;
         let (keys, values) = (randn(&mut r, total * kw), randn(&mut r, total * kw));
         let scale: Vec<f32> = if scaled { randn(&mut r, kw).iter().map(|x| 2f32.powf(x.clamp(-1.0, 1.0))).collect() } else { vec![1.0; kw] };
-        let stored: Vec<f32> = keys.iter().enumerate().map(|(i, k)| k / scale[i % kw]).collect();
+        let center: Vec<f32> = randn(&mut r, kw).iter().map(|x| 3.0 * x).collect();
+        let stored: Vec<f32> = keys.iter().enumerate().map(|(i, k)| (k - center[i % kw]) / scale[i % kw]).collect();
         // Larger queries than unit normals, so that the codec's noise moves the outputs well
         // past the tolerance wherever a key is scored the wrong way.
         let q: Vec<f32> = randn(&mut r, m * qw).iter().map(|x| 3.0 * x).collect();
@@ -339,7 +341,7 @@ fn exact_keys_are_scored_exactly_and_only_those() {
         let paged = Paged::new(shape, qjl, KvFormat::F32, &stored, &values, &lens);
         let (decoded, dv) = paged.decoded(shape);
         // The codec's keys in the model's space (what its scores against scaled queries mean).
-        let decoded: Vec<f32> = decoded.iter().enumerate().map(|(i, k)| k * scale[i % kw]).collect();
+        let decoded: Vec<f32> = decoded.iter().enumerate().map(|(i, k)| k * scale[i % kw] + center[i % kw]).collect();
         let head_rows = |g: usize, range: std::ops::Range<usize>| -> Vec<f32> { range.flat_map(|t| stored[t * kw + g * hd..t * kw + (g + 1) * hd].to_vec()).collect() };
         let sink_rows: Vec<Vec<f32>> = (0..3).map(|g| head_rows(g, 0..sink.min(total))).collect();
         let recent_rows: Vec<Vec<f32>> = (0..3).map(|g| head_rows(g, recent_start..total)).collect();
