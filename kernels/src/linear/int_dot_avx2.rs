@@ -200,6 +200,7 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
         let gend = glast.min(c1);
         let off: [__m256i; R] = std::array::from_fn(|rr| _mm256_set1_epi32(8 + w.row_zeros(r + rr).map_or(0, |z| z[g]) as i32));
         for c in (col..gend).step_by(RUN) {
+            prefetch_runs(rows[0], rows[R - 1], c / RUN);
             for rr in 0..R {
                 for half in 0..2 {
                     // SAFETY: row rr's packed bytes c/2..c/2+16 exist (c + 32 <= cols); bytes
@@ -369,6 +370,21 @@ unsafe fn int4_block<const R: usize, const T: usize>(
     }
 }
 
+/// How far ahead of the loads the int4 kernels prefetch the packed weights (as the VNNI
+/// kernel does: a decode step streams them from DRAM once).
+const PREFETCH: usize = 4096;
+
+/// Asks for the bytes [`PREFETCH`] ahead of run `j` of the rows from `first` to `last` (rows
+/// of one row group lie side by side in a run, 16 bytes each, so the two ends cover them).
+/// A hint: an address past the data is never dereferenced.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn prefetch_runs(first: *const u8, last: *const u8, j: usize) {
+    for p in [first, last] {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(j * RUN_STRIDE + PREFETCH).cast());
+    }
+}
+
 /// The 32 codes `n = q + 8` of the packed run at `p`, in column order: the low 128-bit lane
 /// holds the low nibbles (columns 0..16), the high lane the high ones (columns 16..32).
 ///
@@ -404,6 +420,7 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
             let stop = (run + 8).min(end);
             let mut acc = [[_mm256_setzero_si256(); T]; R];
             for j in run..stop {
+                prefetch_runs(rows[0], rows[R - 1], j);
                 // SAFETY: token t's columns j*32..j*32+32 lie inside xq.
                 let a: [__m256i; T] = std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) });
                 for (rr, acc) in acc.iter_mut().enumerate() {
