@@ -295,7 +295,7 @@ mod tests {
     fn exact_keys_follow_the_first_block() {
         let dtype = KvDtype { k: "qjl1-w3-s2".parse().unwrap(), v: KvFormat::BF16 };
         let layout = KvLayout::new(1, KvGeometry { head_dim: 4, n_kv_heads: 1 }, BS, dtype, None, 1).unwrap();
-        let mut m = KvCacheManager::new(8, BS, true).with_exact_keys(ExactKeyStore::for_layout(&layout));
+        let mut m = KvCacheManager::new(8, BS, true).with_exact_keys(ExactKeyStore::for_layouts([&*layout]));
         let t: Vec<u32> = (0..9).collect();
         m.allocate_slots(1, t.len()).unwrap();
         let rows: Vec<f32> = (0..t.len() * 4).map(|i| i as f32).collect();

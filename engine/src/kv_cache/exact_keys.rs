@@ -44,16 +44,11 @@ pub struct ExactKeyStore {
 }
 
 impl ExactKeyStore {
-    /// A store for `layout`'s key format, when it keeps keys exactly (`qjl1` with a window or
-    /// a sink, HQMQ with a sink); `None` otherwise.
-    pub fn for_layout(layout: &KvLayout) -> Option<Self> {
-        Self::for_layouts(&[layout])
-    }
-
-    /// A store of one part per tensor-parallel rank, each for its rank's layout (its KV heads),
-    /// when their key format keeps keys exactly; `None` otherwise.
-    pub fn for_layouts(layouts: &[&KvLayout]) -> Option<Self> {
-        let parts: Vec<ExactKeyPart> = layouts.iter().map(|l| ExactKeyPart::for_layout(l)).collect::<Option<_>>()?;
+    /// A store of one part per tensor-parallel rank (one layout without it), each for its
+    /// rank's layout (its KV heads), when their key format keeps keys exactly (`qjl1` with a
+    /// window or a sink, HQMQ with a sink); `None` otherwise.
+    pub fn for_layouts<'a>(layouts: impl IntoIterator<Item = &'a KvLayout>) -> Option<Self> {
+        let parts: Vec<ExactKeyPart> = layouts.into_iter().map(ExactKeyPart::for_layout).collect::<Option<_>>()?;
         (!parts.is_empty()).then_some(ExactKeyStore { parts })
     }
 
@@ -225,7 +220,7 @@ mod tests {
     fn store(window: u16, sink: u16) -> ExactKeyStore {
         let dtype = KvDtype { k: format!("qjl1-w{window}-s{sink}").parse().unwrap(), v: KvFormat::BF16 };
         let layout = KvLayout::new(2, KvGeometry { head_dim: 4, n_kv_heads: 2 }, 4, dtype, None, 1).unwrap();
-        ExactKeyStore::for_layout(&layout).unwrap()
+        ExactKeyStore::for_layouts([&*layout]).unwrap()
     }
 
     /// Rows for positions `pos..pos + n`: head g's value d of position t is `1000 t + 10 g + d`.
@@ -292,7 +287,7 @@ mod tests {
     fn pure_one_bit_keys_keep_nothing() {
         let dtype = KvDtype { k: "qjl1-w0-s0".parse().unwrap(), v: KvFormat::BF16 };
         let layout = KvLayout::new(1, KvGeometry { head_dim: 4, n_kv_heads: 1 }, 4, dtype, None, 1).unwrap();
-        assert!(ExactKeyStore::for_layout(&layout).is_none());
+        assert!(ExactKeyStore::for_layouts([&*layout]).is_none());
         assert!(ExactKeyPart::for_layout(&layout).is_none());
         let mut s = store(0, 3);
         s.only_part().write(0, 0, &rows(0, 6));
@@ -306,7 +301,7 @@ mod tests {
         let dtype = KvDtype { k: "qjl1-w8-s2".parse().unwrap(), v: KvFormat::BF16 };
         // Two ranks of one KV head each (the layouts' heads are the ranks').
         let rank = KvLayout::new(2, KvGeometry { head_dim: 4, n_kv_heads: 1 }, 4, dtype, None, 1).unwrap();
-        let mut s = ExactKeyStore::for_layouts(&[&rank, &rank]).unwrap();
+        let mut s = ExactKeyStore::for_layouts([&*rank, &*rank]).unwrap();
         // Rank r's rows are head r's of `rows` (each rank computes its own heads).
         let rank_rows = |r: usize, pos: usize, n: usize| -> Vec<f32> { rows(pos, n).chunks_exact(8).flat_map(|t| t[4 * r..4 * r + 4].to_vec()).collect() };
         for (r, p) in s.parts_mut().iter_mut().enumerate() {
@@ -321,7 +316,7 @@ mod tests {
         s.parts_mut()[1].write(1, 1, &rank_rows(1, 1, 2));
         let sink = s.sink_keys().expect("every rank's sink complete");
         assert_eq!(sink[1].len(), 2);
-        let mut hit = ExactKeyStore::for_layouts(&[&rank, &rank]).unwrap();
+        let mut hit = ExactKeyStore::for_layouts([&*rank, &*rank]).unwrap();
         hit.restore_sink(&sink);
         for (r, p) in hit.parts_mut().iter_mut().enumerate() {
             let v = p.view(1);

@@ -159,7 +159,7 @@ impl Engine {
         metrics.set_kv(0, num_blocks);
         let queued = Arc::new(AtomicUsize::new(0));
         let limits = Limits { max_seqs: c.max_num_seqs, max_tokens: c.max_num_batched_tokens, chunk: c.max_num_batched_tokens - c.max_num_seqs };
-        let kv = KvCacheManager::new(num_blocks, c.block_size, c.prefix_caching).with_exact_keys(ExactKeyStore::for_layouts(&layouts.iter().map(|l| &**l).collect::<Vec<_>>()));
+        let kv = KvCacheManager::new(num_blocks, c.block_size, c.prefix_caching).with_exact_keys(ExactKeyStore::for_layouts(layouts.iter().map(|l| &**l)));
         let sched = Scheduler::new(limits, kv, queued.clone());
         let (tx, rx) = channel();
         let engine_loop = EngineLoop {
