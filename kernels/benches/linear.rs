@@ -21,7 +21,7 @@ use tessera_kernels::ggml::quantize::quantize_row;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::ggml::interleaved::Interleaved;
 use tessera_kernels::cpu::CpuCaps;
-use tessera_kernels::linear::ggml::{LinearKernel, Weight, WeightView};
+use tessera_kernels::linear::ggml::{ActBlocks, LinearKernel, Weight, WeightView};
 use tessera_kernels::linear::{ActQuant, Int4Matrix, LinearPolicy, RowwiseLinear};
 use tessera_kernels::cpu::caps::bf16_dot_available;
 use std::sync::Arc;
@@ -72,22 +72,31 @@ fn gemv_bandwidth(c: &mut Criterion) {
         let row_bytes = ty.row_bytes(cols).unwrap();
         let count = (64usize << 20).div_ceil(rows * row_bytes) + 1;
         let mats: Vec<Interleaved> = (0..count).map(|_| random_interleaved(&mut r, ty, rows, cols)).collect();
-        let k = LinearKernel::with_isa(ty, isa, LinearPolicy::DEFAULT);
-        for m in [1usize, 8] {
-            let x: Vec<f32> = (0..m * cols).map(|_| r.gen_range(-1.0..1.0)).collect();
-            let mut y = vec![0f32; m * rows];
-            g.throughput(Throughput::Bytes((rows * row_bytes) as u64));
-            let mut next = 0;
-            g.bench_with_input(BenchmarkId::new(k.id(), m), &m, |b, &m| {
-                b.iter(|| {
-                    next = (next + 1) % count;
-                    k.forward(Weight::Interleaved(&mats[next]), &x, m, &mut y, rows)
-                })
-            });
+        for k in both_blockings(LinearKernel::with_isa(ty, isa, LinearPolicy::DEFAULT)) {
+            for m in [1usize, 8] {
+                let x: Vec<f32> = (0..m * cols).map(|_| r.gen_range(-1.0..1.0)).collect();
+                let mut y = vec![0f32; m * rows];
+                g.throughput(Throughput::Bytes((rows * row_bytes) as u64));
+                let mut next = 0;
+                g.bench_with_input(BenchmarkId::new(k.id(), m), &m, |b, &m| {
+                    b.iter(|| {
+                        next = (next + 1) % count;
+                        k.forward(Weight::Interleaved(&mats[next]), &x, m, &mut y, rows)
+                    })
+                });
+            }
         }
     }
     int4_bandwidth(&mut g, rows, cols, &mut r);
     g.finish();
+}
+
+/// `k`, and for the k-quants also `k` with the other activation blocking (per-32 and per-256
+/// activations side by side).
+fn both_blockings(k: LinearKernel) -> Vec<LinearKernel> {
+    let mut v = vec![k.with_blocks(ActBlocks::Of32), k.with_blocks(ActBlocks::Of256)];
+    v.dedup();
+    v
 }
 
 /// A `rows x cols` matrix of type `ty` in the interleaved layout, quantized from uniform random
@@ -126,8 +135,9 @@ fn prefill(c: &mut Criterion) {
     g.throughput(Throughput::Elements((m * rows * cols) as u64));
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
         let w = random_interleaved(&mut r, ty, rows, cols);
-        let k = LinearKernel::with_isa(ty, caps.best_isa(), LinearPolicy::DEFAULT);
-        g.bench_with_input(BenchmarkId::new(k.id(), m), &m, |b, &m| b.iter(|| k.forward(Weight::Interleaved(&w), &x, m, &mut y, rows)));
+        for k in both_blockings(LinearKernel::with_isa(ty, caps.best_isa(), LinearPolicy::DEFAULT)) {
+            g.bench_with_input(BenchmarkId::new(k.id(), m), &m, |b, &m| b.iter(|| k.forward(Weight::Interleaved(&w), &x, m, &mut y, rows)));
+        }
     }
     let w4a16_act = if caps.best_isa() != Isa::Scalar && bf16_dot_available() { ActQuant::Bf16 } else { ActQuant::F32 };
     for (name, group, zeros, act) in [("w4a16-g128-asym", 128, true, w4a16_act), ("w4a8-channel", cols, false, ActQuant::Int8PerToken)] {

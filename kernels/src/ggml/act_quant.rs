@@ -1,8 +1,12 @@
-//! Run-time activation quantization to 8-bit blocks of 32 (llama.cpp's Q8_0 / Q8_1).
+//! Run-time activation quantization: 8-bit blocks of 32 (llama.cpp's Q8_0 / Q8_1) and
+//! super-blocks of 256 (llama.cpp's Q8_K).
 //!
 //! Integer dot products against 4- and 8-bit weight blocks need the activation in
 //! the same 32-value blocking. Scales are rounded through f16 exactly as llama.cpp
-//! stores them, so results match its kernels number for number.
+//! stores them, so results match its kernels number for number. The k-quant kernels of the
+//! AVX2 level take super-blocks of 256 with one f32 unit and power-of-two block scales
+//! ([`Q8KBlock`]): their 6-bit scales then apply in integers and the float epilogue runs once
+//! per super-block.
 
 use crate::cpu::Isa;
 use half::f16;
@@ -32,6 +36,112 @@ pub struct Q8Block {
 // 48 bytes, 1.5 per activation value: the prefill kernels keep a block of tokens' blocks in
 // L1/L2 (see `linear::ggml::interleaved`).
 const _: () = assert!(std::mem::size_of::<Q8Block>() == 48);
+
+/// Values per k-quant activation super-block.
+pub const Q8K_BLOCK: usize = 256;
+
+/// The most a 32-value block's scale exceeds its super-block's unit, as a power of two.
+pub const Q8K_MAX_SHIFT: i32 = 3;
+
+/// One activation super-block of 256 values for the k-quant kernels of the AVX2 level: like
+/// llama.cpp's Q8_K, one f32 unit `d` per super-block, but each 32-value block quantized at
+/// its own power-of-two multiple of it, `d · 2^shift[s]` with `shift[s]` in 0..=3, the finest
+/// at which the block's largest |x| stays within ±127. A block of small values next to an
+/// outlier keeps up to 8x the resolution one scale per 256 would give it (the blocks' own
+/// 8-bit scales, as in [`Q8Block`], keep all of it), while the kernels still sum a super-block
+/// in integers: a block's integer sums are shifted left by its `shift`.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(16))]
+pub struct Q8KBlock {
+    /// Quantized values in [-127, 127]: value `v` is `d · 2^shift[v / 32] · qs[v]`.
+    pub qs: [i8; Q8K_BLOCK],
+    /// `sums[k] = Σ qs[16k..16k + 16] · 2^shift[k / 2]` exactly, in units of `d`
+    /// (|sums| <= 16 · 127 · 8).
+    pub sums: [i16; Q8K_BLOCK / 16],
+    /// `sums32[s] = Σ qs[32s..32s + 32] · 2^shift[s]` exactly (Q4_K's and Q5_K's min terms).
+    pub sums32: [i16; Q8K_BLOCK / 32],
+    /// Each 32-value block's scale is `d · 2^shift[s]`.
+    pub shift: [i32; Q8K_BLOCK / 32],
+    /// The unit: the super-block's largest |x| / (127 · 8).
+    pub d: f32,
+}
+
+impl Default for Q8KBlock {
+    fn default() -> Self {
+        Q8KBlock { qs: [0; Q8K_BLOCK], sums: [0; Q8K_BLOCK / 16], sums32: [0; Q8K_BLOCK / 32], shift: [0; Q8K_BLOCK / 32], d: 0.0 }
+    }
+}
+
+impl Q8KBlock {
+    /// Sets block `s`'s shift and its sums from its values' exact sums (`sum` over 32, `sum_lo`
+    /// over the first 16).
+    fn set_sums(&mut self, s: usize, shift: i32, sum: i32, sum_lo: i32) {
+        self.shift[s] = shift;
+        self.sums[2 * s] = (sum_lo << shift) as i16;
+        self.sums[2 * s + 1] = ((sum - sum_lo) << shift) as i16;
+        self.sums32[s] = (sum << shift) as i16;
+    }
+}
+
+/// A super-block's unit `d` from its blocks' largest |x| (`amaxes`), and per block its shift
+/// and the inverse of its scale `d · 2^shift` (0 where that inverse overflows: the block
+/// quantizes to zeros). Every level computes its scales here.
+fn superblock_scales(amaxes: &[f32; Q8K_BLOCK / Q8_BLOCK]) -> (f32, [i32; Q8K_BLOCK / Q8_BLOCK], [f32; Q8K_BLOCK / Q8_BLOCK]) {
+    let amax = amaxes.iter().fold(0f32, |m, &v| m.max(v));
+    let d = amax / 127.0 / (1 << Q8K_MAX_SHIFT) as f32;
+    let shift = amaxes.map(|a| (0..Q8K_MAX_SHIFT).find(|&e| a <= 127.0 * (d * (1 << e) as f32)).unwrap_or(Q8K_MAX_SHIFT));
+    let id = shift.map(|e| {
+        let ds = d * (1 << e) as f32;
+        if ds != 0.0 && (1.0 / ds).is_finite() { 1.0 / ds } else { 0.0 }
+    });
+    (d, shift, id)
+}
+
+/// Quantizes `x` (a multiple of 256 values) into `out` (`x.len() / 256` super-blocks), each
+/// 32-value block at the scale [`Q8KBlock`] describes, values rounded half away from zero as
+/// [`quantize_q8`] rounds them; the AVX2 version where the CPU has it.
+pub fn quantize_q8k(x: &[f32], out: &mut [Q8KBlock]) {
+    let isa = if Isa::Avx2.available() { Isa::Avx2 } else { Isa::Scalar };
+    quantize_q8k_with(isa, x, out);
+}
+
+/// [`quantize_q8k`] at an explicit ISA level; every level gives the same bytes (NaNs become 0).
+///
+/// # Panics
+/// If `isa` is unavailable or the lengths disagree.
+pub fn quantize_q8k_with(isa: Isa, x: &[f32], out: &mut [Q8KBlock]) {
+    assert_eq!(x.len(), out.len() * Q8K_BLOCK, "activation length is not whole Q8_K super-blocks");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2");
+            // SAFETY: AVX2, FMA and F16C present (checked above); lengths checked.
+            unsafe { avx2::quantize_k(x, out) }
+        }
+        _ => {
+            for (blk, xs) in out.iter_mut().zip(x.chunks_exact(Q8K_BLOCK)) {
+                let mut amaxes = [0f32; Q8K_BLOCK / Q8_BLOCK];
+                for (a, xs) in amaxes.iter_mut().zip(xs.chunks_exact(Q8_BLOCK)) {
+                    *a = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                }
+                let (d, shift, id) = superblock_scales(&amaxes);
+                for (s, xs) in xs.chunks_exact(Q8_BLOCK).enumerate() {
+                    let (mut sum, mut sum_lo) = (0i32, 0i32);
+                    for (l, (q, &v)) in blk.qs[Q8_BLOCK * s..].iter_mut().zip(xs).enumerate() {
+                        let r = (v * id[s]).round() as i32;
+                        *q = r as i8;
+                        sum += r;
+                        if l == Q8_BLOCK / 2 - 1 {
+                            sum_lo = sum;
+                        }
+                    }
+                    blk.set_sums(s, shift[s], sum, sum_lo);
+                }
+                blk.d = d;
+            }
+        }
+    }
+}
 
 /// Quantizes `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks), absmax / 127
 /// per block, values rounded half away from zero; the AVX2 version where the CPU has it.
@@ -87,30 +197,19 @@ fn scales(amax: f32) -> (f32, f32) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{scales, Q8Block, Q8_BLOCK};
+    use super::{scales, superblock_scales, Q8Block, Q8KBlock, Q8K_BLOCK, Q8_BLOCK};
     use crate::cpu::simd::hsum_epi32;
     use std::arch::x86_64::*;
 
     /// [`super::quantize_q8_with`] for AVX2: the block maximum of |x| in vector registers
-    /// (`vmaxps` with the running maximum second, so a NaN is skipped as the scalar fold
-    /// skips it), and the f16 rounding of `d` and `s` by F16C (round to nearest even, as
+    /// ([`absmax`]), and the f16 rounding of `d` and `s` by F16C (round to nearest even, as
     /// `half` rounds). The scalar fold's chain of dependent `maxss` was most of this
     /// function's time: ~6 us for eight tokens of a decode step's matrix input.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn quantize(x: &[f32], out: &mut [Q8Block]) {
-        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
         for (blk, xs) in out.iter_mut().zip(x.chunks_exact(Q8_BLOCK)) {
             let xs: &[f32; Q8_BLOCK] = xs.try_into().expect("32 values");
-            let mut m = _mm256_setzero_ps();
-            for c in xs.chunks_exact(8) {
-                let c: &[f32; 8] = c.try_into().expect("8 values");
-                // SAFETY: `c` is 8 readable floats.
-                m = _mm256_max_ps(_mm256_and_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, abs), m);
-            }
-            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
-            let (d, id) = scales(amax);
+            let (d, id) = scales(absmax(xs));
             let (sum, sum_lo) = round_block(xs, id, &mut blk.qs);
             let h = _mm_cvtph_ps(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_setr_ps(d, sum as f32 * d, 0.0, 0.0)));
             blk.sum = sum as i16;
@@ -119,6 +218,42 @@ mod avx2 {
             blk.neg_dsum = -(blk.d * sum as f32);
             blk.s = _mm_cvtss_f32(_mm_shuffle_ps::<1>(h, h));
         }
+    }
+
+    /// [`super::quantize_q8k_with`] for AVX2: [`quantize`]'s maximum and rounding, per
+    /// 32-value block.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn quantize_k(x: &[f32], out: &mut [Q8KBlock]) {
+        for (blk, xs) in out.iter_mut().zip(x.chunks_exact(Q8K_BLOCK)) {
+            let mut amaxes = [0f32; Q8K_BLOCK / Q8_BLOCK];
+            for (a, xs) in amaxes.iter_mut().zip(xs.chunks_exact(Q8_BLOCK)) {
+                *a = absmax(xs);
+            }
+            let (d, shift, id) = superblock_scales(&amaxes);
+            for (s, xs) in xs.chunks_exact(Q8_BLOCK).enumerate() {
+                let q = (&mut blk.qs[Q8_BLOCK * s..Q8_BLOCK * (s + 1)]).try_into().expect("32 bytes");
+                let (sum, sum_lo) = round_block(xs.try_into().expect("32 values"), id[s], q);
+                blk.set_sums(s, shift[s], sum, sum_lo);
+            }
+            blk.d = d;
+        }
+    }
+
+    /// The largest |x| of `x` (a multiple of 8 values) in vector registers; `vmaxps` takes
+    /// the running maximum second, so a NaN is skipped as the scalar fold skips it.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn absmax(x: &[f32]) -> f32 {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let mut m = _mm256_setzero_ps();
+        for c in x.chunks_exact(8) {
+            let c: &[f32; 8] = c.try_into().expect("8 values");
+            // SAFETY: `c` is 8 readable floats.
+            m = _mm256_max_ps(_mm256_and_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, abs), m);
+        }
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)))
     }
 
     /// `qs[i] = round(x[i] * id)` (half away from zero, as `f32::round`); returns `Σ qs` and

@@ -10,6 +10,7 @@ mod cuda_linear;
 mod cuda_ops;
 mod kernels;
 mod quant_fp8;
+mod q8k;
 mod quant_int;
 mod toy_format;
 mod toy_kv_format;

@@ -240,7 +240,7 @@ impl Interleaved {
     }
 
     /// The records of groups `g..g + k`, one group after the other.
-    fn groups(&self, g: usize, k: usize) -> &[u8] {
+    pub(super) fn groups(&self, g: usize, k: usize) -> &[u8] {
         let rec = self.record();
         let len = self.cols / rec.values * rec.bytes;
         &self.data[g * len..(g + k) * len]
@@ -366,15 +366,54 @@ impl Interleaved {
     }
 }
 
+/// One call of a record kernel: `groups` adjacent groups' records against `n` tokens from
+/// token `t0`, writing output columns `col..col + groups * GROUP`.
+pub(super) struct Tile<'a> {
+    /// The groups' records, one group after the other.
+    pub recs: &'a [u8],
+    /// Groups in `recs`.
+    pub groups: usize,
+    /// First token.
+    pub t0: usize,
+    /// Tokens.
+    pub n: usize,
+    /// First output column (relative to the call's first group).
+    pub col: usize,
+    /// Whether these are the first tokens of a token block, the ones that stream the weights
+    /// from memory (the others find them cached), so the kernel should prefetch.
+    pub ahead: bool,
+}
+
+/// The loops every SIMD level's GEMM shares: blocks of [`TOKEN_BLOCK`] tokens whose
+/// activations stay in L1/L2 while every group of `g0..g1` passes over them, groups
+/// `per_call` at a time (one at a time for those left at the end), tokens up to `tn` at a time.
+pub(super) fn for_each_tile(w: &Interleaved, g0: usize, g1: usize, tokens: usize, per_call: usize, tn: usize, mut kernel: impl FnMut(Tile<'_>)) {
+    for tb in (0..tokens).step_by(TOKEN_BLOCK) {
+        let tend = tokens.min(tb + TOKEN_BLOCK);
+        let mut g = g0;
+        while g < g1 {
+            let groups = if g + per_call <= g1 { per_call } else { 1 };
+            let recs = w.groups(g, groups);
+            let mut t0 = tb;
+            while t0 < tend {
+                let n = tn.min(tend - t0);
+                kernel(Tile { recs, groups, t0, n, col: (g - g0) * GROUP, ahead: t0 == tb });
+                t0 += n;
+            }
+            g += groups;
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{kquant, Halves, Interleaved, GROUP, TOKEN_BLOCK};
+pub(super) mod avx2 {
+    use super::{kquant, Halves, Interleaved, GROUP};
     use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
     use crate::ggml::{GgmlType, QK_K};
     use std::arch::x86_64::*;
 
     /// Activation blocks per k-quant super-block.
-    pub(super) const SUBS: usize = QK_K / Q8_BLOCK;
+    pub(in crate::linear::ggml) const SUBS: usize = QK_K / Q8_BLOCK;
 
     /// One SIMD level's record kernels: the records of `GROUPS` adjacent groups (one after the
     /// other in `recs`) against up to eight tokens, `8 * GROUPS` outputs per token.
@@ -455,7 +494,7 @@ mod avx2 {
     /// # Safety
     /// AVX2, FMA, F16C and `K`'s features available; lengths as [`Interleaved::gemm`] checks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm<K: Records, const TN: usize>(
+    pub(super) unsafe fn gemm<K: Records, const TN: usize>(
         w: &Interleaved,
         g0: usize,
         g1: usize,
@@ -466,44 +505,29 @@ mod avx2 {
         const { assert!(TN >= 1 && TN <= 8, "tile! covers 1..=8 tokens") };
         let nb = w.cols / Q8_BLOCK;
         let width = (g1 - g0) * GROUP;
-        // Blocks of tokens whose activations stay in L1/L2 while every group passes over them.
-        for tb in (0..tokens).step_by(TOKEN_BLOCK) {
-            let tend = tokens.min(tb + TOKEN_BLOCK);
-            let mut g = g0;
-            while g < g1 {
-                let k = if g + K::GROUPS <= g1 { K::GROUPS } else { 1 };
-                let recs = w.groups(g, k);
-                let mut t0 = tb;
-                while t0 < tend {
-                    let n = TN.min(tend - t0);
-                    let a = &acts[t0 * nb..(t0 + n) * nb];
-                    let dst = &mut out[t0 * width + (g - g0) * GROUP..];
-                    // SAFETY: forwarded contract; `a` holds n token rows of nb blocks and `dst` n
-                    // output rows of stride `width` with k * GROUP columns each.
-                    unsafe {
-                        // The first tokens of a block stream the weights; the others find them cached.
-                        let ahead = t0 == tb;
-                        if k == K::GROUPS {
-                            tile!(K, w.ty, n, recs, a, dst, width, ahead)
-                        } else {
-                            tile!(Avx2, w.ty, n, recs, a, dst, width, ahead)
-                        }
-                    }
-                    t0 += n;
+        super::for_each_tile(w, g0, g1, tokens, K::GROUPS, TN, |t| {
+            let a = &acts[t.t0 * nb..(t.t0 + t.n) * nb];
+            let dst = &mut out[t.t0 * width + t.col..];
+            // SAFETY: forwarded contract; `a` holds n token rows of nb blocks and `dst` n
+            // output rows of stride `width` with `groups * GROUP` columns each.
+            unsafe {
+                if t.groups == K::GROUPS {
+                    tile!(K, w.ty, t.n, t.recs, a, dst, width, t.ahead)
+                } else {
+                    tile!(Avx2, w.ty, t.n, t.recs, a, dst, width, t.ahead)
                 }
-                g += k;
             }
-        }
+        });
     }
 
     /// How far ahead (bytes) of a group's record stream the kernels prefetch it.
-    const PREFETCH: usize = 4096;
+    pub(in crate::linear::ggml) const PREFETCH: usize = 4096;
 
     /// Prefetches the bytes `distance` past each 64 bytes of `rec` (a record the kernel is
     /// about to read; see [`ahead_distance`]). Only hints: nothing is read.
     #[target_feature(enable = "avx2")]
     #[inline]
-    pub(super) fn prefetch_ahead(rec: &[u8], distance: usize) {
+    pub(in crate::linear::ggml) fn prefetch_ahead(rec: &[u8], distance: usize) {
         for off in (0..rec.len()).step_by(64) {
             _mm_prefetch::<_MM_HINT_T0>(rec.as_ptr().wrapping_add(off + distance).cast());
         }
@@ -537,7 +561,7 @@ mod avx2 {
     /// `p` points to 16 readable bytes.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(super) unsafe fn f16x8(p: *const u8) -> __m256 {
+    pub(in crate::linear::ggml) unsafe fn f16x8(p: *const u8) -> __m256 {
         // SAFETY: caller's contract.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
     }
@@ -559,7 +583,7 @@ mod avx2 {
     /// Writes T accumulators (8 rows each) to rows of `dst` at stride `width`.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(super) fn store<const T: usize>(acc: &[__m256; T], dst: &mut [f32], width: usize) {
+    pub(in crate::linear::ggml) fn store<const T: usize>(acc: &[__m256; T], dst: &mut [f32], width: usize) {
         for (t, v) in acc.iter().enumerate() {
             let d: &mut [f32; 8] = (&mut dst[t * width..t * width + GROUP])
                 .try_into()
@@ -572,7 +596,7 @@ mod avx2 {
     /// Record bytes `at..at + 32`.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn load32(rec: &[u8], at: usize) -> __m256i {
+    pub(in crate::linear::ggml) fn load32(rec: &[u8], at: usize) -> __m256i {
         let c: &[u8; 32] = rec[at..at + 32].try_into().expect("32 bytes");
         // SAFETY: `c` is 32 readable bytes.
         unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
@@ -614,7 +638,7 @@ mod avx2 {
     /// Bit `i` (0..8) of every byte of a fifth-bit chunk, moved to bit 4.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn fifth_bit(hb: __m256i, i: usize) -> __m256i {
+    pub(in crate::linear::ggml) fn fifth_bit(hb: __m256i, i: usize) -> __m256i {
         let v = match i {
             0 => _mm256_slli_epi16::<4>(hb),
             1 => _mm256_slli_epi16::<3>(hb),
@@ -828,35 +852,37 @@ mod avx2 {
     /// (values `16h + 4i..16h + 4i + 4`, one row per 32-bit lane), unsigned.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn halves_codes(kind: Halves, rec: &[u8], s: usize) -> [[__m256i; 4]; 2] {
+    pub(in crate::linear::ggml) fn halves_codes(kind: Halves, rec: &[u8], s: usize) -> [[__m256i; 4]; 2] {
+        // Plain loops, no closures: a closure does not inherit the target features, and with
+        // two callers (this module's kernels and `q8k`'s) it would stay an out-of-line call.
         let at = kind.codes_at() + s * kind.block();
         let (mask, three) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+        let mut q = [[_mm256_setzero_si256(); 4]; 2];
         match kind {
             Halves::Q6K => {
-                let lo: [__m256i; 4] = std::array::from_fn(|i| load32(rec, at + 32 * i));
-                std::array::from_fn(|h| {
-                    let hb = load32(rec, at + 128 + 32 * h);
-                    std::array::from_fn(|i| {
-                        let l = if h == 0 { lo[i] } else { _mm256_srli_epi16::<4>(lo[i]) };
-                        _mm256_or_si256(_mm256_and_si256(l, mask), high_pair(hb, i))
-                    })
-                })
+                let hb = [load32(rec, at + 128), load32(rec, at + 160)];
+                for i in 0..4 {
+                    let lo = load32(rec, at + 32 * i);
+                    for (h, q) in q.iter_mut().enumerate() {
+                        let l = if h == 0 { lo } else { _mm256_srli_epi16::<4>(lo) };
+                        q[i] = _mm256_or_si256(_mm256_and_si256(l, mask), high_pair(hb[h], i));
+                    }
+                }
             }
             _ => {
                 let third = if kind == Halves::Q3K { load32(rec, at + 64) } else { _mm256_setzero_si256() };
-                std::array::from_fn(|h| {
+                for (h, q) in q.iter_mut().enumerate() {
                     let pairs = load32(rec, at + 32 * h);
-                    std::array::from_fn(|i| {
-                        let q = _mm256_and_si256(move_bits(pairs, 2 * i as i32, 0), three);
+                    for (i, q) in q.iter_mut().enumerate() {
+                        *q = _mm256_and_si256(move_bits(pairs, 2 * i as i32, 0), three);
                         if kind == Halves::Q3K {
-                            _mm256_or_si256(q, _mm256_and_si256(move_bits(third, (4 * h + i) as i32, 2), _mm256_set1_epi8(4)))
-                        } else {
-                            q
+                            *q = _mm256_or_si256(*q, _mm256_and_si256(move_bits(third, (4 * h + i) as i32, 2), _mm256_set1_epi8(4)));
                         }
-                    })
-                })
+                    }
+                }
             }
         }
+        q
     }
 
     /// Eight rows' scales of one 16-value sub-block (bytes at `at`) as i16 pairs for

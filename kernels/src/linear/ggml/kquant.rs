@@ -30,7 +30,7 @@
 //! bit for bit.
 
 use super::interleaved::GROUP;
-use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
+use crate::ggml::act_quant::{Q8Block, Q8KBlock, Q8_BLOCK};
 use crate::ggml::dequant::q3k_scales;
 use crate::ggml::QK_K;
 use half::f16;
@@ -138,6 +138,20 @@ pub(crate) fn dot_k4(rec: &[u8], j: usize, a: &[Q8Block], mut acc: f32, high: bo
         acc = dm.mul_add(-(ab.d * i32::from(ab.sum) as f32), acc);
     }
     acc
+}
+
+/// The scalar reference against a per-256 activation super-block (the numerics of
+/// [`super::q8k`]): row `j` of a Q4_K (or, when `high`, Q5_K) record, added to `acc`.
+pub(crate) fn dot_k4_q8k(rec: &[u8], j: usize, a: &Q8KBlock, acc: f32, high: bool) -> f32 {
+    let (d, dmin) = (f16_at(rec, 2 * j), f16_at(rec, 16 + 2 * j));
+    let (mut isum, mut msum) = (0i32, 0i32);
+    for s in 0..QK_K / Q8_BLOCK {
+        let dot: i32 = (0..Q8_BLOCK).map(|l| k4_code(rec, j, s, l, high) as i32 * a.qs[Q8_BLOCK * s + l] as i32).sum();
+        isum += (rec[32 + s * GROUP + j] as i32 * dot) << a.shift[s];
+        msum += rec[96 + s * GROUP + j] as i32 * i32::from(a.sums32[s]);
+    }
+    let acc = (isum as f32).mul_add(d * a.d, acc);
+    (msum as f32).mul_add(-(dmin * a.d), acc)
 }
 
 /// The 6-bit codes (0..64) of a GGML Q6_K block, in value order.
@@ -377,4 +391,25 @@ pub(crate) fn dot_halves(kind: Halves, rec: &[u8], j: usize, a: &[Q8Block], mut 
         }
     }
     acc
+}
+
+/// The scalar reference against a per-256 activation super-block (the numerics of
+/// [`super::q8k`]): row `j` of a record of `kind`, added to `acc`.
+pub(crate) fn dot_halves_q8k(kind: Halves, rec: &[u8], j: usize, a: &Q8KBlock, acc: f32) -> f32 {
+    let (d, dmin) = (f16_at(rec, 2 * j), f16_at(rec, 16 + 2 * j));
+    let (mut isum, mut msum) = (0i64, 0i64);
+    for (k, &asum) in a.sums.iter().enumerate() {
+        let (sc, m) = kind.scale_min(rec, j, k);
+        let dot: i64 = (0..16).map(|l| kind.code(rec, j, k / 2, 16 * (k % 2) + l) as i64 * a.qs[16 * k + l] as i64).sum();
+        isum += sc as i64 * ((dot << a.shift[k / 2]) - kind.offset() as i64 * i64::from(asum));
+        msum += m as i64 * i64::from(asum);
+    }
+    // Both fit in i32 (see `super::q8k`'s bound), so the casts are exact.
+    let (isum, msum) = (isum as i32, msum as i32);
+    let acc = (isum as f32).mul_add(d * a.d, acc);
+    if kind.has_min() {
+        (msum as f32).mul_add(-(dmin * a.d), acc)
+    } else {
+        acc
+    }
 }

@@ -20,6 +20,7 @@ mod float_rows;
 pub mod interleaved;
 pub mod kquant;
 mod matrix;
+pub mod q8k;
 #[cfg(target_arch = "x86_64")]
 pub mod sgemm;
 
@@ -32,7 +33,7 @@ use crate::cpu::dot::dot_f32;
 use crate::cpu::scratch::with_f32;
 use crate::cpu::GemmLevel;
 use interleaved::{Interleaved, GROUP};
-use crate::ggml::act_quant::{quantize_q8, Q8Block, Q8_BLOCK};
+use crate::ggml::act_quant::{quantize_q8, quantize_q8k, Q8Block, Q8KBlock, Q8K_BLOCK, Q8_BLOCK};
 use crate::ggml::{dequantize_row, GgmlType};
 use rayon::prelude::*;
 use std::fmt;
@@ -129,12 +130,23 @@ fn min_tokens(policy: LinearPolicy, small: SmallPath, isa: Isa) -> usize {
     }
 }
 
+/// The activation blocking of the integer small path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActBlocks {
+    /// One scale per 32 values ([`Q8Block`], llama.cpp's Q8_0 / Q8_1): every level.
+    Of32,
+    /// One scale per 256 values ([`Q8KBlock`], llama.cpp's Q8_K): the k-quants on the AVX2
+    /// level ([`q8k`]).
+    Of256,
+}
+
 /// The kernel chosen for one weight matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearKernel {
     ty: GgmlType,
     isa: Isa,
     small: SmallPath,
+    blocks: ActBlocks,
     policy: LinearPolicy,
 }
 
@@ -144,10 +156,20 @@ impl LinearKernel {
         Self::with_isa(ty, caps.best_isa(), policy)
     }
 
-    /// Picks the kernel for an explicit ISA level (tests use this to compare paths).
+    /// Picks the kernel for an explicit ISA level (tests use this to compare paths). The
+    /// k-quants take per-256 activations where the integer level is AVX2 (see [`q8k`]),
+    /// per-32 ones on the scalar and AVX-512 levels.
     pub fn with_isa(ty: GgmlType, isa: Isa, policy: LinearPolicy) -> Self {
         let small = if Interleaved::supports(ty) { SmallPath::Integer } else { SmallPath::DequantDot };
-        LinearKernel { ty, isa, small, policy }
+        let blocks = if q8k::supports(ty) && GemmLevel::for_isa(isa) == GemmLevel::Avx2 { ActBlocks::Of256 } else { ActBlocks::Of32 };
+        LinearKernel { ty, isa, small, blocks, policy }
+    }
+
+    /// This kernel with the given activation blocking, where the type has kernels for it (the
+    /// k-quants have both; other types keep [`ActBlocks::Of32`]). Benchmarks compare the two.
+    pub fn with_blocks(self, blocks: ActBlocks) -> Self {
+        let blocks = if q8k::supports(self.ty) { blocks } else { ActBlocks::Of32 };
+        LinearKernel { blocks, ..self }
     }
 
     /// Computes `y[i, j] = Σ_k x[i, k] · W[j, k]` for `m` tokens.
@@ -160,6 +182,14 @@ impl LinearKernel {
     /// this batch takes the small path (such weights must be [`Interleaved::pack`]ed).
     pub fn forward(&self, w: Weight<'_>, x: &[f32], m: usize, y: &mut [f32], ldy: usize) {
         forward_group(&[(self, w, 0)], x, &[m], y, ldy);
+    }
+
+    /// The integer level that runs this kernel: the AVX2 kernels for per-256 activations.
+    fn level(&self) -> GemmLevel {
+        match self.blocks {
+            ActBlocks::Of256 => GemmLevel::Avx2,
+            ActBlocks::Of32 => GemmLevel::for_isa(self.isa),
+        }
     }
 
     /// Whether this kernel's small-batch path reads [`Interleaved`] weights.
@@ -181,8 +211,16 @@ impl LinearKernel {
     pub fn activations(&self) -> String {
         match (self.small, min_tokens(self.policy, self.small, self.isa)) {
             (SmallPath::DequantDot, _) | (SmallPath::Integer, 1) => "f32".into(),
-            (SmallPath::Integer, usize::MAX) => "q8 blocks".into(),
-            (SmallPath::Integer, t) => format!("q8 blocks (m<{t}) | f32"),
+            (SmallPath::Integer, usize::MAX) => self.block_name().into(),
+            (SmallPath::Integer, t) => format!("{} (m<{t}) | f32", self.block_name()),
+        }
+    }
+
+    /// The integer path's activations: `q8 blocks` (per 32 values) or `q8_k blocks`.
+    fn block_name(&self) -> &'static str {
+        match self.blocks {
+            ActBlocks::Of32 => "q8 blocks",
+            ActBlocks::Of256 => "q8_k blocks",
         }
     }
 
@@ -199,8 +237,14 @@ impl fmt::Display for LinearKernel {
             SmallPath::Integer => {
                 let w = self.ty.name().to_lowercase();
                 // Types with mins also use the activation blocks' sums.
-                let a = if matches!(self.ty, GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q2K | GgmlType::Q4K | GgmlType::Q5K) { "q8_1" } else { "q8_0" };
-                format!("cpu.{w}x{GROUP}*{a}.{}", GemmLevel::for_isa(self.isa).name())
+                let a = if self.blocks == ActBlocks::Of256 {
+                    "q8_k"
+                } else if matches!(self.ty, GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q2K | GgmlType::Q4K | GgmlType::Q5K) {
+                    "q8_1"
+                } else {
+                    "q8_0"
+                };
+                format!("cpu.{w}x{GROUP}*{a}.{}", self.level().name())
             }
             SmallPath::DequantDot => format!("cpu.dequant-dot.{}.{}", self.ty.name().to_lowercase(), self.isa.name()),
         };
@@ -292,15 +336,23 @@ fn forward_class(parts: &[(&LinearKernel, Weight<'_>, usize)], switch: usize, x:
 fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usize], y: &mut [f32], ldy: usize) {
     let k = parts[0].1.cols();
     let nb = k / Q8_BLOCK;
-    let acts = if parts.iter().any(|(kern, _, _)| kern.small == SmallPath::Integer) {
-        let mut a = vec![Q8Block::default(); rows.len() * nb];
-        for (&i, ab) in rows.iter().zip(a.chunks_exact_mut(nb)) {
+    // One quantization per activation blocking the parts use (a Q4_K next to a Q5_0 needs both).
+    let uses = |blocks: ActBlocks| parts.iter().any(|(kern, _, _)| kern.small == SmallPath::Integer && kern.blocks == blocks);
+    let mut acts = Vec::new();
+    if uses(ActBlocks::Of32) {
+        acts = vec![Q8Block::default(); rows.len() * nb];
+        for (&i, ab) in rows.iter().zip(acts.chunks_exact_mut(nb)) {
             quantize_q8(&x[i * k..(i + 1) * k], ab);
         }
-        a
-    } else {
-        Vec::new()
-    };
+    }
+    let mut acts_k = Vec::new();
+    if uses(ActBlocks::Of256) {
+        let nsb = k / Q8K_BLOCK;
+        acts_k = vec![Q8KBlock::default(); rows.len() * nsb];
+        for (&i, ab) in rows.iter().zip(acts_k.chunks_exact_mut(nsb)) {
+            quantize_q8k(&x[i * k..(i + 1) * k], ab);
+        }
+    }
     // Tasks are (part, weight-row range) pairs over all parts, sized to balance the pool and
     // aligned to whole interleaved groups.
     let total: usize = parts.iter().map(|(_, w, _)| w.rows()).sum();
@@ -323,7 +375,10 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
                 let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
                 let width = (g1 - g0) * GROUP;
                 with_f32(rows.len() * width, |tile| {
-                    w.gemm(GemmLevel::for_isa(kern.isa), g0, g1, &acts, rows.len(), tile);
+                    match kern.blocks {
+                        ActBlocks::Of32 => w.gemm(kern.level(), g0, g1, &acts, rows.len(), tile),
+                        ActBlocks::Of256 => w.gemm_q8k(kern.level(), g0, g1, &acts_k, rows.len(), tile),
+                    }
                     for (&i, res) in rows.iter().zip(tile.chunks_exact(width)) {
                         // SAFETY: columns col + r0..col + r1 of output row i are inside y
                         // (asserted by the caller) and belong to this task alone.

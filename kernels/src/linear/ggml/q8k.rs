@@ -1,0 +1,348 @@
+//! The k-quant records of [`super::kquant`] against per-256 activation super-blocks
+//! ([`Q8KBlock`], llama.cpp's Q8_K): the k-quant kernels of the AVX2 level.
+//!
+//! Against the per-32 activation blocks of [`super::interleaved`], every 32 values of eight
+//! rows end in a float epilogue (convert, scale product, two FMAs): on an AVX2-only Zen 3, a
+//! quarter of the Q4_K kernel's time, on the ports `vpmaddubsw` needs. With one activation
+//! scale per super-block, the rows' 6-bit scales apply in the `vpmaddwd` that widens each
+//! 32 values' sums (against ones in the per-32 kernel), a super-block accumulates in integers,
+//! and the offset and min terms come once per super-block from the activations' 16- and
+//! 32-value sums.
+//!
+//! Numerics per (row, token) and super-block against activation super-block `a`, with the
+//! integer sums exact and `Σ q · a.qs` over a sub-block's values shifted left by its 32-value
+//! block's `a.shift` (in units of `a.d`, like `a.sums` and `a.sums32`):
+//! - Q4_K and Q5_K, per 32-value sub-block `s`: `I = Σ_s sc_s · (Σ q · a.qs) << a.shift[s]`
+//!   and `M = Σ_s m_s · a.sums32[s]`;
+//! - Q6_K, Q3_K and Q2_K, per 16-value sub-block `k`: `I = Σ_k sc_k · ((Σ q · a.qs) <<
+//!   a.shift[k / 2] - offset · a.sums[k])` (offset 32, 4, 0) and, for Q2_K,
+//!   `M = Σ_k m_k · a.sums[k]`;
+//!
+//! then `acc = fma(I, d · a.d, acc)` and, for the types with mins, `acc = fma(M, -(dmin ·
+//! a.d), acc)`. `I` and `M` fit in i32: the largest, Q6_K's `I`, is at most 16 sub-blocks ·
+//! 128 (scale) · 16 · 32 · 127 (codes less 32 against activations) · 8 (shift) < 1.07 · 2^30.
+//! The AVX2 kernel adds the offset term last, so its running sums may wrap in between; i32
+//! addition is exact modulo 2^32, so the result is the same. The scalar level ([`super::kquant::dot_k4_q8k`], [`super::kquant::dot_halves_q8k`])
+//! and these kernels perform exactly these operations, so they agree bit for bit. AVX-512
+//! hosts keep the per-32 kernels (their float epilogue measured no slower there,
+//! docs/benchmarks/kquants.md) unless asked for these.
+
+use super::interleaved::{for_each_tile, Interleaved, GROUP};
+use super::kquant::{self, Halves};
+use crate::cpu::caps::GemmLevel;
+use crate::ggml::act_quant::{Q8KBlock, Q8K_BLOCK};
+use crate::ggml::GgmlType;
+
+/// Tokens per call of a record kernel: with eight code registers, four token sums and the
+/// scales, AVX2's 16 registers are full.
+const TILE: usize = 4;
+
+/// The [`Halves`] kind of a 16-value-sub-block k-quant, `None` for Q4_K and Q5_K.
+fn halves_kind(ty: GgmlType) -> Option<Halves> {
+    match ty {
+        GgmlType::Q6K => Some(Halves::Q6K),
+        GgmlType::Q3K => Some(Halves::Q3K),
+        GgmlType::Q2K => Some(Halves::Q2K),
+        _ => None,
+    }
+}
+
+/// Whether `ty` has kernels against [`Q8KBlock`] activations (the k-quants).
+pub fn supports(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K)
+}
+
+impl Interleaved {
+    /// [`Interleaved::gemm`] for a k-quant matrix against per-256 activations (`cols / 256`
+    /// super-blocks per token, token-major), with this module's numerics. The AVX-512 level
+    /// runs the AVX2 kernels (the same bits).
+    ///
+    /// # Panics
+    /// If the type is not a k-quant, `level` is unavailable or a length disagrees.
+    pub fn gemm_q8k(&self, level: GemmLevel, g0: usize, g1: usize, acts: &[Q8KBlock], tokens: usize, out: &mut [f32]) {
+        assert!(supports(self.ty()), "{} has no kernel against Q8_K activations", self.ty());
+        let nsb = self.cols() / Q8K_BLOCK;
+        assert!(g0 <= g1 && g1 <= self.rows().div_ceil(GROUP), "groups {g0}..{g1}");
+        assert_eq!(acts.len(), tokens * nsb, "activation super-blocks");
+        assert_eq!(out.len(), tokens * (g1 - g0) * GROUP, "output tile");
+        assert!(level.available(), "{} integer GEMM requested on a CPU without it", level.name());
+        let width = (g1 - g0) * GROUP;
+        match level {
+            GemmLevel::Scalar => {
+                let rb = self.bytes() / self.rows().div_ceil(GROUP) / nsb;
+                for g in g0..g1 {
+                    for t in 0..tokens {
+                        for j in 0..GROUP {
+                            let a = &acts[t * nsb..(t + 1) * nsb];
+                            out[t * width + (g - g0) * GROUP + j] = self.groups(g, 1).chunks_exact(rb).zip(a).fold(0f32, |acc, (rec, a)| match halves_kind(self.ty()) {
+                                Some(kind) => kquant::dot_halves_q8k(kind, rec, j, a, acc),
+                                None => kquant::dot_k4_q8k(rec, j, a, acc, self.ty() == GgmlType::Q5K),
+                            });
+                        }
+                    }
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            _ => for_each_tile(self, g0, g1, tokens, 1, TILE, |t| {
+                let a = &acts[t.t0 * nsb..(t.t0 + t.n) * nsb];
+                let dst = &mut out[t.t0 * width + t.col..];
+                // SAFETY: AVX2, FMA and F16C are present (every SIMD level has them, checked
+                // above); `t.recs` is one group's records, `a` n token rows of its super-blocks.
+                unsafe { avx2::tile(self.ty(), t.n, t.recs, a, dst, width, t.ahead) }
+            }),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("checked available"),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::super::interleaved::avx2::{f16x8, fifth_bit, halves_codes, load32, prefetch_ahead, store, PREFETCH, SUBS};
+    use super::super::kquant::{self, Halves};
+    use super::{halves_kind, GROUP, TILE};
+    use crate::ggml::act_quant::Q8KBlock;
+    use crate::ggml::GgmlType;
+    use std::arch::x86_64::*;
+
+    /// Runs the record kernel for type `ty` and `n` tokens (1..=[`TILE`]).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C present; `recs` holds one group's records of `ty` and `a` holds
+    /// `n` token rows of as many super-blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile(ty: GgmlType, n: usize, recs: &[u8], a: &[Q8KBlock], dst: &mut [f32], width: usize, ahead: bool) {
+        const { assert!(TILE == 4, "the match below covers 1..=4 tokens") };
+        macro_rules! by_tokens {
+            ($f:ident, $c:expr) => {
+                // SAFETY: forwarded contract.
+                unsafe {
+                    match n {
+                        4 => $f::<4, $c>(recs, a, dst, width, ahead),
+                        3 => $f::<3, $c>(recs, a, dst, width, ahead),
+                        2 => $f::<2, $c>(recs, a, dst, width, ahead),
+                        _ => $f::<1, $c>(recs, a, dst, width, ahead),
+                    }
+                }
+            };
+        }
+        match (ty, halves_kind(ty)) {
+            (GgmlType::Q5K, _) => by_tokens!(k4, true),
+            (_, None) => by_tokens!(k4, false),
+            (_, Some(Halves::Q6K)) => by_tokens!(halves, { kquant::Q6K_KIND }),
+            (_, Some(Halves::Q3K)) => by_tokens!(halves, { kquant::Q3K_KIND }),
+            (_, Some(Halves::Q2K)) => by_tokens!(halves, { kquant::Q2K_KIND }),
+        }
+    }
+
+    /// Four activation bytes `4i..4i + 4` of a super-block, broadcast to every lane.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn bcast(a: &Q8KBlock, i: usize) -> __m256i {
+        assert!(i < a.qs.len() / 4);
+        // SAFETY: bytes 4i..4i + 4 of the activation bytes.
+        _mm256_set1_epi32(unsafe { (a.qs.as_ptr().add(4 * i) as *const i32).read_unaligned() })
+    }
+
+    /// Two adjacent i16 sums `s[i], s[i + 1]`, as the pair `vpmaddwd` multiplies, in every lane.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn bcast_pair(s: &[i16], i: usize) -> __m256i {
+        let p: &[i16; 2] = s[i..i + 2].try_into().expect("2 sums");
+        // SAFETY: `p` is 4 readable bytes.
+        _mm256_set1_epi32(unsafe { (p.as_ptr() as *const i32).read_unaligned() })
+    }
+
+    /// `v`'s bytes as i16 pairs `(x_j, y_j)` per row lane `j`, zero- or sign-extended, where
+    /// each 128-bit lane of `v` holds the eight rows' `x` in bytes 0..8 and their `y` in bytes
+    /// 8..16. One `vpshufb` (and for signed bytes a shift: each byte lands in both halves of
+    /// its i16, whose arithmetic shift by 8 sign-extends it).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn pairs<const SIGNED: bool>(v: __m256i) -> __m256i {
+        let lane = |r: i8| -> [i8; 4] { if SIGNED { [r, r, 8 + r, 8 + r] } else { [r, -1, 8 + r, -1] } };
+        let (a, b, c, d, e, f, g, h) = (lane(0), lane(1), lane(2), lane(3), lane(4), lane(5), lane(6), lane(7));
+        let idx = _mm256_setr_epi8(
+            a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2], d[3],
+            e[0], e[1], e[2], e[3], f[0], f[1], f[2], f[3], g[0], g[1], g[2], g[3], h[0], h[1], h[2], h[3],
+        );
+        let p = _mm256_shuffle_epi8(v, idx);
+        if SIGNED { _mm256_srai_epi16::<8>(p) } else { p }
+    }
+
+    /// Eight rows' bytes at `at` as i16 pairs `(x_j, x_j)`: the multiplier `vpmaddwd` wants to
+    /// scale a row's 32-bit lane of i16 sums.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn dup_pairs<const SIGNED: bool>(rec: &[u8], at: usize) -> __m256i {
+        let b: [u8; 8] = rec[at..at + 8].try_into().expect("8 bytes");
+        pairs::<SIGNED>(_mm256_set1_epi64x(i64::from_le_bytes(b)))
+    }
+
+    /// Two runs of eight rows' bytes at `at` and `at + 8` as i16 pairs `(x_j, y_j)`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn adjacent<const SIGNED: bool>(rec: &[u8], at: usize) -> __m256i {
+        let c: &[u8; 16] = rec[at..at + 16].try_into().expect("16 bytes");
+        // SAFETY: `c` is 16 readable bytes.
+        pairs::<SIGNED>(_mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(c.as_ptr() as *const __m128i) }))
+    }
+
+    /// The final FMAs of a super-block (see the module's numerics): `acc = fma(I, d · a.d,
+    /// acc)`, then with `MIN` `acc = fma(M, -(dmin · a.d), acc)`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn finish<const MIN: bool>(acc: __m256, isum: __m256i, msum: __m256i, d: __m256, dmin: __m256, a: &Q8KBlock) -> __m256 {
+        let ad = _mm256_set1_ps(a.d);
+        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, ad), acc);
+        if MIN {
+            _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, ad), acc)
+        } else {
+            acc
+        }
+    }
+
+    /// Q4_K records (Q5_K when `HIGH`) against T tokens.
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn k4<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8KBlock], dst: &mut [f32], width: usize, ahead: bool) {
+        let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
+        let nsb = recs.len() / rb;
+        let mask = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for sb in 0..nsb {
+            let rec = &recs[sb * rb..(sb + 1) * rb];
+            if ahead {
+                prefetch_ahead(rec, PREFETCH);
+            }
+            let mut isum = [_mm256_setzero_si256(); T];
+            for s in 0..SUBS {
+                let sc = dup_pairs::<false>(rec, 32 + GROUP * s);
+                let hb = if HIGH { load32(rec, kquant::Q5K_HIGH + 32 * s) } else { _mm256_setzero_si256() };
+                let q: [__m256i; 8] = std::array::from_fn(|i| {
+                    let c = load32(rec, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
+                    let n = _mm256_and_si256(if s.is_multiple_of(2) { c } else { _mm256_srli_epi16::<4>(c) }, mask);
+                    if HIGH { _mm256_or_si256(n, fifth_bit(hb, i)) } else { n }
+                });
+                for (t, isum) in isum.iter_mut().enumerate() {
+                    let ab = &a[t * nsb + sb];
+                    // Products of at most 15 * 127 (31 * 127 with the fifth bit) per i16 lane:
+                    // 16 of them fit (8 with the fifth bit, so then two halves are widened).
+                    let half = |r: std::ops::Range<usize>| r.fold(_mm256_setzero_si256(), |p, i| _mm256_add_epi16(p, _mm256_maddubs_epi16(q[i], bcast(ab, 8 * s + i))));
+                    let p = if HIGH {
+                        _mm256_add_epi32(_mm256_madd_epi16(half(0..4), sc), _mm256_madd_epi16(half(4..8), sc))
+                    } else {
+                        _mm256_madd_epi16(half(0..8), sc)
+                    };
+                    *isum = _mm256_add_epi32(*isum, _mm256_sllv_epi32(p, _mm256_set1_epi32(ab.shift[s])));
+                }
+            }
+            // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
+            let (d, dmin) = unsafe { (f16x8(rec.as_ptr()), f16x8(rec.as_ptr().add(16))) };
+            let mins = [0, 1, 2, 3].map(|p| adjacent::<false>(rec, 96 + GROUP * 2 * p));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let ab = &a[t * nsb + sb];
+                let msum = (0..4).fold(_mm256_setzero_si256(), |m, p| _mm256_add_epi32(m, _mm256_madd_epi16(mins[p], bcast_pair(&ab.sums32, 2 * p))));
+                *acc = finish::<true>(*acc, isum[t], msum, d, dmin, ab);
+            }
+        }
+        store::<T>(&acc, dst, width);
+    }
+
+    /// Q6_K, Q3_K or Q2_K records (`KIND` names the [`Halves`] kind) against T tokens.
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8KBlock], dst: &mut [f32], width: usize, ahead: bool) {
+        let kind = Halves::of(KIND);
+        let rb = kind.record();
+        let nsb = recs.len() / rb;
+        let mut acc = [_mm256_setzero_ps(); T];
+        for sb in 0..nsb {
+            let rec = &recs[sb * rb..(sb + 1) * rb];
+            if ahead {
+                prefetch_ahead(rec, PREFETCH);
+            }
+            let mut isum = [_mm256_setzero_si256(); T];
+            for s in 0..SUBS {
+                let q = halves_codes(kind, rec, s);
+                let sc = [scale_pairs(kind, rec, 2 * s), scale_pairs(kind, rec, 2 * s + 1)];
+                for (t, isum) in isum.iter_mut().enumerate() {
+                    let ab = &a[t * nsb + sb];
+                    let mut block = _mm256_setzero_si256();
+                    for (h, (qh, &sc)) in q.iter().zip(&sc).enumerate() {
+                        // Two chunks per i16 sum: 4 products of at most 63 * 127.
+                        let i = 8 * s + 4 * h;
+                        let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[0], bcast(ab, i)), _mm256_maddubs_epi16(qh[1], bcast(ab, i + 1)));
+                        let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[2], bcast(ab, i + 2)), _mm256_maddubs_epi16(qh[3], bcast(ab, i + 3)));
+                        block = _mm256_add_epi32(block, _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+                    }
+                    *isum = _mm256_add_epi32(*isum, _mm256_sllv_epi32(block, _mm256_set1_epi32(ab.shift[s])));
+                }
+            }
+            // The offset (Σ_k sc_k · a.sums[k]) and min (Σ_k m_k · a.sums[k]) terms: per row,
+            // sub-blocks 2s and 2s + 1 as one i16 pair against the pair of sums.
+            let mut pairs = [(_mm256_setzero_si256(), _mm256_setzero_si256()); SUBS];
+            for (s, p) in pairs.iter_mut().enumerate() {
+                *p = adjacent_pairs(kind, rec, s);
+            }
+            // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
+            let d = unsafe { f16x8(rec.as_ptr()) };
+            let dmin = if kind.has_min() { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let ab = &a[t * nsb + sb];
+                let (mut offs, mut mins) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for (s, &(sc, m)) in pairs.iter().enumerate() {
+                    let sums = bcast_pair(&ab.sums, 2 * s);
+                    offs = _mm256_add_epi32(offs, _mm256_madd_epi16(sc, sums));
+                    if kind.has_min() {
+                        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(m, sums));
+                    }
+                }
+                let mut i = isum[t];
+                match kind.offset() {
+                    32 => i = _mm256_sub_epi32(i, _mm256_slli_epi32::<5>(offs)),
+                    4 => i = _mm256_sub_epi32(i, _mm256_slli_epi32::<2>(offs)),
+                    _ => {}
+                }
+                *acc = if kind.has_min() {
+                    finish::<true>(*acc, i, mins, d, dmin, ab)
+                } else {
+                    finish::<false>(*acc, i, i, d, dmin, ab)
+                };
+            }
+        }
+        store::<T>(&acc, dst, width);
+    }
+
+    /// Eight rows' scales of 16-value sub-block `k`, each as an i16 in both halves of its
+    /// row's 32-bit lane (the multiplier `vpmaddwd` wants).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn scale_pairs(kind: Halves, rec: &[u8], k: usize) -> __m256i {
+        let at = kind.scales_at() + GROUP * k;
+        if kind.has_min() {
+            _mm256_and_si256(dup_pairs::<false>(rec, at), _mm256_set1_epi16(0x0F))
+        } else {
+            dup_pairs::<true>(rec, at)
+        }
+    }
+
+    /// Eight rows' scales, and mins (zeros without), of sub-blocks `2s` and `2s + 1` as i16
+    /// pairs `(x_2s, x_2s+1)` per row lane.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn adjacent_pairs(kind: Halves, rec: &[u8], s: usize) -> (__m256i, __m256i) {
+        let at = kind.scales_at() + GROUP * 2 * s;
+        if kind.has_min() {
+            // Q2_K: scale in the low nibble, min in the high one.
+            let v = adjacent::<false>(rec, at);
+            (_mm256_and_si256(v, _mm256_set1_epi16(0x0F)), _mm256_srli_epi16::<4>(v))
+        } else {
+            (adjacent::<true>(rec, at), _mm256_setzero_si256())
+        }
+    }
+}
