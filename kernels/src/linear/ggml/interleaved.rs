@@ -25,12 +25,10 @@
 //! for bit, and a token's result never depends on which other tokens share the call.
 //!
 //! The k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) have one record per 256-value super-block, laid out and computed
-//! as [`super::kquant`] describes. Their activations are the same per-token blocks of 32
-//! (llama.cpp quantizes them per 256 instead, Q8_K): one quantization then serves every matrix
-//! of a fused group whatever its type (Q4_K_M files put Q4_K and Q6_K side by side in Q/K/V),
-//! each 32 values get their own scale (a smaller activation error than one scale per 256),
-//! and the extra cost, one float epilogue per 32 values per eight rows instead of per 256, is
-//! hidden behind the weight stream at decode.
+//! as [`super::kquant`] describes. On the scalar and AVX-512 levels their activations are the
+//! same per-token blocks of 32 ([`Interleaved::gemm`]); on the AVX2 level they take
+//! super-blocks of 256 with power-of-two block scales ([`Interleaved::gemm_q8k`], see
+//! [`super::q8k`]), whose float epilogue runs once per 256 values instead of once per 32.
 
 use crate::cpu::caps::GemmLevel;
 use super::kquant::{self, Halves};

@@ -19,8 +19,10 @@
 //! **Q6_K, Q3_K and Q2_K** (32-value blocks of two 16-value halves, each with its own scale):
 //! laid out and computed as [`Halves`] describes.
 //!
-//! Activations are the per-token Q8 blocks of 32 values the other GGML types use (see
-//! [`super::interleaved`] for why). Numerics per (row, token), in this order:
+//! Activations are the per-token Q8 blocks of 32 values the other GGML types use, or on the
+//! AVX2 level the super-blocks of [`super::q8k`] (numerics there; scalar references
+//! [`dot_k4_q8k`], [`dot_halves_q8k`]). Numerics against blocks of 32 per (row, token), in
+//! this order:
 //! - Q4_K and Q5_K, for each 32-value sub-block `s` against activation block `a`:
 //!   `acc = fma(isum, (d * sc_s) * a.d, acc)`, then `acc = fma(dmin * m_s, -(a.d * a.sum), acc)`,
 //!   with `isum = Σ q · a.qs` exact;

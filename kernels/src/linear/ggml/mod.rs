@@ -3,11 +3,12 @@
 //!
 //! Two paths, chosen per sequence segment by its token count (see [`LinearPolicy`]):
 //! - **the small path**: for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and the k-quants Q2_K..Q6_K, activations are quantized per token to
-//!   8-bit blocks of 32 (llama.cpp's activation quantization of the 32-value types) and
-//!   multiplied with the weights regrouped eight rows at a time ([`Interleaved`]) by an
-//!   integer GEMM, one scale epilogue per eight rows and one or two fmas per block; by default
-//!   on AVX2 these types take this path at every batch size. Other types dequantize each
-//!   weight row and use an f32 dot.
+//!   8-bit blocks of 32 (llama.cpp's activation quantization of the 32-value types; for the
+//!   k-quants on the AVX2 level, super-blocks of 256 with power-of-two block scales, [`q8k`])
+//!   and multiplied with the weights regrouped eight rows at a time ([`Interleaved`]) by an
+//!   integer GEMM, one scale epilogue per eight rows and one or two fmas per block (per
+//!   super-block for [`q8k`]); by default on AVX2 these types take this path at every batch
+//!   size. Other types dequantize each weight row and use an f32 dot.
 //! - **the GEMM path (long segments)**: weight rows are dequantized into packed,
 //!   cache-resident f32 slivers and multiplied with a GEMM micro-kernel (`linear::ggml::sgemm` on AVX2,
 //!   the `gemm` crate's elsewhere); activations stay f32.

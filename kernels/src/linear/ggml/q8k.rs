@@ -1,13 +1,19 @@
 //! The k-quant records of [`super::kquant`] against per-256 activation super-blocks
-//! ([`Q8KBlock`], llama.cpp's Q8_K): the k-quant kernels of the AVX2 level.
+//! ([`Q8KBlock`]: one f32 unit per 256 values as in llama.cpp's Q8_K, each 32-value block at a
+//! power-of-two multiple of it): the k-quant kernels of the AVX2 level.
 //!
 //! Against the per-32 activation blocks of [`super::interleaved`], every 32 values of eight
 //! rows end in a float epilogue (convert, scale product, two FMAs): on an AVX2-only Zen 3, a
 //! quarter of the Q4_K kernel's time, on the ports `vpmaddubsw` needs. With one activation
-//! scale per super-block, the rows' 6-bit scales apply in the `vpmaddwd` that widens each
-//! 32 values' sums (against ones in the per-32 kernel), a super-block accumulates in integers,
-//! and the offset and min terms come once per super-block from the activations' 16- and
-//! 32-value sums.
+//! unit per super-block, the rows' 6-bit scales apply in the `vpmaddwd` that widens each
+//! 32 values' sums (against ones in the per-32 kernel), a block's power of two in one
+//! `vpsllvd`, a super-block accumulates in integers, and the offset and min terms come once
+//! per super-block from the activations' 16- and 32-value sums.
+//!
+//! Why the block shifts: one scale per 256 values (llama.cpp's Q8_K) raised the perplexity of
+//! SmolLM2-135M requantized to Q4_K_M by 0.48% over per-32 activations (its K-quant matrices,
+//! `ffn_down`, read the heavy-tailed SiLU products); with the shifts it is within 0.05%
+//! (docs/benchmarks/kquants.md).
 //!
 //! Numerics per (row, token) and super-block against activation super-block `a`, with the
 //! integer sums exact and `Σ q · a.qs` over a sub-block's values shifted left by its 32-value
@@ -22,10 +28,11 @@
 //! a.d), acc)`. `I` and `M` fit in i32: the largest, Q6_K's `I`, is at most 16 sub-blocks ·
 //! 128 (scale) · 16 · 32 · 127 (codes less 32 against activations) · 8 (shift) < 1.07 · 2^30.
 //! The AVX2 kernel adds the offset term last, so its running sums may wrap in between; i32
-//! addition is exact modulo 2^32, so the result is the same. The scalar level ([`super::kquant::dot_k4_q8k`], [`super::kquant::dot_halves_q8k`])
-//! and these kernels perform exactly these operations, so they agree bit for bit. AVX-512
-//! hosts keep the per-32 kernels (their float epilogue measured no slower there,
-//! docs/benchmarks/kquants.md) unless asked for these.
+//! addition is exact modulo 2^32, so the result is the same. The scalar level
+//! ([`super::kquant::dot_k4_q8k`], [`super::kquant::dot_halves_q8k`]) and these kernels
+//! perform exactly these operations, so they agree bit for bit. AVX-512 hosts keep the per-32
+//! kernels (there a per-256 epilogue measured no faster, docs/benchmarks/kquants.md) unless
+//! asked for these ([`super::LinearKernel::with_blocks`]).
 
 use super::interleaved::{for_each_tile, Interleaved, GROUP};
 use super::kquant::{self, Halves};
@@ -218,12 +225,20 @@ mod avx2 {
                 prefetch_ahead(rec, PREFETCH);
             }
             let mut isum = [_mm256_setzero_si256(); T];
+            let mut raw = [_mm256_setzero_si256(); 8];
             for s in 0..SUBS {
                 let sc = dup_pairs::<false>(rec, 32 + GROUP * s);
                 let hb = if HIGH { load32(rec, kquant::Q5K_HIGH + 32 * s) } else { _mm256_setzero_si256() };
+                // A pair of sub-blocks shares its code bytes (low and high nibbles). One token
+                // keeps them in registers for the second; more tokens need the registers, and
+                // reload them from L1.
+                if s.is_multiple_of(2) || T > 1 {
+                    for (i, r) in raw.iter_mut().enumerate() {
+                        *r = load32(rec, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
+                    }
+                }
                 let q: [__m256i; 8] = std::array::from_fn(|i| {
-                    let c = load32(rec, kquant::Q4K_CODES + (s / 2) * 256 + 32 * i);
-                    let n = _mm256_and_si256(if s.is_multiple_of(2) { c } else { _mm256_srli_epi16::<4>(c) }, mask);
+                    let n = _mm256_and_si256(if s.is_multiple_of(2) { raw[i] } else { _mm256_srli_epi16::<4>(raw[i]) }, mask);
                     if HIGH { _mm256_or_si256(n, fifth_bit(hb, i)) } else { n }
                 });
                 for (t, isum) in isum.iter_mut().enumerate() {
