@@ -11,9 +11,9 @@
 //! per super-block from the activations' 16- and 32-value sums.
 //!
 //! Why the block shifts: one scale per 256 values (llama.cpp's Q8_K) raised the perplexity of
-//! SmolLM2-135M requantized to Q4_K_M by 0.48% over per-32 activations (its K-quant matrices,
-//! `ffn_down`, read the heavy-tailed SiLU products); with the shifts it is within 0.05%
-//! (docs/benchmarks/kquants.md).
+//! SmolLM2-135M requantized to Q4_K_M by 0.48% and to Q6_K by 0.50% over per-32 activations
+//! (its K-quant matrices, `ffn_down`, read the heavy-tailed SiLU products); with the shifts,
+//! by 0.04% and 0.25% (docs/benchmarks/kquants.md).
 //!
 //! Numerics per (row, token) and super-block against activation super-block `a`, with the
 //! integer sums exact and `Σ q · a.qs` over a sub-block's values shifted left by its 32-value
