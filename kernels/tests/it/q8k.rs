@@ -6,7 +6,8 @@ use tessera_kernels::cpu::{GemmLevel, Isa};
 use tessera_kernels::ggml::act_quant::{quantize_q8k, quantize_q8k_with, Q8KBlock, Q8K_BLOCK, Q8K_MAX_SHIFT};
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::ggml::interleaved::{Interleaved, GROUP};
-use tessera_kernels::linear::ggml::WeightView;
+use tessera_kernels::linear::ggml::{forward_group, ActBlocks, LinearKernel, Weight, WeightView};
+use tessera_kernels::linear::LinearPolicy;
 
 /// The k-quants.
 const KQUANTS: [GgmlType; 5] = [GgmlType::Q2K, GgmlType::Q3K, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
@@ -239,6 +240,37 @@ fn q8k_quantizer_simd_matches_scalar() {
         quantize_q8k_with(isa, &x, &mut got);
         for (b, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!((g.qs, g.sums, g.sums32, g.shift, g.d.to_bits()), (w.qs, w.sums, w.sums32, w.shift, w.d.to_bits()), "{isa:?} block {b}");
+        }
+    }
+}
+
+/// A fused group whose matrices take different activation blockings (a Q4_K on per-256
+/// super-blocks beside a Q5_0 on blocks of 32, as llama.cpp's mixes put fallback types beside
+/// K-quants) quantizes the input both ways and gives each matrix the bits it gives alone, on
+/// every ISA, over segments of several lengths; and the plan names the blocking.
+#[test]
+fn a_group_mixing_blockings_equals_its_parts() {
+    let mut r = rng(30);
+    let (k, segments) = (512, [3usize, 5, 1]);
+    let m: usize = segments.iter().sum();
+    let x = randn(&mut r, m * k);
+    let (rows_a, rows_b) = (24, 16);
+    let (wa, wb) = (random_weights(&mut r, GgmlType::Q4K, rows_a, k), random_weights(&mut r, GgmlType::Q5_0, rows_b, k));
+    let pa = Interleaved::pack(&WeightView::new(GgmlType::Q4K, rows_a, k, &wa).unwrap()).unwrap();
+    let pb = Interleaved::pack(&WeightView::new(GgmlType::Q5_0, rows_b, k, &wb).unwrap()).unwrap();
+    for isa in [Isa::Scalar, Isa::Avx2].into_iter().filter(|i| i.available()) {
+        let ka = LinearKernel::with_isa(GgmlType::Q4K, isa, LinearPolicy::DEFAULT).with_blocks(ActBlocks::Of256);
+        let kb = LinearKernel::with_isa(GgmlType::Q5_0, isa, LinearPolicy::DEFAULT).with_blocks(ActBlocks::Of256);
+        assert!(ka.id().contains("*q8_k.") && kb.id().contains("*q8_0."), "{} / {}", ka.id(), kb.id());
+        let ldy = rows_a + rows_b;
+        let mut y = vec![f32::NAN; m * ldy];
+        forward_group(&[(&ka, Weight::Interleaved(&pa), 0), (&kb, Weight::Interleaved(&pb), rows_a)], &x, &segments, &mut y, ldy);
+        let (mut ya, mut yb) = (vec![0f32; m * rows_a], vec![0f32; m * rows_b]);
+        ka.forward(Weight::Interleaved(&pa), &x, m, &mut ya, rows_a);
+        kb.forward(Weight::Interleaved(&pb), &x, m, &mut yb, rows_b);
+        for t in 0..m {
+            let want: Vec<f32> = ya[t * rows_a..(t + 1) * rows_a].iter().chain(&yb[t * rows_b..(t + 1) * rows_b]).copied().collect();
+            assert!(y[t * ldy..(t + 1) * ldy].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?} token {t}");
         }
     }
 }

@@ -136,8 +136,8 @@ fn min_tokens(policy: LinearPolicy, small: SmallPath, isa: Isa) -> usize {
 pub enum ActBlocks {
     /// One scale per 32 values ([`Q8Block`], llama.cpp's Q8_0 / Q8_1): every level.
     Of32,
-    /// One scale per 256 values ([`Q8KBlock`], llama.cpp's Q8_K): the k-quants on the AVX2
-    /// level ([`q8k`]).
+    /// Super-blocks of 256 values, one unit each and every 32 values at a power-of-two
+    /// multiple of it ([`Q8KBlock`]): the k-quants on the AVX2 level ([`q8k`]).
     Of256,
 }
 
@@ -185,11 +185,12 @@ impl LinearKernel {
         forward_group(&[(self, w, 0)], x, &[m], y, ldy);
     }
 
-    /// The integer level that runs this kernel: the AVX2 kernels for per-256 activations.
+    /// The integer level that runs this kernel: per-256 activations have no AVX-512 kernels,
+    /// so there the AVX2 ones.
     fn level(&self) -> GemmLevel {
-        match self.blocks {
-            ActBlocks::Of256 => GemmLevel::Avx2,
-            ActBlocks::Of32 => GemmLevel::for_isa(self.isa),
+        match (self.blocks, GemmLevel::for_isa(self.isa)) {
+            (ActBlocks::Of256, GemmLevel::Avx512Vnni) => GemmLevel::Avx2,
+            (_, level) => level,
         }
     }
 
