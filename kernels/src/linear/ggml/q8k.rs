@@ -76,7 +76,11 @@ impl Interleaved {
         let width = (g1 - g0) * GROUP;
         match level {
             GemmLevel::Scalar => {
-                let rb = self.bytes() / self.rows().div_ceil(GROUP) / nsb;
+                let rb = match halves_kind(self.ty()) {
+                    Some(kind) => kind.record(),
+                    None if self.ty() == GgmlType::Q5K => kquant::Q5K_RECORD,
+                    None => kquant::Q4K_RECORD,
+                };
                 for g in g0..g1 {
                     for t in 0..tokens {
                         for j in 0..GROUP {
