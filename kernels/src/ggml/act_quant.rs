@@ -90,10 +90,7 @@ fn superblock_scales(amaxes: &[f32; Q8K_BLOCK / Q8_BLOCK]) -> (f32, [i32; Q8K_BL
     let amax = amaxes.iter().fold(0f32, |m, &v| m.max(v));
     let d = amax / 127.0 / (1 << Q8K_MAX_SHIFT) as f32;
     let shift = amaxes.map(|a| (0..Q8K_MAX_SHIFT).find(|&e| a <= 127.0 * (d * (1 << e) as f32)).unwrap_or(Q8K_MAX_SHIFT));
-    let id = shift.map(|e| {
-        let ds = d * (1 << e) as f32;
-        if ds != 0.0 && (1.0 / ds).is_finite() { 1.0 / ds } else { 0.0 }
-    });
+    let id = shift.map(|e| inverse(d * (1 << e) as f32));
     (d, shift, id)
 }
 
@@ -122,19 +119,11 @@ pub fn quantize_q8k_with(isa: Isa, x: &[f32], out: &mut [Q8KBlock]) {
             for (blk, xs) in out.iter_mut().zip(x.chunks_exact(Q8K_BLOCK)) {
                 let mut amaxes = [0f32; Q8K_BLOCK / Q8_BLOCK];
                 for (a, xs) in amaxes.iter_mut().zip(xs.chunks_exact(Q8_BLOCK)) {
-                    *a = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    *a = absmax(xs);
                 }
                 let (d, shift, id) = superblock_scales(&amaxes);
                 for (s, xs) in xs.chunks_exact(Q8_BLOCK).enumerate() {
-                    let (mut sum, mut sum_lo) = (0i32, 0i32);
-                    for (l, (q, &v)) in blk.qs[Q8_BLOCK * s..].iter_mut().zip(xs).enumerate() {
-                        let r = (v * id[s]).round() as i32;
-                        *q = r as i8;
-                        sum += r;
-                        if l == Q8_BLOCK / 2 - 1 {
-                            sum_lo = sum;
-                        }
-                    }
+                    let (sum, sum_lo) = round_block(xs, id[s], &mut blk.qs[Q8_BLOCK * s..Q8_BLOCK * (s + 1)]);
                     blk.set_sums(s, shift[s], sum, sum_lo);
                 }
                 blk.d = d;
@@ -166,18 +155,10 @@ pub fn quantize_q8_with(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
         }
         _ => {
             for (blk, xs) in out.iter_mut().zip(x.chunks_exact(Q8_BLOCK)) {
-                let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let (d, id) = scales(amax);
-                let mut sum = 0i32;
-                for (l, (q, &v)) in blk.qs.iter_mut().zip(xs).enumerate() {
-                    let r = (v * id).round() as i32;
-                    *q = r as i8;
-                    sum += r;
-                    if l == Q8_BLOCK / 2 - 1 {
-                        blk.sum_lo = sum as i16;
-                    }
-                }
+                let (d, id) = scales(absmax(xs));
+                let (sum, sum_lo) = round_block(xs, id, &mut blk.qs);
                 blk.sum = sum as i16;
+                blk.sum_lo = sum_lo as i16;
                 blk.d = f16::from_f32(d).to_f32();
                 blk.neg_dsum = -(blk.d * sum as f32);
                 blk.s = f16::from_f32(sum as f32 * d).to_f32();
@@ -191,8 +172,34 @@ pub fn quantize_q8_with(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
 #[inline]
 fn scales(amax: f32) -> (f32, f32) {
     let d = amax / 127.0;
-    let id = if d != 0.0 && (1.0 / d).is_finite() { 1.0 / d } else { 0.0 };
-    (d, id)
+    (d, inverse(d))
+}
+
+/// `1 / d`, or 0 where `d` is 0 or so small that its inverse overflows (the values then
+/// quantize to zeros).
+#[inline]
+fn inverse(d: f32) -> f32 {
+    if d != 0.0 && (1.0 / d).is_finite() { 1.0 / d } else { 0.0 }
+}
+
+/// The largest |x| (NaNs skipped), the scalar levels' fold.
+fn absmax(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+/// `qs[i] = round(x[i] * id)` (half away from zero; NaN to 0 by `as`), the scalar levels'
+/// rounding of one 32-value block; returns `Σ qs` and `Σ qs[..16]`.
+fn round_block(x: &[f32], id: f32, qs: &mut [i8]) -> (i32, i32) {
+    let (mut sum, mut sum_lo) = (0i32, 0i32);
+    for (l, (q, &v)) in qs.iter_mut().zip(x).enumerate() {
+        let r = (v * id).round() as i32;
+        *q = r as i8;
+        sum += r;
+        if l == Q8_BLOCK / 2 - 1 {
+            sum_lo = sum;
+        }
+    }
+    (sum, sum_lo)
 }
 
 #[cfg(target_arch = "x86_64")]
