@@ -548,9 +548,17 @@ pub(super) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn bcast(a: &Q8Block, i: usize) -> __m256i {
-        assert!(i < Q8_BLOCK / 4);
-        // SAFETY: bytes 4i..4i + 4 of the 32 activation bytes.
-        _mm256_set1_epi32(unsafe { (a.qs.as_ptr().add(4 * i) as *const i32).read_unaligned() })
+        bcast4(&a.qs, i)
+    }
+
+    /// Bytes `4i..4i + 4` of `qs`, broadcast to every lane (the activation operand of
+    /// `vpmaddubsw`).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(in crate::linear::ggml) fn bcast4(qs: &[i8], i: usize) -> __m256i {
+        let b: &[i8; 4] = qs[4 * i..4 * i + 4].try_into().expect("4 bytes");
+        // SAFETY: `b` is 4 readable bytes.
+        _mm256_set1_epi32(unsafe { (b.as_ptr() as *const i32).read_unaligned() })
     }
 
     /// Eight f16 values at `p` as f32.

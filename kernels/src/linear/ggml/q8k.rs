@@ -109,7 +109,7 @@ impl Interleaved {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::super::interleaved::avx2::{f16x8, fifth_bit, halves_codes, load32, prefetch_ahead, store, PREFETCH, SUBS};
+    use super::super::interleaved::avx2::{bcast4, f16x8, fifth_bit, halves_codes, load32, prefetch_ahead, store, PREFETCH, SUBS};
     use super::super::kquant::{self, Halves};
     use super::{halves_kind, GROUP, TILE};
     use crate::ggml::act_quant::Q8KBlock;
@@ -144,15 +144,6 @@ mod avx2 {
             (_, Some(Halves::Q3K)) => by_tokens!(halves, { kquant::Q3K_KIND }),
             (_, Some(Halves::Q2K)) => by_tokens!(halves, { kquant::Q2K_KIND }),
         }
-    }
-
-    /// Four activation bytes `4i..4i + 4` of a super-block, broadcast to every lane.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn bcast(a: &Q8KBlock, i: usize) -> __m256i {
-        assert!(i < a.qs.len() / 4);
-        // SAFETY: bytes 4i..4i + 4 of the activation bytes.
-        _mm256_set1_epi32(unsafe { (a.qs.as_ptr().add(4 * i) as *const i32).read_unaligned() })
     }
 
     /// Two adjacent i16 sums `s[i], s[i + 1]`, as the pair `vpmaddwd` multiplies, in every lane.
@@ -249,7 +240,7 @@ mod avx2 {
                     let ab = &a[t * nsb + sb];
                     // Products of at most 15 * 127 (31 * 127 with the fifth bit) per i16 lane:
                     // 16 of them fit (8 with the fifth bit, so then two halves are widened).
-                    let half = |r: std::ops::Range<usize>| r.fold(_mm256_setzero_si256(), |p, i| _mm256_add_epi16(p, _mm256_maddubs_epi16(q[i], bcast(ab, 8 * s + i))));
+                    let half = |r: std::ops::Range<usize>| r.fold(_mm256_setzero_si256(), |p, i| _mm256_add_epi16(p, _mm256_maddubs_epi16(q[i], bcast4(&ab.qs, 8 * s + i))));
                     let p = if HIGH {
                         _mm256_add_epi32(_mm256_madd_epi16(half(0..4), sc), _mm256_madd_epi16(half(4..8), sc))
                     } else {
@@ -295,8 +286,8 @@ mod avx2 {
                     for (h, (qh, &sc)) in q.iter().zip(&sc).enumerate() {
                         // Two chunks per i16 sum: 4 products of at most 63 * 127.
                         let i = 8 * s + 4 * h;
-                        let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[0], bcast(ab, i)), _mm256_maddubs_epi16(qh[1], bcast(ab, i + 1)));
-                        let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[2], bcast(ab, i + 2)), _mm256_maddubs_epi16(qh[3], bcast(ab, i + 3)));
+                        let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[0], bcast4(&ab.qs, i)), _mm256_maddubs_epi16(qh[1], bcast4(&ab.qs, i + 1)));
+                        let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[2], bcast4(&ab.qs, i + 2)), _mm256_maddubs_epi16(qh[3], bcast4(&ab.qs, i + 3)));
                         block = _mm256_add_epi32(block, _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
                     }
                     *isum = _mm256_add_epi32(*isum, _mm256_sllv_epi32(block, _mm256_set1_epi32(ab.shift[s])));
