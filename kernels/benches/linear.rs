@@ -22,8 +22,7 @@ use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::ggml::interleaved::Interleaved;
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::ggml::{ActBlocks, LinearKernel, Weight, WeightView};
-use tessera_kernels::linear::{ActQuant, Int4Matrix, LinearPolicy, RowwiseLinear};
-use tessera_kernels::cpu::caps::bf16_dot_available;
+use tessera_kernels::linear::{ActQuant, Int4Matrix, LinearPolicy, RowKernel, RowwiseLinear};
 use std::sync::Arc;
 
 /// Random Q4_1 blocks with realistic scales and mins.
@@ -121,6 +120,20 @@ fn random_int4(r: &mut ChaCha8Rng, rows: usize, cols: usize, group: usize, zeros
     Int4Matrix::new(rows, cols, group, &q, s, z).unwrap()
 }
 
+/// The int4 schemes the benches run (name, group, zero points, activations): W4A16 g128 with
+/// zero points on f32 activations and on the 16-bit ones the serving default picks on this
+/// CPU (bf16 with the AVX-512 BF16 dot, int16 per group on AVX2), W4A8 per channel.
+fn int4_cases(caps: &CpuCaps, cols: usize) -> Vec<(&'static str, usize, bool, ActQuant)> {
+    let probe = random_int4(&mut ChaCha8Rng::seed_from_u64(0), 16, 128, 128, true);
+    let a16 = RowKernel::activations(&probe, ActQuant::F32, caps, LinearPolicy::DEFAULT).0;
+    let mut v = vec![("w4a16-g128-asym", 128, true, ActQuant::F32)];
+    if a16 != ActQuant::F32 {
+        v.push(("w4a16-g128-asym", 128, true, a16));
+    }
+    v.push(("w4a8-channel", cols, false, ActQuant::Int8PerToken));
+    v
+}
+
 /// Prefill-shaped calls: 128 tokens through one 2048x2048 matrix (in the last-level cache;
 /// prefill is bound by arithmetic), per GGUF type and checkpoint int4 scheme; throughput in
 /// multiply-adds.
@@ -139,8 +152,7 @@ fn prefill(c: &mut Criterion) {
             g.bench_with_input(BenchmarkId::new(k.id(), m), &m, |b, &m| b.iter(|| k.forward(Weight::Interleaved(&w), &x, m, &mut y, rows)));
         }
     }
-    let w4a16_act = if caps.best_isa() != Isa::Scalar && bf16_dot_available() { ActQuant::Bf16 } else { ActQuant::F32 };
-    for (name, group, zeros, act) in [("w4a16-g128-asym", 128, true, w4a16_act), ("w4a8-channel", cols, false, ActQuant::Int8PerToken)] {
+    for (name, group, zeros, act) in int4_cases(&caps, cols) {
         let l = RowwiseLinear::new(Arc::new(random_int4(&mut r, rows, cols, group, zeros)), act, &caps).unwrap();
         g.bench_with_input(BenchmarkId::new(format!("{name}.{}", l.id()), m), &m, |b, &m| b.iter(|| l.forward(&x, m, &mut y, rows)));
     }
@@ -148,13 +160,12 @@ fn prefill(c: &mut Criterion) {
 }
 
 /// The checkpoint int4 GEMVs on the same shape, streaming like [`gemv_bandwidth`]'s: W4A16
-/// (groups of 128 with zero points, as `tessera quantize --scheme w4a16` writes, on bf16
-/// activations where the CPU has the AVX-512 BF16 dot, else f32) and W4A8 (per channel, int8
+/// (groups of 128 with zero points, as `tessera quantize --scheme w4a16` writes, on f32 and on
+/// the default 16-bit activations: [`int4_cases`]) and W4A8 (per channel, int8
 /// per-token activations); throughput in bytes of packed weights, scales and zero points.
 fn int4_bandwidth(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, rows: usize, cols: usize, r: &mut ChaCha8Rng) {
     let caps = CpuCaps::detect();
-    let w4a16_act = if caps.best_isa() != Isa::Scalar && bf16_dot_available() { ActQuant::Bf16 } else { ActQuant::F32 };
-    for (name, group, zeros, act) in [("w4a16-g128-asym", 128, true, w4a16_act), ("w4a8-channel", cols, false, ActQuant::Int8PerToken)] {
+    for (name, group, zeros, act) in int4_cases(&caps, cols) {
         let ng = rows * cols.div_ceil(group);
         let make = |r: &mut ChaCha8Rng| random_int4(r, rows, cols, group, zeros);
         let first = make(r);

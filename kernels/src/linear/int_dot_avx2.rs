@@ -37,7 +37,7 @@ const F32_BLOCK_BYTES: usize = 16 * 1024;
 /// Lane `j` of the result is the (wrapping) sum of the 8 lanes of `v[j]`.
 ///
 #[target_feature(enable = "avx2,fma")]
-fn reduce8(v: &[__m256i]) -> __m256i {
+pub(crate) fn reduce8(v: &[__m256i]) -> __m256i {
     let a01 = _mm256_hadd_epi32(v[0], v[1]);
     let a23 = _mm256_hadd_epi32(v[2], v[3]);
     let a45 = _mm256_hadd_epi32(v[4], v[5]);

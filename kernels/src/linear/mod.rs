@@ -180,10 +180,11 @@ pub struct LinearPolicy {
     /// IPEX's low-precision mode for weight-only checkpoints) do: faster, not the checkpoint's
     /// 16-bit activations.
     pub int4_int8_act: bool,
-    /// Checkpoint layers with weight-only int4 (W4A16) round their activations to bf16, the
-    /// checkpoint's 16-bit activation type (what vLLM's Marlin kernels multiply), and take the
-    /// AVX-512 BF16 dot where the CPU has one; elsewhere, or when false, they keep f32.
-    pub int4_bf16_act: bool,
+    /// Checkpoint layers with weight-only int4 (W4A16) take 16-bit activations: rounded to
+    /// bf16 (what vLLM's Marlin kernels multiply) for the AVX-512 BF16 dot where the CPU has
+    /// one, else quantized to int16 per token and weight group for the AVX2 integer kernel;
+    /// without either, or when false, they keep f32.
+    pub int4_16bit_act: bool,
 }
 
 impl LinearPolicy {
@@ -192,13 +193,13 @@ impl LinearPolicy {
     /// Q4_1 1536x576, AVX2, 2 threads): the integer GEMM takes 0.12 ms at 8 tokens, 0.78 ms at
     /// 64 and 6.7 ms at 512 against the f32 panel GEMM's 1.3, 1.9 and 8.6 ms.
     pub const DEFAULT: LinearPolicy =
-        LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: usize::MAX, int4_int8_act: false, int4_bf16_act: true };
+        LinearPolicy { gemm_min_tokens: 32, integer_gemm_min_tokens: usize::MAX, int4_int8_act: false, int4_16bit_act: true };
     /// Always the small path (for integer types: int8 activations as llama.cpp quantizes them),
     /// and W4A16 checkpoint layers with int8 activations too.
     pub const ALWAYS_DOT: LinearPolicy =
-        LinearPolicy { gemm_min_tokens: usize::MAX, integer_gemm_min_tokens: usize::MAX, int4_int8_act: true, int4_bf16_act: false };
+        LinearPolicy { gemm_min_tokens: usize::MAX, integer_gemm_min_tokens: usize::MAX, int4_int8_act: true, int4_16bit_act: false };
     /// Always the f32-activation GEMM path, and f32 activations for W4A16 layers.
-    pub const ALWAYS_GEMM: LinearPolicy = LinearPolicy { gemm_min_tokens: 1, integer_gemm_min_tokens: 1, int4_int8_act: false, int4_bf16_act: false };
+    pub const ALWAYS_GEMM: LinearPolicy = LinearPolicy { gemm_min_tokens: 1, integer_gemm_min_tokens: 1, int4_int8_act: false, int4_16bit_act: false };
 }
 
 impl Default for LinearPolicy {

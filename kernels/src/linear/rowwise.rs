@@ -9,7 +9,9 @@
 //!
 //! Numerics (each format's kernels are tested against the scalar reference in its folder):
 //! - W4A16: int4 values dequantized in registers, f32 products and accumulation; with bf16
-//!   activations (rounded once per call) the AVX-512 BF16 dot, whose products are exact too.
+//!   activations (rounded once per call) the AVX-512 BF16 dot, whose products are exact too;
+//!   with int16 activations (per token and weight group) exact integer group sums, then the
+//!   two scales in f32.
 //! - W4A8 / W8A8 int8: activations quantized per token to int8 ([`super::act`]), integer
 //!   products summed in int32 per scale group (AVX2 `maddubs` or AVX-512 `vpdpbusd`, the same
 //!   integers), then `token scale × channel (group) scale` in f32.
@@ -62,8 +64,8 @@ pub trait RowKernel: Send + Sync + fmt::Debug + Any {
     fn activations(&self, checkpoint: ActQuant, _caps: &CpuCaps, _policy: LinearPolicy) -> (ActQuant, Option<String>) {
         (checkpoint, None)
     }
-    /// Columns per activation scale for [`ActQuant::Fp8PerToken`] (FP8 block scales);
-    /// default the whole row.
+    /// Columns per activation scale for [`ActQuant::Fp8PerToken`] (FP8 block scales) and
+    /// [`ActQuant::Int16PerGroup`]; default the whole row.
     fn act_block(&self) -> usize {
         self.cols()
     }
@@ -145,6 +147,16 @@ pub enum Prepared<'a> {
         q: Vec<i8>,
         /// One scale per token.
         scales: Vec<f32>,
+    },
+    /// Int16 codes (`m × cols`) per token and column block, with the blocks' scales and code
+    /// sums (`m × blocks`).
+    Int16 {
+        /// Codes.
+        q: Vec<i16>,
+        /// One scale per token and block.
+        scales: Vec<f32>,
+        /// `Σ q` per token and block.
+        sums: Vec<i32>,
     },
     /// Per-token (and column block) E4M3 codes as f32 (`m × cols`) and scales (`m × blocks`).
     Fp8 {
@@ -250,6 +262,16 @@ impl RowwiseLinear {
                     act::quantize_fp8_row(x, bw, c, s);
                 }
                 Prepared::Fp8 { codes, scales }
+            }
+            ActQuant::Int16PerGroup => {
+                let bw = self.w.act_block();
+                let nb = k.div_ceil(bw);
+                let (mut q, mut scales, mut sums) = (vec![0i16; m * k], vec![0f32; m * nb], vec![0i32; m * nb]);
+                let rows = x.chunks_exact(k).zip(q.chunks_exact_mut(k)).zip(scales.chunks_exact_mut(nb).zip(sums.chunks_exact_mut(nb)));
+                for ((x, q), (s, sum)) in rows {
+                    act::quantize_int16_row(x, bw, act::int16_limit(bw), q, s, sum);
+                }
+                Prepared::Int16 { q, scales, sums }
             }
         }
     }

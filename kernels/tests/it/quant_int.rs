@@ -15,6 +15,10 @@
 //!   bounds hold over the bf16-rounded activations (the products stay exact; the AVX-512 BF16
 //!   kernel sums 16 lanes, two per `vdpbf16ps` step, and scales per group), and the rounding
 //!   itself is checked bit for bit against the scalar rule.
+//! - W4A16 with int16 activations (per token and weight group): integer group sums are exact
+//!   and the AVX2 epilogue repeats the scalar one, so AVX2 == scalar bit for bit; against f64
+//!   over the int16-rounded activations, `(ng + 4)·eps·Σ|w·x̂|` as for the int8 paths (per
+//!   group the int32 → f32 conversion, the product of the two scales and the fused sum).
 
 use crate::common;
 
@@ -25,7 +29,9 @@ use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::GemmLevel;
 use tessera_kernels::cpu::{Bf16Products, Isa};
 use tessera_kernels::cpu::caps::bf16_dot_available;
-use tessera_kernels::linear::act::{quantize_int8_row, quantize_int8_row_scalar, round_bf16_row, round_bf16_scalar};
+use tessera_kernels::linear::act::{
+    int16_limit, quantize_int16_block_scalar, quantize_int16_row, quantize_int8_row, quantize_int8_row_scalar, round_bf16_row, round_bf16_scalar,
+};
 use tessera_kernels::linear::{ActQuant, Int4Matrix, Int8Matrix, Int8Rows, LinearOp, RowKernel, RowwiseLinear};
 use std::sync::Arc;
 
@@ -80,6 +86,7 @@ fn int8(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Int8Matrix {
 enum Scheme {
     W4A16 { group: usize, asym: bool },
     W4A16Bf16 { group: usize, asym: bool },
+    W4A16Int16 { group: usize, asym: bool },
     W4A8 { group: usize, asym: bool },
     W8A8,
 }
@@ -88,6 +95,7 @@ fn layer(r: &mut ChaCha8Rng, s: Scheme, rows: usize, cols: usize, isa: Isa) -> R
     let (w, act) = match s {
         Scheme::W4A16 { group, asym } => (rk(int4(r, rows, cols, group, asym)), ActQuant::F32),
         Scheme::W4A16Bf16 { group, asym } => (rk(int4(r, rows, cols, group, asym)), ActQuant::Bf16),
+        Scheme::W4A16Int16 { group, asym } => (rk(int4(r, rows, cols, group, asym)), ActQuant::Int16PerGroup),
         Scheme::W4A8 { group, asym } => (rk(int4(r, rows, cols, group, asym)), ActQuant::Int8PerToken),
         Scheme::W8A8 => (rk(int8(r, rows, cols)), ActQuant::Int8PerToken),
     };
@@ -106,9 +114,20 @@ fn run(l: &RowwiseLinear, x: &[f32], m: usize) -> Vec<f32> {
     y
 }
 
-/// The activations as the kernel sees them: `x` itself, or per token `scale · q` for int8.
-fn seen(act: ActQuant, x: &[f32], k: usize) -> Vec<f64> {
+/// The activations as the kernel sees them: `x` itself, per token `scale · q` for int8, per
+/// token and block of `block` columns `scale · q` for int16.
+fn seen(act: ActQuant, x: &[f32], k: usize, block: usize) -> Vec<f64> {
     match act {
+        ActQuant::Int16PerGroup => {
+            let mut q = vec![0i16; block];
+            x.chunks_exact(k)
+                .flat_map(|row| row.chunks(block))
+                .flat_map(|b| {
+                    let (s, _) = quantize_int16_block_scalar(b, int16_limit(block), &mut q[..b.len()]);
+                    q[..b.len()].iter().map(|&v| s as f64 * v as f64).collect::<Vec<_>>()
+                })
+                .collect()
+        }
         ActQuant::Int8PerToken => {
             let mut q = vec![0i8; k];
             x.chunks_exact(k)
@@ -126,7 +145,7 @@ fn seen(act: ActQuant, x: &[f32], k: usize) -> Vec<f64> {
 /// f64 reference `(y, Σ|w·x|)` for each (token, row), over the dequantized rows.
 fn reference(l: &RowwiseLinear, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
     let (n, k) = (l.rows(), l.cols());
-    let xs = seen(l.act(), x, k);
+    let xs = seen(l.act(), x, k, l.matrix().act_block());
     let mut w = vec![0f32; k];
     let (mut y, mut mag) = (vec![0f64; m * n], vec![0f64; m * n]);
     for j in 0..n {
@@ -194,6 +213,7 @@ fn all_schemes() -> Vec<(Scheme, usize, usize)> {
     for &(rows, cols, group, asym) in INT4_CASES {
         v.push((Scheme::W4A16 { group, asym }, rows, cols));
         v.push((Scheme::W4A16Bf16 { group, asym }, rows, cols));
+        v.push((Scheme::W4A16Int16 { group, asym }, rows, cols));
         v.push((Scheme::W4A8 { group, asym }, rows, cols));
     }
     for &(rows, cols) in INT8_CASES {
@@ -308,6 +328,11 @@ fn batching_never_changes_results() {
         (Scheme::W4A16Bf16 { group: 32, asym: true }, 64, 1536),
         (Scheme::W4A16Bf16 { group: 640, asym: true }, 21, 1536),
         (Scheme::W4A16Bf16 { group: 1536, asym: true }, 64, 1536),
+        (Scheme::W4A16Int16 { group: 128, asym: true }, 37, 576),
+        (Scheme::W4A16Int16 { group: 128, asym: false }, 45, 320),
+        (Scheme::W4A16Int16 { group: 32, asym: true }, 64, 1536),
+        (Scheme::W4A16Int16 { group: 640, asym: true }, 21, 1536),
+        (Scheme::W4A16Int16 { group: 1536, asym: false }, 64, 1536),
         (Scheme::W4A8 { group: 128, asym: true }, 37, 576),
         (Scheme::W4A8 { group: 128, asym: false }, 45, 320),
         (Scheme::W4A8 { group: 640, asym: true }, 21, 1536),
@@ -352,6 +377,7 @@ fn row_ranges_never_change_results() {
         let mut xq = vec![0i8; m * cols];
         let xs: Vec<f32> = x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols)).map(|(x, q)| quantize_int8_row(x, q)).collect();
         let xb = to_bf16(&x);
+        let (x16, x16r) = (int16_act(&x, cols, 64), int16_act(&x, cols, 128));
         let splits: [&[usize]; 4] = [&[0, 37], &[0, 1, 37], &[0, 5, 6, 19, 37], &[0, 8, 16, 24, 32, 37]];
         for isa in isas() {
             let mut kernels: Vec<(&str, RowFn)> = vec![
@@ -360,6 +386,8 @@ fn row_ranges_never_change_results() {
                 ("w4a16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_f32(isa, a, b, &x, m, o))),
                 ("w4a8 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_int8(isa, a, b, &xq, &xs, m, o))),
                 ("w8a8", Box::new(|a, b, o: &mut [f32]| w8.rows_int8(isa, a, b, &xq, &xs, m, o))),
+                ("w4a16 int16", Box::new(|a, b, o: &mut [f32]| w4.rows_int16(isa, a, b, &x16.0, &x16.1, &x16.2, m, o))),
+                ("w4a16 int16 ragged", Box::new(|a, b, o: &mut [f32]| w4r.rows_int16(isa, a, b, &x16r.0, &x16r.1, &x16r.2, m, o))),
             ];
             if isas_for(ActQuant::Bf16).contains(&isa) {
                 kernels.push(("w4a16 bf16", Box::new(|a, b, o: &mut [f32]| w4.rows_bf16(isa, a, b, &xb, m, o))));
@@ -436,6 +464,95 @@ fn bf16_product_forms_agree_bit_for_bit() {
                     // Denormals are back: the kernel restored this thread's MXCSR.
                     assert_ne!(std::hint::black_box(f32::MIN_POSITIVE) / 2.0, 0.0, "{form:?}: denormals still flushed after the call");
                 }
+            }
+        }
+    }
+}
+
+/// `x` (`m × cols`) as int16 codes, scales and code sums per token and block of `block`.
+fn int16_act(x: &[f32], cols: usize, block: usize) -> (Vec<i16>, Vec<f32>, Vec<i32>) {
+    let (m, nb) = (x.len() / cols, cols.div_ceil(block));
+    let (mut q, mut s, mut sums) = (vec![0i16; x.len()], vec![0f32; m * nb], vec![0i32; m * nb]);
+    for (((x, q), s), sums) in x.chunks_exact(cols).zip(q.chunks_exact_mut(cols)).zip(s.chunks_exact_mut(nb)).zip(sums.chunks_exact_mut(nb)) {
+        quantize_int16_row(x, block, int16_limit(block), q, s, sums);
+    }
+    (q, s, sums)
+}
+
+/// The int16 activation quantizer (the AVX2 version where this CPU has it) gives the scalar
+/// version's codes, scales and sums bit for bit: random rows with NaN, ±inf-free outliers, an
+/// all-zero block and blocks of 40 values (not a multiple of 16: the AVX2 tail), at the full
+/// limit and at the lowered one of wide blocks; every code is within ±limit, the scale
+/// `absmax / limit`, each value within half a step of `scale · q` (plus 1e-6 relative for the
+/// float quotient), each sum `Σ q`, and some block reaches the limit.
+#[test]
+fn int16_quantizer_matches_scalar_and_round_trips() {
+    let mut r = rng(20);
+    assert_eq!(int16_limit(128), 32767);
+    assert_eq!(int16_limit(8192), (i32::MAX as usize / (15 * 8192)) as i32);
+    for (cols, block) in [(576usize, 128usize), (1536, 1536), (320, 40), (8192, 8192), (1120, 448)] {
+        let mut x = randn(&mut r, cols);
+        x[3] *= 40.0;
+        x[cols - 2] = f32::NAN;
+        x[..block.min(40)].fill(0.0);
+        let limit = int16_limit(block);
+        let nb = cols.div_ceil(block);
+        let (mut q, mut s, mut sums) = (vec![0i16; cols], vec![0f32; nb], vec![0i32; nb]);
+        quantize_int16_row(&x, block, limit, &mut q, &mut s, &mut sums);
+        let mut reached = false;
+        for (b, ((xb, qb), (&sb, &sumb))) in x.chunks(block).zip(q.chunks(block)).zip(s.iter().zip(&sums)).enumerate() {
+            let mut want = vec![0i16; xb.len()];
+            let (ws, wsum) = quantize_int16_block_scalar(xb, limit, &mut want);
+            assert_eq!((sb.to_bits(), sumb, qb), (ws.to_bits(), wsum, &want[..]), "{cols}/{block}: block {b}");
+            let amax = xb.iter().filter(|v| !v.is_nan()).fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(sb, amax / limit as f32, "{cols}/{block}: block {b} scale");
+            assert_eq!(sumb, qb.iter().map(|&v| i32::from(v)).sum::<i32>(), "{cols}/{block}: block {b} sum");
+            for (&v, &c) in xb.iter().zip(qb) {
+                assert!(i32::from(c).abs() <= limit);
+                reached |= i32::from(c).abs() == limit;
+                if v.is_nan() {
+                    assert_eq!(c, 0, "NaN to 0");
+                } else {
+                    let back = sb as f64 * c as f64;
+                    assert!((back - v as f64).abs() <= 0.5 * sb as f64 + 1e-6 * v.abs() as f64, "{cols}/{block}: {v} -> {c} · {sb}");
+                }
+            }
+        }
+        assert!(reached, "{cols}/{block}: no code at the limit");
+    }
+}
+
+/// The largest int16 sums: a per-channel matrix 8192 wide (the limit lowered to keep the
+/// group sum in i32) and one in groups of 128 (the full 32767), every weight 15 from its zero
+/// point (`q = 7, z = -8` and `q = -8, z = 7`, also symmetric `q = -8`), activations all
+/// equal (every code at the limit): every level gives the scalar bits, which equal the exact
+/// product. A kernel whose sums wrapped, or that summed one product in 16 bits, fails.
+#[test]
+fn int16_largest_sums_are_exact() {
+    for (cols, group) in [(8192usize, 8192usize), (1024, 128)] {
+        let rows = 48;
+        let ng = cols.div_ceil(group);
+        let q: Vec<i8> = (0..rows * cols).map(|i| if (i / cols) % 3 == 0 { 7 } else { -8 }).collect();
+        let zeros: Vec<i8> = (0..rows * ng).map(|i| match (i / ng) % 3 { 0 => -8, 1 => 7, _ => 0 }).collect();
+        let scales = vec![1.0f32; rows * ng];
+        let w = Int4Matrix::new(rows, cols, group, &q, scales, Some(zeros)).unwrap();
+        for m in [1usize, 2, 4, 5] {
+            let x = vec![0.5f32; m * cols];
+            let (xq, xs, sums) = int16_act(&x, cols, group);
+            let limit = int16_limit(group.min(cols));
+            assert!(xq.iter().all(|&c| i32::from(c) == limit));
+            let mut want = vec![0f32; rows * m];
+            w.rows_int16_scalar(0, rows, &xq, &xs, m, &mut want);
+            for (i, &y) in want.iter().enumerate() {
+                // Row r: (q - z) = 15, -15 or -8 on every column; every activation 0.5.
+                let d = match (i / m) % 3 { 0 => 15.0, 1 => -15.0, _ => -8.0 };
+                let exact = d * 0.5 * cols as f64;
+                assert!((y as f64 - exact).abs() <= 1e-5 * exact.abs(), "{cols}/{group} m={m}: {y} vs {exact}");
+            }
+            for isa in isas() {
+                let mut got = vec![f32::NAN; rows * m];
+                w.rows_int16(isa, 0, rows, &xq, &xs, &sums, m, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{cols}/{group} m={m} {isa:?}");
             }
         }
     }

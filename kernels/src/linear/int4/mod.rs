@@ -14,6 +14,7 @@
 
 pub(crate) mod avx512_bf16;
 pub mod cuda;
+pub(crate) mod int16;
 pub(crate) mod vnni;
 
 use crate::cpu::{Bf16Products, GemmLevel};
@@ -24,6 +25,7 @@ use crate::linear::cuda::{DeviceWeight, QuantPlanes};
 use crate::cuda::CudaError;
 use crate::linear::rowwise::{Prepared, RowKernel};
 use crate::linear::{ActQuant, Int8Rows, LinearPolicy};
+pub(crate) use int16::Int16Act;
 use std::ops::Range;
 
 /// Columns per packed run.
@@ -334,6 +336,55 @@ impl Int4Matrix {
     }
 }
 
+impl Int4Matrix {
+    /// Scalar W4A16 with int16 activations (`x`: codes `m × cols`, scales and code sums
+    /// `m × groups`, from [`crate::linear::act::quantize_int16_row`] with the blocks of this
+    /// matrix's groups): per row and token, group by group in order, the exact integer
+    /// `isum = Σ (q - z) · a` and `acc = fma(s[r,g] · sa[i,g], isum, acc)` in f32.
+    pub fn rows_int16_scalar(&self, r0: usize, r1: usize, x: &[i16], xs: &[f32], m: usize, out: &mut [f32]) {
+        let (k, ng) = (self.cols, self.groups());
+        let mut q = vec![0i8; k];
+        for r in r0..r1 {
+            self.row_values(r, &mut q);
+            let (s, z) = (self.row_scales(r), self.row_zeros(r));
+            for i in 0..m {
+                let xi = &x[i * k..(i + 1) * k];
+                let mut acc = 0f32;
+                for (g, (qs, xg)) in q.chunks(self.group).zip(xi.chunks(self.group)).enumerate() {
+                    let zg = i32::from(z.map_or(0, |z| z[g]));
+                    let isum: i32 = qs.iter().zip(xg).map(|(&v, &a)| (i32::from(v) - zg) * i32::from(a)).sum();
+                    acc = (s[g] * xs[i * ng + g]).mul_add(isum as f32, acc);
+                }
+                out[(r - r0) * m + i] = acc;
+            }
+        }
+    }
+
+    /// [`Self::rows_int16_scalar`] on `isa` (`sums`: each group's `Σ a`, `m × groups`): the
+    /// AVX2 kernel ([`int16`]) gives the scalar kernel's bits.
+    ///
+    /// # Panics
+    /// If `isa` is not available here, or the shapes disagree.
+    #[allow(clippy::too_many_arguments)] // row range, the activations' three parts, tokens, tile
+    pub fn rows_int16(&self, isa: Isa, r0: usize, r1: usize, x: &[i16], xs: &[f32], sums: &[i32], m: usize, out: &mut [f32]) {
+        assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
+        assert_eq!(x.len(), m * self.cols, "activation shape");
+        assert!(xs.len() == m * self.groups() && sums.len() == xs.len(), "activation scales and sums");
+        assert!(out.len() >= (r1 - r0) * m, "output tile");
+        match isa {
+            Isa::Scalar => self.rows_int16_scalar(r0, r1, x, xs, m, out),
+            Isa::Avx2 => {
+                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2+FMA checked above; shapes asserted above.
+                unsafe {
+                    int16::int4_int16(self, r0, r1, Int16Act { q: x, scales: xs, sums }, m, out)
+                }
+            }
+        }
+    }
+}
+
 impl Int8Rows for Int4Matrix {
     /// Scalar W4A8: per group an int32 sum `Σ (q - z) · xq`, then `acc += s[r,g] · sum` in
     /// f32, and `out = xs[i] · acc`.
@@ -386,20 +437,26 @@ impl RowKernel for Int4Matrix {
     }
 
     fn accepts(&self, act: ActQuant) -> bool {
-        matches!(act, ActQuant::F32 | ActQuant::Bf16 | ActQuant::Int8PerToken)
+        matches!(act, ActQuant::F32 | ActQuant::Bf16 | ActQuant::Int8PerToken | ActQuant::Int16PerGroup)
     }
 
     /// A weight-only (W4A16) layer takes int8 activations under `policy.int4_int8_act`
-    /// (noted), bf16 ones under `policy.int4_bf16_act` where the CPU has the AVX-512 BF16 dot,
-    /// f32 otherwise.
+    /// (noted); under `policy.int4_16bit_act` bf16 ones where the CPU has the AVX-512 BF16
+    /// dot, int16 per group where it has AVX2; f32 otherwise.
     fn activations(&self, checkpoint: ActQuant, caps: &CpuCaps, policy: LinearPolicy) -> (ActQuant, Option<String>) {
         match checkpoint {
             ActQuant::F32 if policy.int4_int8_act => {
                 (ActQuant::Int8PerToken, Some("16-bit activations in the checkpoint; quantized to int8 per token (--compute int8-act)".into()))
             }
-            ActQuant::F32 if policy.int4_bf16_act && caps.avx512bf16 => (ActQuant::Bf16, None),
+            ActQuant::F32 if policy.int4_16bit_act && caps.avx512bf16 => (ActQuant::Bf16, None),
+            ActQuant::F32 if policy.int4_16bit_act && caps.best_isa() == Isa::Avx2 => (ActQuant::Int16PerGroup, None),
             act => (act, None),
         }
+    }
+
+    /// Int16 activations take one scale per weight group (per token for per-channel scales).
+    fn act_block(&self) -> usize {
+        self.group.min(self.cols)
     }
 
     fn row_range(&self, isa: Isa, act: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
@@ -407,6 +464,7 @@ impl RowKernel for Int4Matrix {
             Prepared::F32(x) => self.rows_f32(isa, r0, r1, x, m, tile),
             Prepared::Bf16(xb) => self.rows_bf16(isa, r0, r1, xb, m, tile),
             Prepared::Int8 { q, scales } => self.rows_int8(isa, r0, r1, q, scales, m, tile),
+            Prepared::Int16 { q, scales, sums } => self.rows_int16(isa, r0, r1, q, scales, sums, m, tile),
             Prepared::Fp8 { .. } => unreachable!("int4 takes no fp8 activations (checked by accepts)"),
         }
     }
@@ -415,11 +473,13 @@ impl RowKernel for Int4Matrix {
         match act {
             ActQuant::F32 => format!("cpu.w4a16.int4xf32.{}", isa.name()),
             ActQuant::Bf16 => format!("cpu.w4a16.int4xbf16.{}", if isa == Isa::Scalar { "scalar" } else { Bf16Products::detect().name() }),
+            ActQuant::Int16PerGroup => format!("cpu.w4a16.int4xint16.{}", isa.name()),
             _ => format!("cpu.w4a8.int4xint8.{}", GemmLevel::for_isa(isa).name()),
         }
     }
 
-    /// W4A16 (f32 activations) and W4A8 (int8) have CUDA kernels; bf16 activations do not.
+    /// W4A16 (f32 activations) and W4A8 (int8) have CUDA kernels; bf16 and int16 activations
+    /// do not.
     fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError> {
         if !matches!(act, ActQuant::F32 | ActQuant::Int8PerToken) {
             return Err(CudaError::Shape(format!("no CUDA kernel for {} weights with {} activations", RowKernel::storage(self), act.name())));
