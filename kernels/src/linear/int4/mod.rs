@@ -239,13 +239,13 @@ impl Int4Matrix {
 
     /// Scalar W4A16: `out[(r - r0) * m + i] = Σ_g s[r,g] Σ_{c∈g} (q - z) x[i, c]` in f32.
     pub fn rows_f32_scalar(&self, r0: usize, r1: usize, x: &[f32], m: usize, out: &mut [f32]) {
-        let dot = |qs: &[i8], zg: i8, xs: &[f32]| qs.iter().zip(xs).map(|(&v, &xv)| (v - zg) as f32 * xv).sum::<f32>();
-        self.rows_scalar(r0, r1, x, m, out, dot, |_, acc| acc);
+        let step = |acc: f32, s: f32, _: (usize, usize), qs: &[i8], zg: i8, xs: &[f32]| acc + s * qs.iter().zip(xs).map(|(&v, &xv)| (v - zg) as f32 * xv).sum::<f32>();
+        self.rows_scalar(r0, r1, x, m, out, step, |_, acc| acc);
     }
 
-    /// The scalar kernels' loop (W4A16, W4A8): for each row `r` and token `i`, group by group
-    /// in order, `acc += s[r,g] · dot(q, z[r,g], x)` over the group's values and activations,
-    /// then `out[(r - r0) * m + i] = finish(i, acc)`.
+    /// The scalar kernels' loop (W4A16, W4A8): for each row `r` and token `i`, from `acc = 0`,
+    /// group by group in order, `acc = step(acc, s[r,g], (i, g), q, z[r,g], x)` over the
+    /// group's values and activations, then `out[(r - r0) * m + i] = finish(i, acc)`.
     #[allow(clippy::too_many_arguments)] // row range, activations, output tile, the two steps
     fn rows_scalar<X>(
         &self,
@@ -254,7 +254,7 @@ impl Int4Matrix {
         x: &[X],
         m: usize,
         out: &mut [f32],
-        dot: impl Fn(&[i8], i8, &[X]) -> f32,
+        step: impl Fn(f32, f32, (usize, usize), &[i8], i8, &[X]) -> f32,
         finish: impl Fn(usize, f32) -> f32,
     ) {
         let k = self.cols;
@@ -266,7 +266,7 @@ impl Int4Matrix {
                 let xi = &x[i * k..(i + 1) * k];
                 let mut acc = 0f32;
                 for (g, (qs, xg)) in q.chunks(self.group).zip(xi.chunks(self.group)).enumerate() {
-                    acc += s[g] * dot(qs, z.map_or(0, |z| z[g]), xg);
+                    acc = step(acc, s[g], (i, g), qs, z.map_or(0, |z| z[g]), xg);
                 }
                 out[(r - r0) * m + i] = finish(i, acc);
             }
@@ -342,22 +342,12 @@ impl Int4Matrix {
     /// matrix's groups): per row and token, group by group in order, the exact integer
     /// `isum = Σ (q - z) · a` and `acc = fma(s[r,g] · sa[i,g], isum, acc)` in f32.
     pub fn rows_int16_scalar(&self, r0: usize, r1: usize, x: &[i16], xs: &[f32], m: usize, out: &mut [f32]) {
-        let (k, ng) = (self.cols, self.groups());
-        let mut q = vec![0i8; k];
-        for r in r0..r1 {
-            self.row_values(r, &mut q);
-            let (s, z) = (self.row_scales(r), self.row_zeros(r));
-            for i in 0..m {
-                let xi = &x[i * k..(i + 1) * k];
-                let mut acc = 0f32;
-                for (g, (qs, xg)) in q.chunks(self.group).zip(xi.chunks(self.group)).enumerate() {
-                    let zg = i32::from(z.map_or(0, |z| z[g]));
-                    let isum: i32 = qs.iter().zip(xg).map(|(&v, &a)| (i32::from(v) - zg) * i32::from(a)).sum();
-                    acc = (s[g] * xs[i * ng + g]).mul_add(isum as f32, acc);
-                }
-                out[(r - r0) * m + i] = acc;
-            }
-        }
+        let ng = self.groups();
+        let step = |acc: f32, s: f32, (i, g): (usize, usize), qs: &[i8], zg: i8, xg: &[i16]| {
+            let isum: i32 = qs.iter().zip(xg).map(|(&v, &a)| (i32::from(v) - i32::from(zg)) * i32::from(a)).sum();
+            (s * xs[i * ng + g]).mul_add(isum as f32, acc)
+        };
+        self.rows_scalar(r0, r1, x, m, out, step, |_, acc| acc);
     }
 
     /// [`Self::rows_int16_scalar`] on `isa` (`sums`: each group's `Σ a`, `m × groups`): the
@@ -389,8 +379,10 @@ impl Int8Rows for Int4Matrix {
     /// Scalar W4A8: per group an int32 sum `Σ (q - z) · xq`, then `acc += s[r,g] · sum` in
     /// f32, and `out = xs[i] · acc`.
     fn rows_int8_scalar(&self, r0: usize, r1: usize, xq: &[i8], xs: &[f32], m: usize, out: &mut [f32]) {
-        let dot = |qs: &[i8], zg: i8, xg: &[i8]| qs.iter().zip(xg).map(|(&v, &a)| (v as i32 - zg as i32) * a as i32).sum::<i32>() as f32;
-        self.rows_scalar(r0, r1, xq, m, out, dot, |i, acc| xs[i] * acc);
+        let step = |acc: f32, s: f32, _: (usize, usize), qs: &[i8], zg: i8, xg: &[i8]| {
+            acc + s * qs.iter().zip(xg).map(|(&v, &a)| (v as i32 - zg as i32) * a as i32).sum::<i32>() as f32
+        };
+        self.rows_scalar(r0, r1, xq, m, out, step, |i, acc| xs[i] * acc);
     }
 
     /// AVX2 `maddubs` or AVX-512 `vpdpbusd` integer products, int32 group sums, the scalar
