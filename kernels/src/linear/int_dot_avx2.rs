@@ -426,7 +426,11 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
             let stop = (run + 8).min(end);
             let mut acc = [[_mm256_setzero_si256(); T]; R];
             for j in run..stop {
-                prefetch_runs(block, j);
+                // The pass holding the group's first row walks the whole row first: it asks
+                // for every row's lines, and the later passes find them in cache.
+                if r % ROW_GROUP == 0 {
+                    prefetch_runs(block, j);
+                }
                 // SAFETY: token t's columns j*32..j*32+32 lie inside xq.
                 let a: [__m256i; T] = std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) });
                 for (rr, acc) in acc.iter_mut().enumerate() {
