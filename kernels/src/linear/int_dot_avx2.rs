@@ -428,7 +428,7 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
             for j in run..stop {
                 // The pass holding the group's first row walks the whole row first: it asks
                 // for every row's lines, and the later passes find them in cache.
-                if r % ROW_GROUP == 0 {
+                if r.is_multiple_of(ROW_GROUP) {
                     prefetch_runs(block, j);
                 }
                 // SAFETY: token t's columns j*32..j*32+32 lie inside xq.
