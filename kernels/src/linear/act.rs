@@ -138,20 +138,7 @@ mod avx2 {
     /// AVX2 available; `x.len() == q.len()`.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn quantize_int8_row(x: &[f32], q: &mut [i8]) -> f32 {
-        let sign = _mm256_set1_ps(-0.0);
-        let mut vmax = _mm256_setzero_ps();
-        let mut xc = x.chunks_exact(8);
-        for c in &mut xc {
-            // SAFETY: `c` holds 8 floats.
-            let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
-            // `max_ps(a, b)` returns `b` when either is NaN: NaN inputs leave the max alone.
-            vmax = _mm256_max_ps(_mm256_andnot_ps(sign, v), vmax);
-        }
-        let mut lanes = [0f32; 8];
-        // SAFETY: 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vmax) };
-        let amax = lanes.iter().chain(xc.remainder()).fold(0f32, |m, v| m.max(v.abs()));
-        let scale = amax / 127.0;
+        let scale = absmax(x) / 127.0;
         if scale == 0.0 {
             q.fill(0);
             return 0.0;
@@ -190,17 +177,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn quantize_int16_block(x: &[f32], limit: i32, q: &mut [i16]) -> (f32, i32) {
         debug_assert!(x.len() == q.len() && x.len().is_multiple_of(8));
-        let sign = _mm256_set1_ps(-0.0);
-        let mut vmax = _mm256_setzero_ps();
-        for c in x.chunks_exact(8) {
-            // SAFETY: `c` holds 8 floats.
-            vmax = _mm256_max_ps(_mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(c.as_ptr()) }), vmax);
-        }
-        let mut lanes = [0f32; 8];
-        // SAFETY: 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vmax) };
-        let amax = lanes.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let scale = amax / limit as f32;
+        let scale = absmax(x) / limit as f32;
         if scale == 0.0 {
             q.fill(0);
             return (0.0, 0);
@@ -227,6 +204,26 @@ mod avx2 {
             total += i32::from(*q);
         }
         (scale, total)
+    }
+
+    /// `max |x|` as the scalar quantizers fold it (`f32::max`, NaN skipped), 8 lanes at a
+    /// time then the lanes and the tail.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn absmax(x: &[f32]) -> f32 {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut vmax = _mm256_setzero_ps();
+        let mut xc = x.chunks_exact(8);
+        for c in &mut xc {
+            // SAFETY: `c` holds 8 floats.
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+            // `max_ps(a, b)` returns `b` when either is NaN: NaN inputs leave the max alone.
+            vmax = _mm256_max_ps(_mm256_andnot_ps(sign, v), vmax);
+        }
+        let mut lanes = [0f32; 8];
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vmax) };
+        lanes.iter().chain(xc.remainder()).fold(0f32, |m, v| m.max(v.abs()))
     }
 
     /// `v / scale` rounded half to even, clamped to ±`limit`, NaN to 0, as int32 lanes.

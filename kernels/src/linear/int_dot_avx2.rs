@@ -201,7 +201,7 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
         let gend = glast.min(c1);
         let off: [__m256i; R] = std::array::from_fn(|rr| _mm256_set1_epi32(8 + w.row_zeros(r + rr).map_or(0, |z| z[g]) as i32));
         for c in (col..gend).step_by(RUN) {
-            prefetch_runs(block, c / RUN);
+            prefetch_runs(block, r, c / RUN);
             for rr in 0..R {
                 for half in 0..2 {
                     // SAFETY: row rr's packed bytes c/2..c/2+16 exist (c + 32 <= cols); bytes
@@ -377,14 +377,18 @@ const PREFETCH: usize = 4096;
 
 /// Asks for the bytes [`PREFETCH`] ahead of run `j` of every row of the row group whose
 /// first row starts at `block` (the group's rows lie side by side in a run, 16 bytes each:
-/// four cache lines). Kernels that take the group's rows in two passes of eight thereby
-/// have the second pass's lines in cache too: asking for the first pass's two lines only
-/// left the second one waiting on DRAM (W4A8 at one token read 13 GiB/s, against 27 for the
-/// int16 W4A16 kernel that asks for all four). A hint: an address past the data is never
-/// dereferenced.
+/// four cache lines), from the pass whose first row `r` is the group's first only: the
+/// kernels take a group's rows in passes (of eight rows, or single rows), that pass walks its
+/// runs first, and the later passes find the lines in cache. (Asking for the first pass's two
+/// lines only left the second pass waiting on DRAM: W4A8 at one token read 13 GiB/s, against
+/// 27 for the int16 W4A16 kernel, which asks for all four.) A hint: an address past the data
+/// is never dereferenced.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn prefetch_runs(block: *const u8, j: usize) {
+fn prefetch_runs(block: *const u8, r: usize, j: usize) {
+    if !r.is_multiple_of(ROW_GROUP) {
+        return;
+    }
     for line in 0..RUN_STRIDE / 64 {
         _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(j * RUN_STRIDE + 64 * line + PREFETCH).cast());
     }
@@ -426,11 +430,7 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
             let stop = (run + 8).min(end);
             let mut acc = [[_mm256_setzero_si256(); T]; R];
             for j in run..stop {
-                // The pass holding the group's first row walks the whole row first: it asks
-                // for every row's lines, and the later passes find them in cache.
-                if r.is_multiple_of(ROW_GROUP) {
-                    prefetch_runs(block, j);
-                }
+                prefetch_runs(block, r, j);
                 // SAFETY: token t's columns j*32..j*32+32 lie inside xq.
                 let a: [__m256i; T] = std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) });
                 for (rr, acc) in acc.iter_mut().enumerate() {

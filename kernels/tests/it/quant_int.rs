@@ -547,6 +547,9 @@ fn int16_largest_sums_are_exact() {
                 // Row r: (q - z) = 15, -15 or -8 on every column; every activation 0.5.
                 let d = match (i / m) % 3 { 0 => 15.0, 1 => -15.0, _ => -8.0 };
                 let exact = d * 0.5 * cols as f64;
+                // The integer sum is exact; the f32 epilogue rounds it (up to 2^31, ~8 ulp of
+                // 2^24 lost at most: 6e-8 relative) and the scale product and sum once each,
+                // so 1e-5 leaves a wide margin, while a wrapped sum would be off by 100%.
                 assert!((y as f64 - exact).abs() <= 1e-5 * exact.abs(), "{cols}/{group} m={m}: {y} vs {exact}");
             }
             for isa in isas() {
