@@ -328,46 +328,78 @@ unsafe fn int4_block<const R: usize, const T: usize>(
     let at = &asum[t0 * ng..(t0 + T) * ng];
     let xst = &xs[t0..t0 + T];
     let per_row = T * ng;
-    let mut lanes = vec![_mm256_setzero_si256(); R * per_row];
-    let mut isum = vec![0i32; R * per_row];
+    // Room for a whole row group: its passes of R rows walk the row side by side.
+    let mut lanes = vec![_mm256_setzero_si256(); ROW_GROUP * per_row];
+    let mut isum = vec![0i32; ROW_GROUP * per_row];
     // Full blocks of grouped rows finish 8 tokens per vector: Σ a transposed to [g][t].
     let by_tokens = T == TOKENS && ng > 1;
     let asum_gt: Vec<i32> = if by_tokens { (0..ng * T).map(|i| at[(i % T) * ng + i / T]).collect() } else { Vec::new() };
     let mut r = r0;
     while r < r1 {
-        let rows = if r + R <= r1 { R } else { 1 };
-        let (l, i) = (&mut lanes[..rows * per_row], &mut isum[..rows * per_row]);
-        // SAFETY: rows r..r + rows exist; xt holds T tokens; l holds rows * T * ng vectors.
+        // A whole row group where the range holds one (the passes then share each chunk of
+        // runs while it is in L1, and the first pass's prefetches cover them all), else R
+        // rows, else one.
+        let (rows, passes) = if r.is_multiple_of(ROW_GROUP) && r + ROW_GROUP <= r1 {
+            (R, ROW_GROUP / R)
+        } else if r + R <= r1 {
+            (R, 1)
+        } else {
+            (1, 1)
+        };
+        // SAFETY: rows r..r + rows · passes exist; xt holds T tokens; lanes hold a row group's
+        // T * ng vectors per row.
         unsafe {
             if rows == R {
-                int4_micro::<R, T>(w, r, xt, l)
+                int4_micro::<R, T>(w, r, passes, xt, &mut lanes[..R * passes * per_row])
             } else {
-                int4_micro::<1, T>(w, r, xt, l)
+                int4_micro::<1, T>(w, r, 1, xt, &mut lanes[..per_row])
             }
         }
-        if by_tokens {
-            for (rr, l) in l.chunks_exact(per_row).enumerate() {
-                let o = (r + rr - r0) * m + t0;
-                int4_epilogue_tokens(w.row_scales(r + rr), w.row_zeros(r + rr), l, &asum_gt, xst, &mut out[o..o + T]);
-            }
-            r += rows;
-            continue;
+        for p in 0..passes {
+            let (l, i) = (&mut lanes[p * rows * per_row..(p + 1) * rows * per_row], &mut isum[p * rows * per_row..(p + 1) * rows * per_row]);
+            int4_pass_epilogue::<R, T>(w, r + p * rows, rows, l, i, at, &asum_gt, xst, &mut out[(r + p * rows - r0) * m..], m, t0);
         }
-        lane_sums(l, i);
-        if T == 1 && R == 8 && rows == R {
-            // One token, eight rows: the epilogue runs over the rows' lanes at once.
-            let vals = int4_epilogue_rows(w, r, i, at, xst[0]);
-            for (rr, v) in vals.into_iter().enumerate() {
-                out[(r + rr - r0) * m + t0] = v;
-            }
-            r += rows;
-            continue;
+        r += rows * passes;
+    }
+}
+
+/// The epilogue of [`int4_block`] for rows `r..r + rows` (`rows` is `R` or 1) whose lane sums
+/// `l` [`int4_micro`] filled: `out[(r + rr) * m + t0 + t]` relative to `out`'s first row `r`.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)] // the pass's rows, sums and outputs
+fn int4_pass_epilogue<const R: usize, const T: usize>(
+    w: &Int4Matrix,
+    r: usize,
+    rows: usize,
+    l: &[__m256i],
+    i: &mut [i32],
+    at: &[i32],
+    asum_gt: &[i32],
+    xst: &[f32],
+    out: &mut [f32],
+    m: usize,
+    t0: usize,
+) {
+    let per_row = l.len() / rows;
+    if !asum_gt.is_empty() {
+        for (rr, l) in l.chunks_exact(per_row).enumerate() {
+            let o = rr * m + t0;
+            int4_epilogue_tokens(w.row_scales(r + rr), w.row_zeros(r + rr), l, asum_gt, xst, &mut out[o..o + T]);
         }
-        for (rr, isum) in i.chunks_exact(per_row).enumerate() {
-            let o = (r + rr - r0) * m + t0;
-            int4_epilogue(w.row_scales(r + rr), w.row_zeros(r + rr), isum, at, xst, &mut out[o..o + T]);
+        return;
+    }
+    lane_sums(l, i);
+    if T == 1 && R == 8 && rows == R {
+        // One token, eight rows: the epilogue runs over the rows' lanes at once.
+        let vals = int4_epilogue_rows(w, r, i, at, xst[0]);
+        for (rr, v) in vals.into_iter().enumerate() {
+            out[rr * m + t0] = v;
         }
-        r += rows;
+        return;
+    }
+    for (rr, isum) in i.chunks_exact(per_row).enumerate() {
+        let o = rr * m + t0;
+        int4_epilogue(w.row_scales(r + rr), w.row_zeros(r + rr), isum, at, xst, &mut out[o..o + T]);
     }
 }
 
@@ -407,19 +439,20 @@ unsafe fn run_nibbles(p: *const u8) -> __m256i {
     _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F))
 }
 
-/// Rows `r..r + R` against `T` int8 activation rows: `lanes[(rr * T + t) * ng + g]` gets 8
-/// int32 partial sums of `Σ n · a` over group `g` (`n = q + 8`; the last group stops at the
-/// row end).
+/// `passes` blocks of `R` rows from `r` against `T` int8 activation rows:
+/// `lanes[((p * R + rr) * T + t) * ng + g]` gets 8 int32 partial sums of `Σ n · a` of row
+/// `r + p · R + rr` over group `g` (`n = q + 8`; the last group stops at the row end). The
+/// passes take each chunk of up to 8 runs in turn, so a row group's chunk is read from DRAM
+/// once, by the first pass, and the rest find it in L1.
 ///
 /// # Safety
-/// AVX2 available; `r + R <= w.rows()`; `xq.len() == T * w.cols()`;
-/// `lanes.len() == R * T * ng`.
+/// AVX2 available; `r + passes · R <= w.rows()`; `xq.len() == T * w.cols()`;
+/// `lanes.len() == passes * R * T * ng`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, xq: &[i8], lanes: &mut [__m256i]) {
+unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, passes: usize, xq: &[i8], lanes: &mut [__m256i]) {
     let (k, ng) = (w.cols(), w.groups());
     let runs = w.group() / RUN;
     let row_runs = k / RUN;
-    let rows: [*const u8; R] = std::array::from_fn(|rr| w.row_ptr(r + rr));
     let block = w.row_ptr(r / ROW_GROUP * ROW_GROUP);
     let ones = _mm256_set1_epi16(1);
     let xp = xq.as_ptr();
@@ -428,24 +461,28 @@ unsafe fn int4_micro<const R: usize, const T: usize>(w: &Int4Matrix, r: usize, x
         while run < end {
             // At most 8 runs in int16: each lane adds 8 pairs of |n·a| <= 15·128.
             let stop = (run + 8).min(end);
-            let mut acc = [[_mm256_setzero_si256(); T]; R];
-            for j in run..stop {
-                prefetch_runs(block, r, j);
-                // SAFETY: token t's columns j*32..j*32+32 lie inside xq.
-                let a: [__m256i; T] = std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) });
-                for (rr, acc) in acc.iter_mut().enumerate() {
-                    // SAFETY: row rr's packed bytes j*16..j*16+16 exist (j < cols / 32).
-                    let nib = unsafe { run_nibbles(rows[rr].add(j * RUN_STRIDE)) };
-                    for (t, acc) in acc.iter_mut().enumerate() {
-                        *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(nib, a[t]));
+            for p in 0..passes {
+                let first = r + p * R;
+                let rows: [*const u8; R] = std::array::from_fn(|rr| w.row_ptr(first + rr));
+                let mut acc = [[_mm256_setzero_si256(); T]; R];
+                for j in run..stop {
+                    prefetch_runs(block, first, j);
+                    // SAFETY: token t's columns j*32..j*32+32 lie inside xq.
+                    let a: [__m256i; T] = std::array::from_fn(|t| unsafe { _mm256_loadu_si256(xp.add(t * k + j * RUN).cast()) });
+                    for (rr, acc) in acc.iter_mut().enumerate() {
+                        // SAFETY: row rr's packed bytes j*16..j*16+16 exist (j < cols / 32).
+                        let nib = unsafe { run_nibbles(rows[rr].add(j * RUN_STRIDE)) };
+                        for (t, acc) in acc.iter_mut().enumerate() {
+                            *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(nib, a[t]));
+                        }
                     }
                 }
-            }
-            for (rr, acc) in acc.iter().enumerate() {
-                for (t, a) in acc.iter().enumerate() {
-                    let v = _mm256_madd_epi16(*a, ones);
-                    let l = &mut lanes[(rr * T + t) * ng + g];
-                    *l = if run == g * runs { v } else { _mm256_add_epi32(*l, v) };
+                for (rr, acc) in acc.iter().enumerate() {
+                    for (t, a) in acc.iter().enumerate() {
+                        let v = _mm256_madd_epi16(*a, ones);
+                        let l = &mut lanes[((p * R + rr) * T + t) * ng + g];
+                        *l = if run == g * runs { v } else { _mm256_add_epi32(*l, v) };
+                    }
                 }
             }
             run = stop;
