@@ -1,6 +1,7 @@
 //! CPU kernels: feature detection, SIMD helpers and row dot products.
 
 pub mod affinity;
+pub mod aligned;
 pub mod caps;
 pub mod dot;
 pub mod exp;

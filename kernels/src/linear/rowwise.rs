@@ -20,6 +20,7 @@
 
 use super::act::{self, ActQuant};
 use super::{downcast_group, rows_per_task, LinearOp, LinearPolicy, OpPlan, WeightMatrix};
+use crate::cpu::aligned::LineAligned;
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::scratch::with_f32;
 use crate::cpu::{pool, SyncPtr};
@@ -143,16 +144,16 @@ pub enum Prepared<'a> {
     Bf16(Vec<u16>),
     /// Per-token int8 codes (`m × cols`) and scales (`m`).
     Int8 {
-        /// Codes.
-        q: Vec<i8>,
+        /// Codes, from a cache line.
+        q: LineAligned<i8>,
         /// One scale per token.
         scales: Vec<f32>,
     },
     /// Int16 codes (`m × cols`) per token and column block, with the blocks' scales and code
     /// sums (`m × blocks`).
     Int16 {
-        /// Codes.
-        q: Vec<i16>,
+        /// Codes, from a cache line.
+        q: LineAligned<i16>,
         /// One scale per token and block.
         scales: Vec<f32>,
         /// `Σ q` per token and block.
@@ -249,7 +250,7 @@ impl RowwiseLinear {
                 Prepared::Bf16(b)
             }
             ActQuant::Int8PerToken => {
-                let mut q = vec![0i8; m * k];
+                let mut q = LineAligned::<i8>::zeroed(m * k);
                 let scales = x.chunks_exact(k).zip(q.chunks_exact_mut(k)).map(|(x, q)| act::quantize_int8_row(x, q)).collect();
                 Prepared::Int8 { q, scales }
             }
@@ -266,7 +267,7 @@ impl RowwiseLinear {
             ActQuant::Int16PerGroup => {
                 let bw = self.w.act_block();
                 let nb = k.div_ceil(bw);
-                let (mut q, mut scales, mut sums) = (vec![0i16; m * k], vec![0f32; m * nb], vec![0i32; m * nb]);
+                let (mut q, mut scales, mut sums) = (LineAligned::<i16>::zeroed(m * k), vec![0f32; m * nb], vec![0i32; m * nb]);
                 let rows = x.chunks_exact(k).zip(q.chunks_exact_mut(k)).zip(scales.chunks_exact_mut(nb).zip(sums.chunks_exact_mut(nb)));
                 for ((x, q), (s, sum)) in rows {
                     act::quantize_int16_row(x, bw, act::int16_limit(bw), q, s, sum);
