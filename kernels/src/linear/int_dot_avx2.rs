@@ -246,8 +246,8 @@ unsafe fn f32_micro<const R: usize, const T: usize>(
 /// Per 32-column run the stored nibbles `n = q + 8` (0..=15) are the unsigned operand of
 /// `maddubs` against the activations; up to 8 runs (4 where two rows share a register) add
 /// up in int16 (each lane at most 16 products of |n·a| <= 15·128), then `madd` widens to
-/// int32 per group. The offset is removed exactly
-/// afterwards: `Σ (q - z) a = Σ n a - (8 + z) Σ a`.
+/// int32 per group. The offset is removed exactly afterwards: `Σ (q - z) a = Σ n a - (8 + z)
+/// Σ a`.
 ///
 /// # Safety
 /// AVX2+FMA available; `r0 <= r1 <= w.rows()`, `xq.len() == m * w.cols()`, `xs.len() == m`,

@@ -561,6 +561,35 @@ fn int16_largest_sums_are_exact() {
     }
 }
 
+/// The largest W4A8 partial sums: every stored code at 15 (`q = 7`) against activations all
+/// 127 or all -128, per channel and in groups of 128, at 1, 2, 4 and 8 tokens (each AVX2
+/// tile: sixteen rows in pairs, four and two rows in pairs, single rows). The kernels add
+/// `vpmaddubsw` products in 16-bit lanes for a few runs before widening; one run too many
+/// (with paired rows a lane takes four products per run) wraps, and the result then differs
+/// from the scalar kernel's exact sums.
+#[test]
+fn int8_largest_partial_sums_are_exact() {
+    let (rows, cols) = (48usize, 1024usize);
+    for group in [cols, 128] {
+        let ng = rows * cols.div_ceil(group);
+        let w = Int4Matrix::new(rows, cols, group, &vec![7i8; rows * cols], vec![1.0; ng], Some(vec![-8; ng])).unwrap();
+        for a in [127i8, -128] {
+            for m in [1usize, 2, 4, 8] {
+                let (xq, xs) = (vec![a; m * cols], vec![1.0f32; m]);
+                let mut want = vec![0f32; rows * m];
+                w.rows_int8_scalar(0, rows, &xq, &xs, m, &mut want);
+                let exact = 15.0 * f32::from(a) * cols as f32;
+                assert!(want.iter().all(|&y| y == exact), "scalar {} vs {exact}", want[0]);
+                for level in int_levels() {
+                    let mut got = vec![f32::NAN; rows * m];
+                    w.rows_int8_at(level, 0, rows, &xq, &xs, m, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "group {group} a {a} m={m} {level:?}");
+                }
+            }
+        }
+    }
+}
+
 /// Act-order layers gather the input columns first: same bits as gathering by hand, and the
 /// f64 reference over `RowwiseLinear::dequantize_row` (which undoes the permutation).
 #[test]
