@@ -307,7 +307,8 @@ fn group_sums(xq: &[i8], k: usize, group: usize) -> Vec<i32> {
     sums
 }
 
-/// Tokens `t0..t0 + T` of W4A8 against rows `r0..r1`, `R` rows at a time (then single rows).
+/// Tokens `t0..t0 + T` of W4A8 against rows `r0..r1`: whole row groups in passes of `R` rows,
+/// then `R` rows at a time, then single rows where fewer are left (or the row is odd).
 ///
 /// # Safety
 /// As [`int4_int8`], with `t0 + T <= m` and `asum` from [`group_sums`].
@@ -333,8 +334,7 @@ unsafe fn int4_block<const R: usize, const T: usize>(
     let mut lanes = vec![_mm256_setzero_si256(); ROW_GROUP * per_row];
     let mut isum = vec![0i32; ROW_GROUP * per_row];
     // Full blocks of grouped rows finish 8 tokens per vector: Σ a transposed to [g][t].
-    let by_tokens = T == TOKENS && ng > 1;
-    let asum_gt: Vec<i32> = if by_tokens { (0..ng * T).map(|i| at[(i % T) * ng + i / T]).collect() } else { Vec::new() };
+    let asum_gt: Option<Vec<i32>> = (T == TOKENS && ng > 1).then(|| (0..ng * T).map(|i| at[(i % T) * ng + i / T]).collect());
     let mut r = r0;
     while r < r1 {
         // A whole row group where the range holds one (the passes then share each chunk of
@@ -359,7 +359,7 @@ unsafe fn int4_block<const R: usize, const T: usize>(
         }
         for p in 0..passes {
             let (l, i) = (&mut lanes[p * rows * per_row..(p + 1) * rows * per_row], &mut isum[p * rows * per_row..(p + 1) * rows * per_row]);
-            int4_pass_epilogue::<R, T>(w, r + p * rows, rows, l, i, at, &asum_gt, xst, &mut out[(r + p * rows - r0) * m..], m, t0);
+            int4_pass_epilogue::<R, T>(w, r + p * rows, rows, l, i, at, asum_gt.as_deref(), xst, &mut out[(r + p * rows - r0) * m..], m, t0);
         }
         r += rows * passes;
     }
@@ -367,6 +367,8 @@ unsafe fn int4_block<const R: usize, const T: usize>(
 
 /// The epilogue of [`int4_block`] for rows `r..r + rows` (`rows` is `R` or 1) whose lane sums
 /// `l` [`int4_micro`] filled: `out[(r + rr) * m + t0 + t]` relative to `out`'s first row `r`.
+/// `asum_gt`, the activation sums by group then token, is given for full 8-token blocks of
+/// grouped rows, which finish 8 tokens per vector.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)] // the pass's rows, sums and outputs
 fn int4_pass_epilogue<const R: usize, const T: usize>(
@@ -376,14 +378,14 @@ fn int4_pass_epilogue<const R: usize, const T: usize>(
     l: &[__m256i],
     i: &mut [i32],
     at: &[i32],
-    asum_gt: &[i32],
+    asum_gt: Option<&[i32]>,
     xst: &[f32],
     out: &mut [f32],
     m: usize,
     t0: usize,
 ) {
     let per_row = l.len() / rows;
-    if !asum_gt.is_empty() {
+    if let Some(asum_gt) = asum_gt {
         for (rr, l) in l.chunks_exact(per_row).enumerate() {
             let o = rr * m + t0;
             int4_epilogue_tokens(w.row_scales(r + rr), w.row_zeros(r + rr), l, asum_gt, xst, &mut out[o..o + T]);

@@ -5,8 +5,9 @@
 //! `vpmovzxbw`; the low nibbles (columns `0..16`) and the words shifted right by four (columns
 //! `16..32`, already in `0..=15`) go into two `vpmaddwd` against the token's activation codes
 //! of those columns, loaded straight from memory. A micro-kernel keeps eight accumulators,
-//! `R` rows by `T` tokens (8 x 1, 4 x 2 or 2 x 4), so every unpacked run serves `T` tokens, and at a
-//! group end one transpose-and-add ([`reduce8`]) turns them into eight exact group sums.
+//! `R` rows by `T` tokens (8 x 1, 4 x 2 or 2 x 4), so every unpacked run serves `T` tokens,
+//! and at a group end one transpose-and-add ([`reduce8`]) turns them into eight exact group
+//! sums.
 //!
 //! Numerics, per row and token, group by group in order: `isum = Σ n · a − (8 + z) Σ a` in
 //! int32 (`n = q + 8` the stored code, exact: [`crate::linear::act::int16_limit`] bounds every
