@@ -859,31 +859,36 @@ pub(super) mod avx2 {
     #[target_feature(enable = "avx2")]
     #[inline]
     pub(in crate::linear::ggml) fn halves_codes(kind: Halves, rec: &[u8], s: usize) -> [[__m256i; 4]; 2] {
+        // The halves read some of the same bytes; LLVM merges those loads.
+        [half_codes(kind, rec, s, 0), half_codes(kind, rec, s, 1)]
+    }
+
+    /// Half `h` of [`halves_codes`]: its four chunks alone, so a kernel can hold one half's
+    /// codes in registers instead of both.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(in crate::linear::ggml) fn half_codes(kind: Halves, rec: &[u8], s: usize, h: usize) -> [__m256i; 4] {
         // Plain loops, no closures: a closure does not inherit the target features, and with
         // two callers (this module's kernels and `q8k`'s) it would stay an out-of-line call.
         let at = kind.codes_at() + s * kind.block();
         let (mask, three) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
-        let mut q = [[_mm256_setzero_si256(); 4]; 2];
+        let mut q = [_mm256_setzero_si256(); 4];
         match kind {
             Halves::Q6K => {
-                let hb = [load32(rec, at + 128), load32(rec, at + 160)];
-                for i in 0..4 {
+                let hb = load32(rec, at + 128 + 32 * h);
+                for (i, q) in q.iter_mut().enumerate() {
                     let lo = load32(rec, at + 32 * i);
-                    for (h, q) in q.iter_mut().enumerate() {
-                        let l = if h == 0 { lo } else { _mm256_srli_epi16::<4>(lo) };
-                        q[i] = _mm256_or_si256(_mm256_and_si256(l, mask), high_pair(hb[h], i));
-                    }
+                    let l = if h == 0 { lo } else { _mm256_srli_epi16::<4>(lo) };
+                    *q = _mm256_or_si256(_mm256_and_si256(l, mask), high_pair(hb, i));
                 }
             }
             _ => {
                 let third = if kind == Halves::Q3K { load32(rec, at + 64) } else { _mm256_setzero_si256() };
-                for (h, q) in q.iter_mut().enumerate() {
-                    let pairs = load32(rec, at + 32 * h);
-                    for (i, q) in q.iter_mut().enumerate() {
-                        *q = _mm256_and_si256(move_bits(pairs, 2 * i as i32, 0), three);
-                        if kind == Halves::Q3K {
-                            *q = _mm256_or_si256(*q, _mm256_and_si256(move_bits(third, (4 * h + i) as i32, 2), _mm256_set1_epi8(4)));
-                        }
+                let pairs = load32(rec, at + 32 * h);
+                for (i, q) in q.iter_mut().enumerate() {
+                    *q = _mm256_and_si256(move_bits(pairs, 2 * i as i32, 0), three);
+                    if kind == Halves::Q3K {
+                        *q = _mm256_or_si256(*q, _mm256_and_si256(move_bits(third, (4 * h + i) as i32, 2), _mm256_set1_epi8(4)));
                     }
                 }
             }

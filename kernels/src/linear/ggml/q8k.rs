@@ -109,7 +109,7 @@ impl Interleaved {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::super::interleaved::avx2::{bcast4, f16x8, fifth_bit, halves_codes, load32, prefetch_ahead, store, PREFETCH, SUBS};
+    use super::super::interleaved::avx2::{bcast4, f16x8, fifth_bit, half_codes, load32, prefetch_ahead, store, PREFETCH, SUBS};
     use super::super::kquant::{self, Halves};
     use super::{halves_kind, GROUP, TILE};
     use crate::ggml::act_quant::Q8KBlock;
@@ -278,19 +278,23 @@ mod avx2 {
             }
             let mut isum = [_mm256_setzero_si256(); T];
             for s in 0..SUBS {
-                let q = halves_codes(kind, rec, s);
-                let sc = [scale_pairs(kind, rec, 2 * s), scale_pairs(kind, rec, 2 * s + 1)];
-                for (t, isum) in isum.iter_mut().enumerate() {
-                    let ab = &a[t * nsb + sb];
-                    let mut block = _mm256_setzero_si256();
-                    for (h, (qh, &sc)) in q.iter().zip(&sc).enumerate() {
+                // Half by half: one half's codes, its scales and the tokens' sums fit AVX2's
+                // sixteen registers (both halves' codes spilled).
+                let mut block = [_mm256_setzero_si256(); T];
+                for h in 0..2 {
+                    let qh = half_codes(kind, rec, s, h);
+                    let sc = scale_pairs(kind, rec, 2 * s + h);
+                    for (t, block) in block.iter_mut().enumerate() {
+                        let ab = &a[t * nsb + sb];
                         // Two chunks per i16 sum: 4 products of at most 63 * 127.
                         let i = 8 * s + 4 * h;
                         let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[0], bcast4(&ab.qs, i)), _mm256_maddubs_epi16(qh[1], bcast4(&ab.qs, i + 1)));
                         let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[2], bcast4(&ab.qs, i + 2)), _mm256_maddubs_epi16(qh[3], bcast4(&ab.qs, i + 3)));
-                        block = _mm256_add_epi32(block, _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+                        *block = _mm256_add_epi32(*block, _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
                     }
-                    *isum = _mm256_add_epi32(*isum, _mm256_sllv_epi32(block, _mm256_set1_epi32(ab.shift[s])));
+                }
+                for (t, isum) in isum.iter_mut().enumerate() {
+                    *isum = _mm256_add_epi32(*isum, _mm256_sllv_epi32(block[t], _mm256_set1_epi32(a[t * nsb + sb].shift[s])));
                 }
             }
             // The offset (Σ_k sc_k · a.sums[k]) and min (Σ_k m_k · a.sums[k]) terms: per row,
