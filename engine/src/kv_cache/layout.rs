@@ -320,7 +320,9 @@ impl KvLayout {
             }
             _ => String::new(),
         };
-        format!("{} ({:.1} bytes/token, {:.2}x smaller than bf16{centered}{exact})", self.dtype, self.bytes_per_token(), self.compression_vs_bf16())
+        let c = self.compression_vs_bf16();
+        let size = if c >= 1.0 { format!("{c:.2}x smaller than bf16") } else { format!("{:.2}x larger than bf16", 1.0 / c) };
+        format!("{} ({:.1} bytes/token, {size}{centered}{exact})", self.dtype, self.bytes_per_token())
     }
 
     /// How many times smaller than a bf16 cache of the same model this one is.

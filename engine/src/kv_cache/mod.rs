@@ -158,6 +158,9 @@ mod tests {
         assert_eq!(f32_layout.block_bytes(), 2 * 2 * 2 * 4 * 32 * 4);
         assert_eq!(bf16.block_bytes(), 2 * 2 * 2 * 4 * 32 * 2);
         assert!((bf16.compression_vs_bf16() - 1.0).abs() < 1e-9);
+        // The log line says which way the size differs (f32 once read "0.50x smaller").
+        assert!(f32_layout.describe().contains("2.00x larger than bf16"), "{}", f32_layout.describe());
+        assert!(bf16.describe().contains("1.00x smaller than bf16"), "{}", bf16.describe());
         let mixed = layout(KvDtype { k: KvFormat::INT8, v: KvFormat::BF16 });
         assert!(mixed.block_bytes() < bf16.block_bytes() && mixed.block_bytes().is_multiple_of(64));
     }
