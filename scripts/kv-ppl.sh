@@ -52,13 +52,15 @@ for ctx in ${CTXS:-1024 2048}; do
     # shellcheck disable=SC2086
     out=$(RUST_LOG=${RUST_LOG:-info} "$BIN" perplexity ${MODEL_FLAGS[@]+"${MODEL_FLAGS[@]}"} --file "$CORPUS" --ctx "$ctx" --chunks "$chunks" $f 2>&1)
     ppl=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\) .*/\1/p' <<<"$out")
-    # The KV-cache pool's log line: kv_cache=NAME (BYTES bytes/token, RATIOx smaller than bf16...).
-    desc=$(sed 's/\x1b\[[0-9;]*m//g' <<<"$out" | sed -n 's/.*kv_cache=\(.*\) (\([0-9.]*\) bytes\/token, \([0-9.]*\)x smaller than bf16.*/\1|\2|\3/p' | head -1)
+    # The KV-cache pool's log line: kv_cache=NAME (BYTES bytes/token, RATIOx smaller than bf16...),
+    # or RATIOx larger for a cache bigger than bf16 (f32): the table shows bf16 / this either way.
+    desc=$(sed 's/\x1b\[[0-9;]*m//g' <<<"$out" | sed -n 's/.*kv_cache=\(.*\) (\([0-9.]*\) bytes\/token, \([0-9.]*\)x \(smaller\|larger\) than bf16.*/\1|\2|\3|\4/p' | head -1)
     if [[ -z "$ppl" || -z "$desc" ]]; then
       echo "no perplexity or KV-cache log line from: $BIN perplexity ... $f (RUST_LOG must show info)" >&2
       exit 1
     fi
-    IFS='|' read -r name bpt ratio <<<"$desc"
+    IFS='|' read -r name bpt ratio way <<<"$desc"
+    [[ "$way" == "larger" ]] && ratio=$(awk -v r="$ratio" 'BEGIN{printf "%.2f", 1/r}')
     [[ "$name" == "bf16" ]] && base=$ppl
     delta=$(awk -v p="$ppl" -v b="$base" 'BEGIN{printf "%+.2f%%", (p/b-1)*100}')
     echo "| $name | $bpt | ${ratio}x | $ppl | $delta |"
