@@ -36,8 +36,9 @@ const F32_BLOCK_BYTES: usize = 16 * 1024;
 
 /// Lane `j` of the result is the (wrapping) sum of the 8 lanes of `v[j]`.
 ///
-/// A transpose-and-add by unpacks (14 one-cycle shuffles, 7 adds): on Zen 3 `vphaddd` issues
-/// once per 2 cycles, and six of them held the int16 W4A16 kernel's group ends (measured).
+/// A transpose-and-add by unpacks (14 one-cycle shuffles, 7 adds) rather than six `vphaddd`,
+/// which Zen 3 issues once per 2 cycles: the int16 W4A16 and the W4A8 kernels' group ends
+/// measured 1-5% faster there (docs/benchmarks/quantized-speed.md).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn reduce8(v: &[__m256i]) -> __m256i {
     // Pairs: lanes (a0+a2, b0+b2, a1+a3, b1+b3) per 128-bit half.
