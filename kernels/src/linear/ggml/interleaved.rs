@@ -859,7 +859,8 @@ pub(super) mod avx2 {
     #[target_feature(enable = "avx2")]
     #[inline]
     pub(in crate::linear::ggml) fn halves_codes(kind: Halves, rec: &[u8], s: usize) -> [[__m256i; 4]; 2] {
-        // The halves read some of the same bytes; LLVM merges those loads.
+        // Q6_K's halves read the same low-nibble bytes: two loads each from L1 unless LLVM
+        // merges them (not checked; the per-32 kernels that call this were not re-measured).
         [half_codes(kind, rec, s, 0), half_codes(kind, rec, s, 1)]
     }
 
