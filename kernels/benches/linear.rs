@@ -146,7 +146,7 @@ fn prefill(c: &mut Criterion) {
     let mut g = c.benchmark_group("prefill_2048x2048");
     g.sample_size(10).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
     g.throughput(Throughput::Elements((m * rows * cols) as u64));
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
         let w = random_interleaved(&mut r, ty, rows, cols);
         for k in both_blockings(LinearKernel::with_isa(ty, caps.best_isa(), LinearPolicy::DEFAULT)) {
             g.bench_with_input(BenchmarkId::new(k.id(), m), &m, |b, &m| b.iter(|| k.forward(Weight::Interleaved(&w), &x, m, &mut y, rows)));
