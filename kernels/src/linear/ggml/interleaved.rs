@@ -521,13 +521,27 @@ pub(super) mod avx2 {
     /// How far ahead (bytes) of a group's record stream the kernels prefetch it.
     pub(in crate::linear::ggml) const PREFETCH: usize = 4096;
 
-    /// Prefetches the bytes `distance` past each 64 bytes of `rec` (a record the kernel is
+    /// Prefetches the cache lines of the bytes `distance` past `rec` (a record the kernel is
     /// about to read; see [`ahead_distance`]). Only hints: nothing is read.
     #[target_feature(enable = "avx2")]
     #[inline]
     pub(in crate::linear::ggml) fn prefetch_ahead(rec: &[u8], distance: usize) {
-        for off in (0..rec.len()).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(rec.as_ptr().wrapping_add(off + distance).cast());
+        prefetch_part(rec, 0, 1, distance);
+    }
+
+    /// Part `part` of `parts` of [`prefetch_ahead`]: its cache lines split into `parts` runs,
+    /// so that a kernel reading a long record in `parts` steps prefetches a few lines per
+    /// step. All of a k-quant record's lines at once (18 to 27 per group, twice that on
+    /// AVX-512) held the two-thread Q6_K GEMV to about 77% of the read roofline on Zen 3
+    /// (docs/benchmarks/kquants.md).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(in crate::linear::ggml) fn prefetch_part(rec: &[u8], part: usize, parts: usize, distance: usize) {
+        let start = rec.as_ptr().wrapping_add(distance);
+        let skew = start as usize % 64;
+        let lines = (skew + rec.len()).div_ceil(64);
+        for l in part * lines / parts..(part + 1) * lines / parts {
+            _mm_prefetch::<_MM_HINT_T0>(start.wrapping_sub(skew).wrapping_add(64 * l).cast());
         }
     }
 
@@ -758,12 +772,12 @@ pub(super) mod avx2 {
             let mut acc = [_mm256_setzero_ps(); T];
             for sb in 0..nsb {
                 let rec = &recs[sb * rb..(sb + 1) * rb];
-                if ahead {
-                    prefetch_ahead(rec, PREFETCH);
-                }
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x8(rec.as_ptr()), f16x8(rec.as_ptr().add(16))) };
                 for s in 0..SUBS {
+                    if ahead {
+                        prefetch_part(rec, s, SUBS, PREFETCH);
+                    }
                     let dsc = _mm256_mul_ps(d, u8x8(rec, 32 + GROUP * s));
                     let dm = _mm256_mul_ps(dmin, u8x8(rec, 96 + GROUP * s));
                     let hb = if HIGH { load32(rec, kquant::Q5K_HIGH + 32 * s) } else { _mm256_setzero_si256() };
@@ -805,13 +819,13 @@ pub(super) mod avx2 {
             let mut acc = [_mm256_setzero_ps(); T];
             for sb in 0..nsb {
                 let rec = &recs[sb * rb..(sb + 1) * rb];
-                if ahead {
-                    prefetch_ahead(rec, PREFETCH);
-                }
                 // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
                 let d = unsafe { f16x8(rec.as_ptr()) };
                 let dmin = if kind.has_min() { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
                 for s in 0..SUBS {
+                    if ahead {
+                        prefetch_part(rec, s, SUBS, PREFETCH);
+                    }
                     let q = halves_codes(kind, rec, s);
                     let sm: [(__m256i, __m256i); 2] = std::array::from_fn(|h| scale_min_pairs(kind, rec, kind.scales_at() + GROUP * (2 * s + h)));
                     for t in 0..T {
@@ -915,7 +929,7 @@ pub(super) mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::avx2::{ahead_distance, prefetch_ahead, Records, SUBS};
+    use super::avx2::{ahead_distance, prefetch_part, Records, SUBS};
     use super::{kquant, Halves, GROUP};
     use crate::ggml::act_quant::Q8Block;
     use std::arch::x86_64::*;
@@ -927,14 +941,14 @@ mod avx512 {
     /// the epilogue does the same operations per lane, so the bits are the same.
     pub(super) struct Vnni;
 
-    /// [`prefetch_ahead`] for the two records `r0`, `r1` a call reads side by side, each at
+    /// [`prefetch_part`] for the two records `r0`, `r1` a call reads side by side, each at
     /// byte `at` of its group's `stream` bytes ([`ahead_distance`]).
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn prefetch_pair(r0: &[u8], r1: &[u8], at: usize, stream: usize) {
+    fn prefetch_pair(r0: &[u8], r1: &[u8], at: usize, stream: usize, part: usize, parts: usize) {
         let distance = ahead_distance(at, stream, 2);
-        prefetch_ahead(r0, distance);
-        prefetch_ahead(r1, distance);
+        prefetch_part(r0, part, parts, distance);
+        prefetch_part(r1, part, parts, distance);
     }
 
     /// Sixteen f16 values, eight at `p0` and eight at `p1`, as f32.
@@ -1060,7 +1074,7 @@ mod avx512 {
             for b in 0..nb {
                 let (r0, r1) = (&recs[b * rb..(b + 1) * rb], &recs[(nb + b) * rb..(nb + b + 1) * rb]);
                 if ahead {
-                    prefetch_pair(r0, r1, b * rb, nb * rb);
+                    prefetch_pair(r0, r1, b * rb, nb * rb, 0, 1);
                 }
                 // SAFETY: a record holds 16 bytes of scales (and 16 of mins) before its codes.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
@@ -1103,7 +1117,7 @@ mod avx512 {
             for b in 0..nb {
                 let (r0, r1) = (&recs[b * RB..(b + 1) * RB], &recs[(nb + b) * RB..(nb + b + 1) * RB]);
                 if ahead {
-                    prefetch_pair(r0, r1, b * RB, nb * RB);
+                    prefetch_pair(r0, r1, b * RB, nb * RB, 0, 1);
                 }
                 // SAFETY: a record starts with 16 bytes of scales.
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
@@ -1132,12 +1146,12 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); T];
             for sb in 0..nsb {
                 let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
-                if ahead {
-                    prefetch_pair(r0, r1, sb * rb, nsb * rb);
-                }
                 // SAFETY: a record starts with 16 bytes of scales and 16 of mins.
                 let (d, dmin) = unsafe { (f16x16(r0.as_ptr(), r1.as_ptr()), f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16))) };
                 for p in 0..SUBS / 2 {
+                    if ahead {
+                        prefetch_pair(r0, r1, sb * rb, nsb * rb, p, SUBS / 2);
+                    }
                     let c: [__m512i; 8] = std::array::from_fn(|i| join(r0, r1, kquant::Q4K_CODES + p * 256 + 32 * i));
                     let (sc, mn) = (bytes16x2::<false>(r0, r1, 32 + GROUP * 2 * p), bytes16x2::<false>(r0, r1, 96 + GROUP * 2 * p));
                     for (k, (sc, mn)) in sc.into_iter().zip(mn).enumerate() {
@@ -1186,13 +1200,13 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); T];
             for sb in 0..nsb {
                 let (r0, r1) = (&recs[sb * rb..(sb + 1) * rb], &recs[(nsb + sb) * rb..(nsb + sb + 1) * rb]);
-                if ahead {
-                    prefetch_pair(r0, r1, sb * rb, nsb * rb);
-                }
                 // SAFETY: a record starts with 16 bytes of scales (and, with mins, 16 of dmin).
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
                 let dmin = if kind.has_min() { unsafe { f16x16(r0.as_ptr().add(16), r1.as_ptr().add(16)) } } else { _mm512_setzero_ps() };
                 for s in 0..SUBS {
+                    if ahead {
+                        prefetch_pair(r0, r1, sb * rb, nsb * rb, s, SUBS);
+                    }
                     let q = halves_codes16(kind, r0, r1, s);
                     // The scale bytes of the block's two halves are adjacent.
                     let at = kind.scales_at() + GROUP * 2 * s;

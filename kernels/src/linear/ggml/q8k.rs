@@ -109,7 +109,7 @@ impl Interleaved {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::super::interleaved::avx2::{bcast4, f16x8, fifth_bit, half_codes, halves_codes, load32, prefetch_ahead, store, PREFETCH, SUBS};
+    use super::super::interleaved::avx2::{bcast4, f16x8, fifth_bit, half_codes, halves_codes, load32, prefetch_part, store, PREFETCH, SUBS};
     use super::super::kquant::{self, Halves};
     use super::{halves_kind, GROUP, TILE};
     use crate::ggml::act_quant::Q8KBlock;
@@ -216,12 +216,12 @@ mod avx2 {
         let mut acc = [_mm256_setzero_ps(); T];
         for sb in 0..nsb {
             let rec = &recs[sb * rb..(sb + 1) * rb];
-            if ahead {
-                prefetch_ahead(rec, PREFETCH);
-            }
             let mut isum = [_mm256_setzero_si256(); T];
             let mut raw = [_mm256_setzero_si256(); 8];
             for s in 0..SUBS {
+                if ahead {
+                    prefetch_part(rec, s, SUBS, PREFETCH);
+                }
                 let sc = dup_pairs::<false>(rec, 32 + GROUP * s);
                 let hb = if HIGH { load32(rec, kquant::Q5K_HIGH + 32 * s) } else { _mm256_setzero_si256() };
                 // A pair of sub-blocks shares its code bytes (low and high nibbles). One token
@@ -273,11 +273,11 @@ mod avx2 {
         let mut acc = [_mm256_setzero_ps(); T];
         for sb in 0..nsb {
             let rec = &recs[sb * rb..(sb + 1) * rb];
-            if ahead {
-                prefetch_ahead(rec, PREFETCH);
-            }
             let mut isum = [_mm256_setzero_si256(); T];
             for s in 0..SUBS {
+                if ahead {
+                    prefetch_part(rec, s, SUBS, PREFETCH);
+                }
                 // With several tokens, half by half: one half's codes, its scales and the
                 // tokens' sums fit AVX2's sixteen registers (both halves' codes spilled). One
                 // token unpacks both halves at once (measured faster at one token).
