@@ -738,25 +738,22 @@ pub(super) mod avx2 {
                 if ahead {
                     prefetch_ahead(rec, PREFETCH);
                 }
+                // One 4-byte chunk of the eight rows at a time against every token: holding all
+                // eight chunks' codes and magnitudes (sixteen registers) spilled the token sums.
+                // |w| * (a with w's sign): pairs <= 2 * 128 * 127, so every chunk widens to i32.
+                let mut isum = [_mm256_setzero_si256(); T];
+                for i in 0..8 {
+                    let w = load32(rec, 16 + 32 * i);
+                    let wabs = _mm256_sign_epi8(w, w);
+                    for (t, isum) in isum.iter_mut().enumerate() {
+                        let p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast(&a[t * nb + b], i), w));
+                        *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(p, ones));
+                    }
+                }
                 // SAFETY: a record starts with 16 bytes of scales.
                 let d = unsafe { f16x8(rec.as_ptr()) };
-                let mut w = [_mm256_setzero_si256(); 8];
-                let mut wabs = [_mm256_setzero_si256(); 8];
-                for i in 0..8 {
-                    let c: &[u8; 32] = rec[16 + 32 * i..16 + 32 * i + 32].try_into().expect("32 bytes");
-                    // SAFETY: `c` is 32 readable bytes.
-                    w[i] = unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) };
-                    wabs[i] = _mm256_sign_epi8(w[i], w[i]);
-                }
-                for t in 0..T {
-                    let ab = &a[t * nb + b];
-                    // |w| * (a with w's sign): pairs <= 2 * 127 * 127, so widen every chunk to i32.
-                    let mut isum = _mm256_setzero_si256();
-                    for i in 0..8 {
-                        let p = _mm256_maddubs_epi16(wabs[i], _mm256_sign_epi8(bcast(ab, i), w[i]));
-                        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
-                    }
-                    acc[t] = accumulate::<false>(acc[t], isum, d, d, ab);
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    *acc = accumulate::<false>(*acc, isum[t], d, d, &a[t * nb + b]);
                 }
             }
             store::<T>(&acc, dst, width);
