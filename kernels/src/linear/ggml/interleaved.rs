@@ -532,8 +532,8 @@ pub(super) mod avx2 {
     /// Part `part` of `parts` of [`prefetch_ahead`]: its cache lines split into `parts` runs,
     /// so that a kernel reading a long record in `parts` steps prefetches a few lines per
     /// step. All of a k-quant record's lines at once (18 to 27 per group, twice that on
-    /// AVX-512) held the two-thread Q6_K GEMV to about 77% of the read roofline on Zen 3
-    /// (docs/benchmarks/kquants.md).
+    /// AVX-512) held the two-thread Q6_K GEMV to 63-81% of the read roofline on Zen 3, where
+    /// spread it streams at 88-98% (docs/benchmarks/kquants.md).
     #[target_feature(enable = "avx2")]
     #[inline]
     pub(in crate::linear::ggml) fn prefetch_part(rec: &[u8], part: usize, parts: usize, distance: usize) {
