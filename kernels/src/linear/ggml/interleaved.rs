@@ -403,6 +403,15 @@ pub(super) fn for_each_tile(w: &Interleaved, g0: usize, g1: usize, tokens: usize
     }
 }
 
+/// The 64-byte cache lines, counted from the one holding its first byte, of a `len`-byte
+/// record that starts `skew` bytes into a line: those of part `part` of `parts` near-equal
+/// runs, which in order cover every line of the record once (`avx2::prefetch_part`).
+#[cfg(any(target_arch = "x86_64", test))]
+fn part_lines(skew: usize, len: usize, part: usize, parts: usize) -> std::ops::Range<usize> {
+    let lines = (skew + len).div_ceil(64);
+    part * lines / parts..(part + 1) * lines / parts
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     use super::{kquant, Halves, Interleaved, GROUP};
@@ -539,8 +548,7 @@ pub(super) mod avx2 {
     pub(in crate::linear::ggml) fn prefetch_part(rec: &[u8], part: usize, parts: usize, distance: usize) {
         let start = rec.as_ptr().wrapping_add(distance);
         let skew = start as usize % 64;
-        let lines = (skew + rec.len()).div_ceil(64);
-        for l in part * lines / parts..(part + 1) * lines / parts {
+        for l in super::part_lines(skew, rec.len(), part, parts) {
             _mm_prefetch::<_MM_HINT_T0>(start.wrapping_sub(skew).wrapping_add(64 * l).cast());
         }
     }
@@ -1295,5 +1303,29 @@ mod avx512 {
             }
         }
         q
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::part_lines;
+    use rand::{Rng, SeedableRng};
+
+    /// A record's prefetch runs follow each other without gap or overlap and end at the line
+    /// of its last byte: a line left out is one the weight stream then waits for.
+    #[test]
+    fn prefetch_parts_cover_each_line_once() {
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(28);
+        for _ in 0..5000 {
+            let (skew, len, parts) = (r.gen_range(0..64), r.gen_range(1..4000), r.gen_range(1..=16));
+            let mut next = 0;
+            for p in 0..parts {
+                let run = part_lines(skew, len, p, parts);
+                assert_eq!(run.start, next, "skew {skew} len {len} part {p} of {parts}");
+                assert!(run.len() <= ((skew + len - 1) / 64 + 1).div_ceil(parts), "near-equal runs");
+                next = run.end;
+            }
+            assert_eq!(next, (skew + len - 1) / 64 + 1, "skew {skew} len {len}: the last byte's line");
+        }
     }
 }
