@@ -293,7 +293,7 @@ mod avx2 {
             let rec = &recs[sb * rb..(sb + 1) * rb];
             let mut isum = [_mm256_setzero_si256(); T];
             for s in 0..SUBS {
-                    if ahead {
+                if ahead {
                     prefetch_part(rec, s, SUBS, PREFETCH);
                 }
                 // With several tokens, half by half: one half's codes, its scales and the
