@@ -296,9 +296,10 @@ mod avx2 {
                 if ahead {
                     prefetch_part(rec, s, SUBS, PREFETCH);
                 }
-                // With several tokens, half by half: one half's codes, its scales and the
-                // tokens' sums fit AVX2's sixteen registers (both halves' codes spilled). One
-                // token unpacks both halves at once (measured faster at one token).
+                // With several tokens, half by half: one half's codes, its scales and up to
+                // six tokens' sub-block sums fit AVX2's sixteen registers (both halves' codes
+                // spilled; the super-block sums may spill, read once per sub-block). One token
+                // unpacks both halves at once (measured faster at one token).
                 let both = (T == 1).then(|| halves_codes(kind, rec, s));
                 let mut block = [_mm256_setzero_si256(); T];
                 for h in 0..2 {
