@@ -364,6 +364,21 @@ impl Interleaved {
     }
 }
 
+/// The `T` token rows of `nb` activation blocks each in `a` (token-major). The AVX-512
+/// Q4_0/Q4_1/Q5, Q8_0 and Q4_K/Q5_K kernels and the per-256 AVX2 ones read a token's block
+/// through its row (one base per token, kept out of their block loops) rather than as
+/// `a[t * nb + b]`, whose multiply and bounds check per token and block cost the AVX-512 Q4_K
+/// kernel 10-13% (Q8_0 5%, Q4_1 4%; docs/benchmarks/kquants.md). The others keep the index:
+/// there the rows measured no faster (AVX2 per-32) or slower (AVX-512 Q6_K, 11%).
+#[inline(always)]
+pub(super) fn token_rows<const T: usize, B>(a: &[B], nb: usize) -> [&[B]; T] {
+    let mut rows = [&a[..0]; T];
+    for (t, r) in rows.iter_mut().enumerate() {
+        *r = &a[t * nb..(t + 1) * nb];
+    }
+    rows
+}
+
 /// One call of a record kernel: `groups` adjacent groups' records against `n` tokens from
 /// token `t0`, writing output columns `col..col + groups * GROUP`.
 pub(super) struct Tile<'a> {
@@ -1073,6 +1088,7 @@ mod avx512 {
             let codes = if MIN { 32 } else { 16 };
             let rb = codes + 128 + if HIGH { 32 } else { 0 };
             let nb = recs.len() / (2 * rb);
+            let rows = super::token_rows::<T, _>(a, nb);
             let off = if HIGH { 16 } else { 8 };
             let mask = _mm512_set1_epi8(0x0F);
             let mut acc = [_mm512_setzero_ps(); T];
@@ -1095,7 +1111,7 @@ mod avx512 {
                     if HIGH { _mm512_or_si512(n, fifth_bit16(hb, 4 + i)) } else { n }
                 });
                 for t in 0..T {
-                    let ab = &a[t * nb + b];
+                    let ab = &rows[t][b];
                     let mut s = _mm512_setzero_si512();
                     for i in 0..4 {
                         s = _mm512_dpbusd_epi32(s, lo[i], bcast16(ab, i));
@@ -1117,6 +1133,7 @@ mod avx512 {
         unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
             const RB: usize = 16 + 32 * GROUP;
             let nb = recs.len() / (2 * RB);
+            let rows = super::token_rows::<T, _>(a, nb);
             let bias = _mm512_set1_epi8(-128);
             let mut acc = [_mm512_setzero_ps(); T];
             for b in 0..nb {
@@ -1128,7 +1145,7 @@ mod avx512 {
                 let d = unsafe { f16x16(r0.as_ptr(), r1.as_ptr()) };
                 let w: [__m512i; 8] = std::array::from_fn(|i| _mm512_xor_si512(join(r0, r1, 16 + 32 * i), bias));
                 for t in 0..T {
-                    let ab = &a[t * nb + b];
+                    let ab = &rows[t][b];
                     let mut s = _mm512_setzero_si512();
                     for (i, wi) in w.iter().enumerate() {
                         s = _mm512_dpbusd_epi32(s, *wi, bcast16(ab, i));
@@ -1147,6 +1164,7 @@ mod avx512 {
             let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
             let nsb = recs.len() / (2 * rb);
             let nb = nsb * SUBS;
+            let rows = super::token_rows::<T, _>(a, nb);
             let mask = _mm512_set1_epi8(0x0F);
             let mut acc = [_mm512_setzero_ps(); T];
             for sb in 0..nsb {
@@ -1173,7 +1191,7 @@ mod avx512 {
                             }
                         });
                         for t in 0..T {
-                            let ab = &a[t * nb + sb * SUBS + s];
+                            let ab = &rows[t][sb * SUBS + s];
                             let mut isum = _mm512_setzero_si512();
                             for (i, qi) in q.iter().enumerate() {
                                 isum = _mm512_dpbusd_epi32(isum, *qi, bcast16(ab, i));

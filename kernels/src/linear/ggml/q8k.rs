@@ -220,6 +220,7 @@ mod avx2 {
     unsafe fn k4<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8KBlock], dst: &mut [f32], width: usize, ahead: bool) {
         let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
         let nsb = recs.len() / rb;
+        let rows = super::super::interleaved::token_rows::<T, _>(a, nsb);
         let mask = _mm256_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); T];
         for sb in 0..nsb {
@@ -250,7 +251,7 @@ mod avx2 {
                         if HIGH { _mm256_or_si256(n, fifth_bit(hb, i)) } else { n }
                     });
                     for (t, isum) in isum.iter_mut().enumerate() {
-                        let ab = &a[t * nsb + sb];
+                        let ab = &rows[t][sb];
                         // Products of at most 15 * 127 (31 * 127 with the fifth bit) per i16 lane:
                         // 16 of them fit (8 with the fifth bit, so then two halves are widened).
                         let half = |r: std::ops::Range<usize>| r.fold(_mm256_setzero_si256(), |p, i| _mm256_add_epi16(p, _mm256_maddubs_epi16(q[i], bcast4(&ab.qs, 8 * s + i))));
@@ -271,7 +272,7 @@ mod avx2 {
             let (d, dmin) = unsafe { (f16x8(rec.as_ptr()), f16x8(rec.as_ptr().add(16))) };
             let mins = [0, 1, 2, 3].map(|p| adjacent::<false>(rec, 96 + GROUP * 2 * p));
             for (t, acc) in acc.iter_mut().enumerate() {
-                let ab = &a[t * nsb + sb];
+                let ab = &rows[t][sb];
                 let msum = (0..4).fold(_mm256_setzero_si256(), |m, p| _mm256_add_epi32(m, _mm256_madd_epi16(mins[p], bcast_pair(&ab.sums32, 2 * p))));
                 *acc = finish::<true>(*acc, isum[t], msum, d, dmin, ab);
             }
@@ -288,6 +289,7 @@ mod avx2 {
         let kind = Halves::of(KIND);
         let rb = kind.record();
         let nsb = recs.len() / rb;
+        let rows = super::super::interleaved::token_rows::<T, _>(a, nsb);
         let mut acc = [_mm256_setzero_ps(); T];
         for sb in 0..nsb {
             let rec = &recs[sb * rb..(sb + 1) * rb];
@@ -309,7 +311,7 @@ mod avx2 {
                     };
                     let sc = scale_pairs(kind, rec, 2 * s + h);
                     for (t, block) in block.iter_mut().enumerate() {
-                        let ab = &a[t * nsb + sb];
+                        let ab = &rows[t][sb];
                         // Two chunks per i16 sum: 4 products of at most 63 * 127.
                         let i = 8 * s + 4 * h;
                         let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(qh[0], bcast4(&ab.qs, i)), _mm256_maddubs_epi16(qh[1], bcast4(&ab.qs, i + 1)));
@@ -318,7 +320,7 @@ mod avx2 {
                     }
                 }
                 for (t, isum) in isum.iter_mut().enumerate() {
-                    *isum = _mm256_add_epi32(*isum, _mm256_sllv_epi32(block[t], _mm256_set1_epi32(a[t * nsb + sb].shift[s])));
+                    *isum = _mm256_add_epi32(*isum, _mm256_sllv_epi32(block[t], _mm256_set1_epi32(rows[t][sb].shift[s])));
                 }
             }
             // The offset (Σ_k sc_k · a.sums[k]) and min (Σ_k m_k · a.sums[k]) terms: per row,
@@ -331,7 +333,7 @@ mod avx2 {
             let d = unsafe { f16x8(rec.as_ptr()) };
             let dmin = if kind.has_min() { unsafe { f16x8(rec.as_ptr().add(16)) } } else { _mm256_setzero_ps() };
             for (t, acc) in acc.iter_mut().enumerate() {
-                let ab = &a[t * nsb + sb];
+                let ab = &rows[t][sb];
                 let (mut offs, mut mins) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 for (s, &(sc, m)) in pairs.iter().enumerate() {
                     let sums = bcast_pair(&ab.sums, 2 * s);
