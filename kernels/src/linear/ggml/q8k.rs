@@ -31,8 +31,9 @@
 //! addition is exact modulo 2^32, so the result is the same. The scalar level
 //! ([`super::kquant::dot_k4_q8k`], [`super::kquant::dot_halves_q8k`]) and these kernels
 //! perform exactly these operations, so they agree bit for bit. AVX-512 hosts keep the per-32
-//! kernels (there a per-256 epilogue measured no faster, docs/benchmarks/kquants.md) unless
-//! asked for these ([`super::LinearKernel::with_blocks`]).
+//! kernels (there a per-256 epilogue measured no faster, and a 512-bit VNNI kernel against
+//! these activations, the sub-block scales by `vpmulld`, 15-20% slower on a Zen 5;
+//! docs/benchmarks/kquants.md) unless asked for these ([`super::LinearKernel::with_blocks`]).
 
 use super::interleaved::{for_each_tile, Interleaved, GROUP};
 use super::kquant::{self, Halves};
