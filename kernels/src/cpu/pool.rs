@@ -345,6 +345,18 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
     }
 }
 
+/// Runs `f(i, piece)` for the `i`-th `len`-long piece of `data` (the last may be shorter), the
+/// pieces in parallel as in [`for_each`]: row-wise work over one output buffer without raw
+/// pointers.
+///
+/// # Panics
+/// If `len` is zero.
+pub fn for_each_chunk<T: Send>(data: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    // One uncontended lock per piece: each task takes only its own.
+    let pieces: Vec<Mutex<&mut [T]>> = data.chunks_mut(len).map(Mutex::new).collect();
+    for_each(pieces.len(), |i| f(i, &mut pieces[i].lock().unwrap_or_else(|e| e.into_inner())));
+}
+
 /// [`for_each`] collecting `f(i)` in index order.
 pub fn map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     let slots: Vec<Mutex<Option<T>>> = (0..n).map(|_| Mutex::new(None)).collect();
@@ -364,6 +376,21 @@ mod tests {
                 hits[i].fetch_add(1, SeqCst);
             });
             assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn chunks_are_disjoint_and_cover_the_buffer() {
+        for (n, len) in [(0, 3), (1, 1), (10, 3), (64, 16), (100, 7)] {
+            let mut data = vec![usize::MAX; n];
+            for_each_chunk(&mut data, len, |i, piece| {
+                assert!(piece.len() == len || (i + 1) * len >= n, "only the last piece is short");
+                for (j, x) in piece.iter_mut().enumerate() {
+                    assert_eq!(*x, usize::MAX, "element written twice");
+                    *x = i * len + j;
+                }
+            });
+            assert_eq!(data, (0..n).collect::<Vec<_>>(), "n = {n}, len = {len}");
         }
     }
 

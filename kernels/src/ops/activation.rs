@@ -1,6 +1,6 @@
 //! Activation functions.
 
-use crate::cpu::{pool, SyncPtr};
+use crate::cpu::pool;
 
 /// SwiGLU over rows of `[gate | up]` (each `2 * n` wide): `out[i] = silu(gate[i]) * up[i]`.
 ///
@@ -11,14 +11,10 @@ use crate::cpu::{pool, SyncPtr};
 pub fn silu_mul(gate_up: &[f32], n: usize, out: &mut [f32]) {
     assert_eq!(gate_up.len(), 2 * out.len());
     assert!(n > 0 && out.len().is_multiple_of(n), "rows of {n}");
-    let rows = out.len() / n;
     #[cfg(target_arch = "x86_64")]
     let simd = crate::cpu::Isa::Avx2.available();
-    let dst = SyncPtr::new(out.as_mut_ptr());
-    pool::for_each(rows, |r| {
+    pool::for_each_chunk(out, n, |r, o| {
         let (g, u) = gate_up[2 * r * n..2 * (r + 1) * n].split_at(n);
-        // SAFETY: row r of `out` is in bounds (rows * n = out.len()) and written by task r only.
-        let o = unsafe { std::slice::from_raw_parts_mut(dst.get().add(r * n), n) };
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: AVX2 and FMA present (checked).

@@ -525,6 +525,32 @@ fn small_batch_path_matches_reference_for_every_type() {
     }
 }
 
+/// The integer small-batch path over more tokens than one activation-quantization task
+/// takes (16: the rows are quantized in parallel pieces) gives each token the bits it gets
+/// alone, at every ISA and for both activation blockings of the k-quants.
+#[test]
+fn small_integer_path_is_batch_invariant_across_quantization_tasks() {
+    let mut r = rng(13);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K] {
+        let k = if ty.block_size() == 256 { 512 } else { 160 };
+        let (rows, m) = (40, 37);
+        let w = random_weights(&mut r, ty, rows, k);
+        let x = randn(&mut r, m * k);
+        let packed = Interleaved::pack(&WeightView::new(ty, rows, k, &w).unwrap()).unwrap();
+        for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
+            let kern = LinearKernel::with_isa(ty, isa, LinearPolicy::ALWAYS_DOT);
+            let mut y = vec![0f32; m * rows];
+            kern.forward(Weight::Interleaved(&packed), &x, m, &mut y, rows);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            for i in 0..m {
+                let mut one = vec![0f32; rows];
+                kern.forward(Weight::Interleaved(&packed), &x[i * k..(i + 1) * k], 1, &mut one, rows);
+                assert_eq!(bits(&y[i * rows..(i + 1) * rows]), bits(&one), "{ty} {isa:?}: token {i} of {m}");
+            }
+        }
+    }
+}
+
 /// The AVX2 small-batch path of float rows (F32, F16, BF16: converted in registers, four rows
 /// a pass) gives the bits of dequantizing each row and `dot_f32` with each token, for row
 /// counts that leave a partial pass, widths with 8-column steps and a scalar tail, and any

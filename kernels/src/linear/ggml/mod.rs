@@ -333,6 +333,26 @@ fn forward_class(parts: &[(&LinearKernel, Weight<'_>, usize)], switch: usize, x:
     }
 }
 
+/// Token rows per parallel task of [`quantize_rows`]: a decode step's few rows stay on the
+/// calling thread.
+const QUANT_ROWS: usize = 16;
+
+/// Quantizes the given rows of `x` (`k` wide) into `out`, one run of blocks per row in order,
+/// the rows spread over the pool (a prefill's quantization was serial work, 2% of a serving
+/// run on two cores, the other thread waiting). Each row's blocks are the same wherever it
+/// runs.
+fn quantize_rows<B: Send>(x: &[f32], k: usize, rows: &[usize], out: &mut [B], quantize: impl Fn(&[f32], &mut [B]) + Sync) {
+    let per_row = out.len() / rows.len().max(1);
+    if per_row == 0 {
+        return;
+    }
+    pool::for_each_chunk(out, QUANT_ROWS * per_row, |c, blocks| {
+        for (&i, ab) in rows[c * QUANT_ROWS..].iter().zip(blocks.chunks_exact_mut(per_row)) {
+            quantize(&x[i * k..(i + 1) * k], ab);
+        }
+    });
+}
+
 /// The small-batch path over the given rows of `x`: one activation quantization, one
 /// parallel region over every weight row of every part.
 fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usize], y: &mut [f32], ldy: usize) {
@@ -343,17 +363,12 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
     let mut acts = Vec::new();
     if uses(ActBlocks::Of32) {
         acts = vec![Q8Block::default(); rows.len() * nb];
-        for (&i, ab) in rows.iter().zip(acts.chunks_exact_mut(nb)) {
-            quantize_q8(&x[i * k..(i + 1) * k], ab);
-        }
+        quantize_rows(x, k, rows, &mut acts, quantize_q8);
     }
     let mut acts_k = Vec::new();
     if uses(ActBlocks::Of256) {
-        let nsb = k / Q8K_BLOCK;
-        acts_k = vec![Q8KBlock::default(); rows.len() * nsb];
-        for (&i, ab) in rows.iter().zip(acts_k.chunks_exact_mut(nsb)) {
-            quantize_q8k(&x[i * k..(i + 1) * k], ab);
-        }
+        acts_k = vec![Q8KBlock::default(); rows.len() * (k / Q8K_BLOCK)];
+        quantize_rows(x, k, rows, &mut acts_k, quantize_q8k);
     }
     // Tasks are (part, weight-row range) pairs over all parts, sized to balance the pool and
     // aligned to whole interleaved groups.
