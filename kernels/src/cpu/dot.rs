@@ -1,7 +1,7 @@
 //! f32 row kernels: dot product and axpy, and their many-row forms for attention (every
 //! query against every key, weighted sums of value rows), each with a scalar reference and
-//! an AVX2 version (tests compare them on random data); the weighted sums also have an
-//! AVX-512 form, the AVX2 one's bits. The integer kernels of quantized weights live in
+//! an AVX2 version (tests compare them on random data); the scores and the weighted sums
+//! also have an AVX-512 form, the AVX2 one's bits. The integer kernels of quantized weights live in
 //! [`crate::linear::ggml::interleaved`].
 
 use super::caps::Isa;
@@ -46,8 +46,10 @@ pub fn axpy_f32(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
 /// (`n = k.len() / d`): attention scores of a few queries against a run of keys.
 ///
 /// With AVX2 and `d` a multiple of 8, eight keys are scored at a time against one query
-/// load and their eight sums reduced together, instead of one reduction per key. Each
-/// score's bits depend only on its query and key, not on where the key sits in `k` (tile and
+/// load and their eight sums reduced together, instead of one reduction per key. With
+/// AVX-512 two queries share each key load and each 512-bit FMA does two keys' 256-bit ones
+/// (same lanes, same order, so the AVX2 form's bits). Each score's bits depend only on its
+/// query and key, not on where the key sits in `k` or which queries share the call (tile and
 /// block boundaries must not change attention).
 pub fn dots_f32(isa: Isa, q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
     assert!(d > 0 && q.len().is_multiple_of(d) && k.len().is_multiple_of(d), "rows of {d}");
@@ -56,8 +58,13 @@ pub fn dots_f32(isa: Isa, q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && d.is_multiple_of(8) {
         assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA");
-        // SAFETY: AVX2+FMA present (checked); shapes checked above.
-        unsafe { avx2::dots(q, k, d, out) };
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F (and AVX2+FMA) present (checked); shapes checked above.
+            unsafe { avx512::dots(q, k, d, out) };
+        } else {
+            // SAFETY: AVX2+FMA present (checked); shapes checked above.
+            unsafe { avx2::dots(q, k, d, out) };
+        }
         return;
     }
     for (qi, o) in q.chunks_exact(d).zip(out.chunks_exact_mut(n.max(1))) {
@@ -103,7 +110,98 @@ pub fn weighted_sum_f32(isa: Isa, w: &[f32], v: &[f32], d: usize, acc: &mut [f32
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::avx2::hsum8;
     use std::arch::x86_64::*;
+
+    /// The scores of `Q` query rows from `qi` (at `pq`) against keys `j0..j0 + kn` (rows of `d`
+    /// at `pk`), one vector of eight per query, with the bits of the AVX2 form's `key_block`:
+    /// register `p` holds keys `2p` and `2p + 1` in its 256-bit halves, each half accumulating
+    /// exactly as that form's register for the key, and the same reduction. Keys past `kn`
+    /// keep zero sums; `FULL` fixes `kn` at 8.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2 and FMA present; queries `qi..qi + Q` and keys `j0..j0 + kn` have `d`
+    /// floats each, `d` a multiple of 8.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn key_block<const Q: usize, const FULL: bool>(pq: *const f32, pk: *const f32, qi: usize, j0: usize, kn: usize, d: usize) -> [__m256; Q] {
+        let kn = if FULL { 8 } else { kn };
+        let pairs = kn.div_ceil(2);
+        let mut acc = [[_mm512_setzero_ps(); 4]; Q];
+        for c in (0..d).step_by(8) {
+            // SAFETY: caller's contract (query rows and keys below kn have d floats).
+            unsafe {
+                // Each query's eight floats in both halves.
+                let qv: [__m512; Q] = std::array::from_fn(|u| {
+                    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(pq.add((qi + u) * d + c)))))
+                });
+                for p in 0..pairs {
+                    let lo = _mm256_loadu_ps(pk.add((j0 + 2 * p) * d + c));
+                    let hi = if FULL || 2 * p + 1 < kn { _mm256_loadu_ps(pk.add((j0 + 2 * p + 1) * d + c)) } else { _mm256_setzero_ps() };
+                    let kv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi)));
+                    for (a, q) in acc.iter_mut().zip(&qv) {
+                        a[p] = _mm512_fmadd_ps(*q, kv, a[p]);
+                    }
+                }
+            }
+        }
+        acc.map(|a| {
+            let halves: [__m256; 8] = std::array::from_fn(|j| {
+                let v = _mm512_castps_pd(a[j / 2]);
+                _mm256_castpd_ps(if j % 2 == 0 { _mm512_castpd512_pd256(v) } else { _mm512_extractf64x4_pd::<1>(v) })
+            });
+            hsum8(&halves)
+        })
+    }
+
+    /// The scores of `Q` queries from `qi` against every key, into their rows of `out`.
+    ///
+    /// # Safety
+    /// As [`key_block`]; `out` has `n` floats per query row, `n = k.len() / d`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn query_rows<const Q: usize>(q: &[f32], k: &[f32], d: usize, qi: usize, out: &mut [f32]) {
+        let n = k.len() / d;
+        let (pq, pk) = (q.as_ptr(), k.as_ptr());
+        let whole = n / 8 * 8;
+        for j0 in (0..whole).step_by(8) {
+            // SAFETY: queries qi..qi + Q and keys j0..j0 + 8 exist (caller's contract).
+            let s = unsafe { key_block::<Q, true>(pq, pk, qi, j0, 8, d) };
+            for (u, s) in s.iter().enumerate() {
+                // SAFETY: row qi + u of `out` has columns j0..j0 + 8 (j0 + 8 <= n).
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add((qi + u) * n + j0), *s) };
+            }
+        }
+        if whole < n {
+            // SAFETY: queries qi..qi + Q and keys whole..n exist (caller's contract).
+            let s = unsafe { key_block::<Q, false>(pq, pk, qi, whole, n - whole, d) };
+            for (u, s) in s.iter().enumerate() {
+                let mut sums = [0f32; 8];
+                // SAFETY: `sums` is 8 floats.
+                unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), *s) };
+                out[(qi + u) * n + whole..(qi + u + 1) * n].copy_from_slice(&sums[..n - whole]);
+            }
+        }
+    }
+
+    /// See [`super::dots_f32`]; `d` is a multiple of 8. Queries two at a time, a last odd one
+    /// alone (the same bits either way).
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2 and FMA present; shapes as [`super::dots_f32`] checks.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn dots(q: &[f32], k: &[f32], d: usize, out: &mut [f32]) {
+        let rows = q.len() / d;
+        let mut qi = 0;
+        // SAFETY (both calls): the queries exist and `out` has their rows (checked shapes).
+        while qi + 2 <= rows {
+            unsafe { query_rows::<2>(q, k, d, qi, out) };
+            qi += 2;
+        }
+        if qi < rows {
+            unsafe { query_rows::<1>(q, k, d, qi, out) };
+        }
+    }
 
     /// Columns one pass keeps in registers per row (four vectors).
     pub const COLUMNS: usize = 64;
@@ -182,7 +280,7 @@ mod avx2 {
     /// The sums of eight vectors' lanes, in order, in one vector.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn hsum8(a: &[__m256; 8]) -> __m256 {
+    pub(super) fn hsum8(a: &[__m256; 8]) -> __m256 {
         let t = [_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]), _mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7])];
         let (u0, u1) = (_mm256_hadd_ps(t[0], t[1]), _mm256_hadd_ps(t[2], t[3]));
         _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(u0, u1), _mm256_permute2f128_ps::<0x31>(u0, u1))
@@ -341,6 +439,29 @@ mod avx2 {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use rand::{Rng, SeedableRng};
+
+    /// The AVX-512 scores against the AVX2 ones, bit for bit: odd and even query counts (the
+    /// last query alone), key counts with and without a partial block of eight (odd ones leave
+    /// half a key pair empty), head widths of 8, 64 and 72 floats.
+    #[test]
+    fn dots_forms_agree_bit_for_bit() {
+        if !(super::Isa::Avx2.available() && std::arch::is_x86_feature_detected!("avx512f")) {
+            return;
+        }
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(10);
+        for (rows, n, d) in [(1, 8, 64), (2, 13, 64), (5, 21, 72), (4, 3, 8), (7, 64, 64), (3, 0, 64), (6, 17, 128)] {
+            let q: Vec<f32> = (0..rows * d).map(|_| r.gen_range(-2.0f32..2.0)).collect();
+            let k: Vec<f32> = (0..n * d).map(|_| r.gen_range(-2.0f32..2.0)).collect();
+            let (mut s2, mut s512) = (vec![f32::NAN; rows * n], vec![f32::NAN; rows * n]);
+            // SAFETY: AVX2+FMA and AVX-512F present (checked above); shapes consistent.
+            unsafe {
+                super::avx2::dots(&q, &k, d, &mut s2);
+                super::avx512::dots(&q, &k, d, &mut s512);
+            }
+            assert!(s2.iter().all(|x| x.is_finite()), "{rows}x{n}x{d}: a score left unwritten");
+            assert_eq!(s2.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), s512.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{rows}x{n}x{d}");
+        }
+    }
 
     /// The AVX-512 weighted sum against the AVX2 one, bit for bit: row counts that fill the
     /// four-row blocks and leave a tail, 64 and 128 columns, a third of the weights zero and
