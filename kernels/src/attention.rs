@@ -371,6 +371,12 @@ fn range_task(shape: AttnShape, (m, pos0, kv): (usize, usize, &KvView<'_>), g: u
     let scale = 1.0 / (hd as f32).sqrt();
     let rows = m * group;
     let (prepared, scaled) = (&q.codec, &q.scaled);
+    let pw = kv.k.query_width();
+    // The rows before `seen(first)` belong to queries before a piece's first key: they see
+    // none of it, so they are not scored (left at -inf), exponentiated or accumulated, and
+    // a prefill's query block skips the pieces past its diagonal. The other rows' arithmetic
+    // is the same either way.
+    let seen = |first: usize| first.saturating_sub(pos0).min(m) * group;
     // Scores piece by piece (each block rows x n, pieces one after another), masked -inf.
     let len: usize = pieces.iter().map(|p| p.2).sum();
     let mut scores = vec![0f32; rows * len];
@@ -378,9 +384,13 @@ fn range_task(shape: AttnShape, (m, pos0, kv): (usize, usize, &KvView<'_>), g: u
     for &(ti, off, n) in pieces {
         let tile = &kv.tiles[ti];
         let block = &mut scores[base * rows..(base + n) * rows];
-        kv.k.scores(g, kv.key_page(tile, g), off..off + n, prepared, block);
         let first = tile.start + off;
-        for (row, r) in block.chunks_exact_mut(n).enumerate() {
+        let r0 = seen(first);
+        block[..r0 * n].fill(f32::NEG_INFINITY);
+        if r0 < rows {
+            kv.k.scores(g, kv.key_page(tile, g), off..off + n, &prepared[r0 * pw..], &mut block[r0 * n..]);
+        }
+        for (row, r) in block.chunks_exact_mut(n).enumerate().skip(r0) {
             let i = row / group;
             let visible = (pos0 + i + 1).saturating_sub(first).min(n);
             r.iter_mut().for_each(|x| *x *= scale);
@@ -408,7 +418,8 @@ fn range_task(shape: AttnShape, (m, pos0, kv): (usize, usize, &KvView<'_>), g: u
     for &(ti, off, n) in pieces {
         let block = &mut scores[base * rows..(base + n) * rows];
         let first = kv.tiles[ti].start + off;
-        for (row, r) in block.chunks_exact_mut(n).enumerate() {
+        let r0 = seen(first);
+        for (row, r) in block.chunks_exact_mut(n).enumerate().skip(r0) {
             let mx = p.max[row];
             if mx == f32::NEG_INFINITY {
                 r.fill(0.0);
@@ -417,7 +428,9 @@ fn range_task(shape: AttnShape, (m, pos0, kv): (usize, usize, &KvView<'_>), g: u
             exp_shifted(r, mx);
             add_by_position(&mut lanes[row], first, r);
         }
-        kv.v.accumulate(g, kv.value_page(&kv.tiles[ti], g), off..off + n, block, &mut p.acc);
+        if r0 < rows {
+            kv.v.accumulate(g, kv.value_page(&kv.tiles[ti], g), off..off + n, &block[r0 * n..], &mut p.acc[r0 * hd..]);
+        }
         base += n;
     }
     for (s, l) in p.sum.iter_mut().zip(&lanes) {
