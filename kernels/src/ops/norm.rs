@@ -30,7 +30,9 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     /// Many rows at once (several parallel tasks, the last one short) give each row the bits
-    /// it gets alone, and every row is within 1e-5 relative of an f64 evaluation.
+    /// it gets alone, and every row is within 1e-5 relative of an f64 evaluation (the f32 sum
+    /// of 96 positive squares errs by at most 96 · 2^-24 ≈ 6e-6 relative, halved by the square
+    /// root, and the two products add 1.2e-7 each).
     #[test]
     fn rows_in_parallel_match_each_row_alone_and_f64() {
         let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(3);

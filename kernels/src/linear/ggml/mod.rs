@@ -337,20 +337,20 @@ fn forward_class(parts: &[(&LinearKernel, Weight<'_>, usize)], switch: usize, x:
 /// calling thread.
 const QUANT_ROWS: usize = 16;
 
-/// Quantizes the given rows of `x` (`k` wide) into `out`, one run of blocks per row in order,
-/// the rows spread over the pool (a prefill's quantization was serial work, 2% of a serving
-/// run on two cores, the other thread waiting). Each row's blocks are the same wherever it
-/// runs.
-fn quantize_rows<B: Send>(x: &[f32], k: usize, rows: &[usize], out: &mut [B], quantize: impl Fn(&[f32], &mut [B]) + Sync) {
-    let per_row = out.len() / rows.len().max(1);
-    if per_row == 0 {
-        return;
+/// The given rows of `x` (`k` wide) quantized by `quantize` into `per_row` blocks each, one
+/// run per row in order, the rows spread over the pool (a prefill's quantization was serial
+/// work, 2% of a serving run on two cores, the other thread waiting). Each row's blocks are
+/// the same wherever it runs.
+fn quantize_rows<B: Default + Clone + Send>(x: &[f32], k: usize, rows: &[usize], per_row: usize, quantize: impl Fn(&[f32], &mut [B]) + Sync) -> Vec<B> {
+    let mut out = vec![B::default(); rows.len() * per_row];
+    if per_row > 0 {
+        pool::for_each_chunk(&mut out, QUANT_ROWS * per_row, |c, blocks| {
+            for (&i, ab) in rows[c * QUANT_ROWS..].iter().zip(blocks.chunks_exact_mut(per_row)) {
+                quantize(&x[i * k..(i + 1) * k], ab);
+            }
+        });
     }
-    pool::for_each_chunk(out, QUANT_ROWS * per_row, |c, blocks| {
-        for (&i, ab) in rows[c * QUANT_ROWS..].iter().zip(blocks.chunks_exact_mut(per_row)) {
-            quantize(&x[i * k..(i + 1) * k], ab);
-        }
-    });
+    out
 }
 
 /// The small-batch path over the given rows of `x`: one activation quantization, one
@@ -360,16 +360,8 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
     let nb = k / Q8_BLOCK;
     // One quantization per activation blocking the parts use (a Q4_K next to a Q5_0 needs both).
     let uses = |blocks: ActBlocks| parts.iter().any(|(kern, _, _)| kern.small == SmallPath::Integer && kern.blocks == blocks);
-    let mut acts = Vec::new();
-    if uses(ActBlocks::Of32) {
-        acts = vec![Q8Block::default(); rows.len() * nb];
-        quantize_rows(x, k, rows, &mut acts, quantize_q8);
-    }
-    let mut acts_k = Vec::new();
-    if uses(ActBlocks::Of256) {
-        acts_k = vec![Q8KBlock::default(); rows.len() * (k / Q8K_BLOCK)];
-        quantize_rows(x, k, rows, &mut acts_k, quantize_q8k);
-    }
+    let acts: Vec<Q8Block> = if uses(ActBlocks::Of32) { quantize_rows(x, k, rows, nb, quantize_q8) } else { Vec::new() };
+    let acts_k: Vec<Q8KBlock> = if uses(ActBlocks::Of256) { quantize_rows(x, k, rows, k / Q8K_BLOCK, quantize_q8k) } else { Vec::new() };
     // Tasks are (part, weight-row range) pairs over all parts, sized to balance the pool and
     // aligned to whole interleaved groups.
     let total: usize = parts.iter().map(|(_, w, _)| w.rows()).sum();
