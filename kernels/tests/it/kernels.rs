@@ -652,6 +652,44 @@ fn grouped_matrices_with_different_switch_points() {
     }
 }
 
+/// Integer matrices grouped into a wider output (another matrix's columns and unowned
+/// columns between and after them) are written in place by the parallel tasks: each gives
+/// the bits it gives alone into an output of its own width, and the other columns are
+/// untouched, for every integer type and ISA (rows whole groups, so no task needs a tile).
+#[test]
+fn grouped_integer_matrices_write_their_columns_in_place() {
+    let mut r = rng(12);
+    let m = 5;
+    for ty in all_types().filter(|&t| Interleaved::supports(t)) {
+        let k = if ty.block_size() == 256 { 512 } else { 192 };
+        let (rows_a, rows_b, gap) = (48, 32, 3);
+        let x = randn(&mut r, m * k);
+        let pack = |rows: usize, r: &mut _| Interleaved::pack(&WeightView::new(ty, rows, k, &random_weights(r, ty, rows, k)).unwrap()).unwrap();
+        let (pa, pb) = (pack(rows_a, &mut r), pack(rows_b, &mut r));
+        for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
+            let kern = LinearKernel::with_isa(ty, isa, LinearPolicy::DEFAULT);
+            let (wa, wb) = (Weight::Interleaved(&pa), Weight::Interleaved(&pb));
+            let ldy = rows_a + gap + rows_b + 2;
+            let mut y = vec![-7.0f32; m * ldy];
+            tessera_kernels::linear::ggml::forward_group(&[(&kern, wa, 0), (&kern, wb, rows_a + gap)], &x, &[m], &mut y, ldy);
+            let (mut ya, mut yb) = (vec![0f32; m * rows_a], vec![0f32; m * rows_b]);
+            kern.forward(wa, &x, m, &mut ya, rows_a);
+            kern.forward(wb, &x, m, &mut yb, rows_b);
+            for t in 0..m {
+                let row = &y[t * ldy..(t + 1) * ldy];
+                let want: Vec<f32> = ya[t * rows_a..(t + 1) * rows_a]
+                    .iter()
+                    .chain(&[-7.0; 3])
+                    .chain(&yb[t * rows_b..(t + 1) * rows_b])
+                    .chain(&[-7.0; 2])
+                    .copied()
+                    .collect();
+                assert!(row.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} {isa:?} token {t}");
+            }
+        }
+    }
+}
+
 /// The round-to-nearest quantizers write blocks that GGML's dequantization (checked against
 /// Python `gguf` in the engine's tests) reads back close to the input. On N(0, 1) values the
 /// rounding error is about a uniform half-step: RMS = step / √12 relative to the RMS input,

@@ -34,6 +34,7 @@ use crate::cpu::caps::GemmLevel;
 use super::kquant::{self, Halves};
 use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
 use crate::ggml::{GgmlType, QK_K};
+use super::out_rows::OutRows;
 use super::WeightView;
 use half::f16;
 
@@ -290,22 +291,21 @@ impl Interleaved {
     ///
     /// # Panics
     /// If `level` is unavailable or a length disagrees.
-    pub fn gemm(
-        &self,
-        level: GemmLevel,
-        g0: usize,
-        g1: usize,
-        acts: &[Q8Block],
-        tokens: usize,
-        out: &mut [f32],
-    ) {
-        let nb = self.cols / Q8_BLOCK;
-        assert!(
-            g0 <= g1 && g1 <= self.rows.div_ceil(GROUP),
-            "groups {g0}..{g1}"
-        );
-        assert_eq!(acts.len(), tokens * nb, "activation blocks");
+    pub fn gemm(&self, level: GemmLevel, g0: usize, g1: usize, acts: &[Q8Block], tokens: usize, out: &mut [f32]) {
         assert_eq!(out.len(), tokens * (g1 - g0) * GROUP, "output tile");
+        self.gemm_into(level, g0, g1, acts, tokens, OutRows::dense(out, (g1 - g0) * GROUP));
+    }
+
+    /// [`Self::gemm`] into `out`'s rows (one per token, `(g1 - g0) * 8` floats each), which
+    /// may lie inside a wider output.
+    ///
+    /// # Panics
+    /// If `level` is unavailable or a length disagrees.
+    pub fn gemm_into(&self, level: GemmLevel, g0: usize, g1: usize, acts: &[Q8Block], tokens: usize, out: OutRows<'_>) {
+        let nb = self.cols / Q8_BLOCK;
+        assert!(g0 <= g1 && g1 <= self.rows.div_ceil(GROUP), "groups {g0}..{g1}");
+        assert_eq!(acts.len(), tokens * nb, "activation blocks");
+        assert!(out.rows() == tokens && out.cols() == (g1 - g0) * GROUP, "output tile");
         assert!(level.available(), "{} integer GEMM requested on a CPU without it", level.name());
         match level {
             GemmLevel::Scalar => self.gemm_scalar(g0, g1, acts, tokens, out),
@@ -320,10 +320,9 @@ impl Interleaved {
     }
 
     /// The scalar kernel: the reference the SIMD kernels must equal bit for bit.
-    fn gemm_scalar(&self, g0: usize, g1: usize, acts: &[Q8Block], tokens: usize, out: &mut [f32]) {
+    fn gemm_scalar(&self, g0: usize, g1: usize, acts: &[Q8Block], tokens: usize, mut out: OutRows<'_>) {
         let rec = self.record();
         let nb = self.cols / Q8_BLOCK;
-        let width = (g1 - g0) * GROUP;
         for g in g0..g1 {
             for t in 0..tokens {
                 for j in 0..GROUP {
@@ -337,7 +336,7 @@ impl Interleaved {
                                 ty => kquant::dot_k4(blk, j, a, acc, ty == GgmlType::Q5K),
                             };
                         }
-                        out[t * width + (g - g0) * GROUP + j] = acc;
+                        out.row(t)[(g - g0) * GROUP + j] = acc;
                         continue;
                     }
                     for (blk, a) in self
@@ -357,7 +356,7 @@ impl Interleaved {
                             acc = m.mul_add(a.s, acc);
                         }
                     }
-                    out[t * width + (g - g0) * GROUP + j] = acc;
+                    out.row(t)[(g - g0) * GROUP + j] = acc;
                 }
             }
         }
@@ -429,7 +428,7 @@ fn part_lines(skew: usize, len: usize, part: usize, parts: usize) -> std::ops::R
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
-    use super::{kquant, Halves, Interleaved, GROUP};
+    use super::{kquant, Halves, Interleaved, OutRows, GROUP};
     use crate::ggml::act_quant::{Q8Block, Q8_BLOCK};
     use crate::ggml::{GgmlType, QK_K};
     use std::arch::x86_64::*;
@@ -444,34 +443,34 @@ pub(super) mod avx2 {
         const GROUPS: usize;
 
         /// 4-bit records (Q4_1 when `MIN`, else Q4_0), or 5-bit ones when `HIGH` (Q5_1, Q5_0),
-        /// against T tokens; `dst` gets T rows of `8 * GROUPS` outputs at stride `width`. With
+        /// against T tokens; `dst` gets T rows of `8 * GROUPS` outputs. With
         /// `ahead`, each record read also prefetches what its stream reads next
         /// ([`prefetch_ahead`]).
         ///
         /// # Safety
         /// The level's CPU features are present; `recs` holds `GROUPS` groups' whole records
         /// of the type and `a` holds T rows of as many blocks as a group has records.
-        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool);
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool);
 
         /// Q8_0 records against T tokens, as [`Records::q4`].
         ///
         /// # Safety
         /// As [`Records::q4`].
-        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool);
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool);
 
         /// Q4_K records (Q5_K when `HIGH`; one super-block of `8 * GROUPS` rows each) against T
         /// tokens, as [`Records::q4`]; `a` holds eight blocks per super-block per token.
         ///
         /// # Safety
         /// As [`Records::q4`].
-        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool);
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool);
 
         /// Q6_K, Q3_K or Q2_K records (`KIND` names the [`Halves`] kind) against T tokens, as
         /// [`Records::q4k`].
         ///
         /// # Safety
         /// As [`Records::q4`].
-        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool);
+        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool);
     }
 
     /// Calls `<$k>::$f::<n, ...>` for `n` tokens (1..=8), with const arguments `$c` after `n`.
@@ -522,21 +521,20 @@ pub(super) mod avx2 {
         g1: usize,
         acts: &[Q8Block],
         tokens: usize,
-        out: &mut [f32],
+        mut out: OutRows<'_>,
     ) {
         const { assert!(TN >= 1 && TN <= 8, "tile! covers 1..=8 tokens") };
         let nb = w.cols / Q8_BLOCK;
-        let width = (g1 - g0) * GROUP;
         super::for_each_tile(w, g0, g1, tokens, K::GROUPS, TN, |t| {
             let a = &acts[t.t0 * nb..(t.t0 + t.n) * nb];
-            let dst = &mut out[t.t0 * width + t.col..];
+            let dst = out.part(t.t0, t.col, t.groups * GROUP);
             // SAFETY: forwarded contract; `a` holds n token rows of nb blocks and `dst` n
-            // output rows of stride `width` with `groups * GROUP` columns each.
+            // output rows with `groups * GROUP` columns each.
             unsafe {
                 if t.groups == K::GROUPS {
-                    tile!(K, w.ty, t.n, t.recs, a, dst, width, t.ahead)
+                    tile!(K, w.ty, t.n, t.recs, a, dst, t.ahead)
                 } else {
-                    tile!(Avx2, w.ty, t.n, t.recs, a, dst, width, t.ahead)
+                    tile!(Avx2, w.ty, t.n, t.recs, a, dst, t.ahead)
                 }
             }
         });
@@ -623,14 +621,12 @@ pub(super) mod avx2 {
         }
     }
 
-    /// Writes T accumulators (8 rows each) to rows of `dst` at stride `width`.
+    /// Writes T accumulators (8 rows each) to the first rows of `dst`.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::linear::ggml) fn store<const T: usize>(acc: &[__m256; T], dst: &mut [f32], width: usize) {
+    pub(in crate::linear::ggml) fn store<const T: usize>(acc: &[__m256; T], mut dst: OutRows<'_>) {
         for (t, v) in acc.iter().enumerate() {
-            let d: &mut [f32; 8] = (&mut dst[t * width..t * width + GROUP])
-                .try_into()
-                .expect("8 outputs");
+            let d: &mut [f32; 8] = (&mut dst.row(t)[..GROUP]).try_into().expect("8 outputs");
             // SAFETY: `d` is 8 writable floats.
             unsafe { _mm256_storeu_ps(d.as_mut_ptr(), *v) };
         }
@@ -702,7 +698,7 @@ pub(super) mod avx2 {
         const GROUPS: usize = 1;
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool) {
             let codes = if MIN { 32 } else { 16 };
             let rb = codes + 128 + if HIGH { 32 } else { 0 };
             let nb = recs.len() / rb;
@@ -747,11 +743,11 @@ pub(super) mod avx2 {
                     acc[t] = accumulate::<MIN>(acc[t], isum, d, m, ab);
                 }
             }
-            store::<T>(&acc, dst, width);
+            store::<T>(&acc, dst);
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool) {
             const RB: usize = 16 + 32 * GROUP;
             let nb = recs.len() / RB;
             let ones = _mm256_set1_epi16(1);
@@ -779,11 +775,11 @@ pub(super) mod avx2 {
                     *acc = accumulate::<false>(*acc, isum[t], d, d, &a[t * nb + b]);
                 }
             }
-            store::<T>(&acc, dst, width);
+            store::<T>(&acc, dst);
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool) {
             let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
             let nsb = recs.len() / rb;
             let nb = nsb * SUBS;
@@ -827,11 +823,11 @@ pub(super) mod avx2 {
                     }
                 }
             }
-            store::<T>(&acc, dst, width);
+            store::<T>(&acc, dst);
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
+        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool) {
             let kind = Halves::of(KIND);
             let rb = kind.record();
             let nsb = recs.len() / rb;
@@ -873,7 +869,7 @@ pub(super) mod avx2 {
                     }
                 }
             }
-            store::<T>(&acc, dst, width);
+            store::<T>(&acc, dst);
         }
     }
 
@@ -950,7 +946,7 @@ pub(super) mod avx2 {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::avx2::{ahead_distance, prefetch_part, Records, SUBS};
-    use super::{kquant, Halves, GROUP};
+    use super::{kquant, Halves, OutRows, GROUP};
     use crate::ggml::act_quant::Q8Block;
     use std::arch::x86_64::*;
 
@@ -1007,12 +1003,12 @@ mod avx512 {
         _mm512_set1_epi32(unsafe { (a.qs.as_ptr().add(4 * i) as *const i32).read_unaligned() })
     }
 
-    /// Writes T accumulators (sixteen rows each) to rows of `dst` at stride `width`.
+    /// Writes T accumulators (sixteen rows each) to the first rows of `dst`.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn store16<const T: usize>(acc: &[__m512; T], dst: &mut [f32], width: usize) {
+    fn store16<const T: usize>(acc: &[__m512; T], mut dst: OutRows<'_>) {
         for (t, v) in acc.iter().enumerate() {
-            let d: &mut [f32; 16] = (&mut dst[t * width..t * width + 2 * GROUP]).try_into().expect("16 outputs");
+            let d: &mut [f32; 16] = (&mut dst.row(t)[..2 * GROUP]).try_into().expect("16 outputs");
             // SAFETY: `d` is 16 writable floats.
             unsafe { _mm512_storeu_ps(d.as_mut_ptr(), *v) };
         }
@@ -1084,7 +1080,7 @@ mod avx512 {
         /// activation dword `i` broadcast to all lanes, so no `vpermd` and no folding of
         /// halves, and the epilogue runs on sixteen rows at once.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
+        unsafe fn q4<const T: usize, const MIN: bool, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool) {
             let codes = if MIN { 32 } else { 16 };
             let rb = codes + 128 + if HIGH { 32 } else { 0 };
             let nb = recs.len() / (2 * rb);
@@ -1123,14 +1119,14 @@ mod avx512 {
                     acc[t] = accumulate16::<MIN>(acc[t], s, d, m, ab);
                 }
             }
-            store16::<T>(&acc, dst, width);
+            store16::<T>(&acc, dst);
         }
 
         /// Q8_0 over two groups, as `q4`. `vpdpbusd` multiplies unsigned by signed bytes: the
         /// codes are stored signed, so they go in biased by 128 (xor 0x80) and 128 * Σa comes
         /// off the sum.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
+        unsafe fn q8<const T: usize>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool) {
             const RB: usize = 16 + 32 * GROUP;
             let nb = recs.len() / (2 * RB);
             let rows = super::token_rows::<T, _>(a, nb);
@@ -1154,13 +1150,13 @@ mod avx512 {
                     acc[t] = accumulate16::<false>(acc[t], isum, d, d, ab);
                 }
             }
-            store16::<T>(&acc, dst, width);
+            store16::<T>(&acc, dst);
         }
         /// Q4_K (Q5_K when `HIGH`) over two groups: a pair of sub-blocks at a time, whose eight
         /// code chunks of both groups (low nibbles: the first sub-block, high: the second) are
         /// loaded once, with the pair's scales and mins; the fifth bits per sub-block.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
+        unsafe fn q4k<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool) {
             let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
             let nsb = recs.len() / (2 * rb);
             let nb = nsb * SUBS;
@@ -1202,7 +1198,7 @@ mod avx512 {
                     }
                 }
             }
-            store16::<T>(&acc, dst, width);
+            store16::<T>(&acc, dst);
         }
 
         /// Q6_K, Q3_K or Q2_K over two groups: unsigned codes into `vpdpbusd`, each 16-value
@@ -1215,7 +1211,7 @@ mod avx512 {
         /// product is below 2^23 and their sum below 2^24 (Q3_K and Q2_K, and the mins, are
         /// smaller still).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: &mut [f32], width: usize, ahead: bool) {
+        unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8Block], dst: OutRows<'_>, ahead: bool) {
             let kind = Halves::of(KIND);
             let rb = kind.record();
             let nsb = recs.len() / (2 * rb);
@@ -1264,7 +1260,7 @@ mod avx512 {
                     }
                 }
             }
-            store16::<T>(&acc, dst, width);
+            store16::<T>(&acc, dst);
         }
     }
 

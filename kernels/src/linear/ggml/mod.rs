@@ -21,17 +21,19 @@ mod float_rows;
 pub mod interleaved;
 pub mod kquant;
 mod matrix;
+mod out_rows;
 pub mod q8k;
 #[cfg(target_arch = "x86_64")]
 pub mod sgemm;
 
 pub use matrix::{GgmlLinear, GgmlMatrix, WeightBytes};
+pub use out_rows::OutRows;
 
 use super::LinearPolicy;
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::{pool, SyncPtr};
 use crate::cpu::dot::dot_f32;
-use crate::cpu::scratch::with_f32;
+use crate::cpu::scratch::{with_f32, with_scratch};
 use crate::cpu::GemmLevel;
 use interleaved::{Interleaved, GROUP};
 use crate::ggml::act_quant::{quantize_q8, quantize_q8k, Q8Block, Q8KBlock, Q8K_BLOCK, Q8_BLOCK};
@@ -337,31 +339,43 @@ fn forward_class(parts: &[(&LinearKernel, Weight<'_>, usize)], switch: usize, x:
 /// calling thread.
 const QUANT_ROWS: usize = 16;
 
-/// The given rows of `x` (`k` wide) quantized by `quantize` into `per_row` blocks each, one
-/// run per row in order, the rows spread over the pool (a prefill's quantization was serial
-/// work, 2% of a serving run on two cores, the other thread waiting). Each row's blocks are
-/// the same wherever it runs.
-fn quantize_rows<B: Default + Clone + Send>(x: &[f32], k: usize, rows: &[usize], per_row: usize, quantize: impl Fn(&[f32], &mut [B]) + Sync) -> Vec<B> {
-    let mut out = vec![B::default(); rows.len() * per_row];
+/// The given rows of `x` (`k` wide) quantized by `quantize` into `per_row` blocks each of
+/// `out`, one run per row in order, the rows spread over the pool (a prefill's quantization
+/// was serial work, 2% of a serving run on two cores, the other thread waiting). Each row's
+/// blocks are the same wherever it runs.
+fn quantize_rows<B: Send>(x: &[f32], k: usize, rows: &[usize], per_row: usize, out: &mut [B], quantize: impl Fn(&[f32], &mut [B]) + Sync) {
+    assert_eq!(out.len(), rows.len() * per_row, "activation blocks");
     if per_row > 0 {
-        pool::for_each_chunk(&mut out, QUANT_ROWS * per_row, |c, blocks| {
+        pool::for_each_chunk(out, QUANT_ROWS * per_row, |c, blocks| {
             for (&i, ab) in rows[c * QUANT_ROWS..].iter().zip(blocks.chunks_exact_mut(per_row)) {
                 quantize(&x[i * k..(i + 1) * k], ab);
             }
         });
     }
-    out
 }
 
-/// The small-batch path over the given rows of `x`: one activation quantization, one
-/// parallel region over every weight row of every part.
+/// The small-batch path over the given rows of `x`: one activation quantization (into this
+/// thread's reused buffers: a prefill's blocks are megabytes, fresh pages on every call
+/// otherwise), one parallel region over every weight row of every part.
 fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usize], y: &mut [f32], ldy: usize) {
     let k = parts[0].1.cols();
-    let nb = k / Q8_BLOCK;
     // One quantization per activation blocking the parts use (a Q4_K next to a Q5_0 needs both).
     let uses = |blocks: ActBlocks| parts.iter().any(|(kern, _, _)| kern.small == SmallPath::Integer && kern.blocks == blocks);
-    let acts: Vec<Q8Block> = if uses(ActBlocks::Of32) { quantize_rows(x, k, rows, nb, quantize_q8) } else { Vec::new() };
-    let acts_k: Vec<Q8KBlock> = if uses(ActBlocks::Of256) { quantize_rows(x, k, rows, k / Q8K_BLOCK, quantize_q8k) } else { Vec::new() };
+    let per_row = |blocks: ActBlocks, n: usize| if uses(blocks) { n } else { 0 };
+    let (nb, nsb) = (per_row(ActBlocks::Of32, k / Q8_BLOCK), per_row(ActBlocks::Of256, k / Q8K_BLOCK));
+    with_scratch(rows.len() * nb, |acts: &mut [Q8Block]| {
+        with_scratch(rows.len() * nsb, |acts_k: &mut [Q8KBlock]| {
+            quantize_rows(x, k, rows, nb, acts, quantize_q8);
+            quantize_rows(x, k, rows, nsb, acts_k, quantize_q8k);
+            dot_tasks(parts, x, rows, acts, acts_k, y, ldy);
+        })
+    });
+}
+
+/// [`dot_path`]'s parallel region, given the rows' activation blocks (those of a blocking no
+/// part uses are empty).
+fn dot_tasks(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usize], acts: &[Q8Block], acts_k: &[Q8KBlock], y: &mut [f32], ldy: usize) {
+    let k = parts[0].1.cols();
     // Tasks are (part, weight-row range) pairs over all parts, sized to balance the pool and
     // aligned to whole interleaved groups.
     let total: usize = parts.iter().map(|(_, w, _)| w.rows()).sum();
@@ -375,6 +389,9 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
             (0..n).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(n)))
         })
         .collect();
+    // Adjacent token rows (every segment on this path) let a task whose weight rows are whole
+    // groups write its columns of y in place; otherwise it writes a tile and copies it.
+    let adjacent = rows.windows(2).all(|r| r[1] == r[0] + 1);
     let out = SyncPtr::new(y.as_mut_ptr());
     pool::for_each(tasks.len(), |ti| {
         let (p, r0, r1) = tasks[ti];
@@ -383,11 +400,17 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
             (SmallPath::Integer, Weight::Interleaved(w)) => {
                 let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
                 let width = (g1 - g0) * GROUP;
+                let gemm = |out: OutRows<'_>| match kern.blocks {
+                    ActBlocks::Of32 => w.gemm_into(kern.level(), g0, g1, acts, rows.len(), out),
+                    ActBlocks::Of256 => w.gemm_q8k_into(kern.level(), g0, g1, acts_k, rows.len(), out),
+                };
+                if adjacent && r1 - r0 == width {
+                    // SAFETY: columns col + r0..col + r1 of output rows rows[0].. (adjacent) are
+                    // inside y (asserted by the caller) and belong to this task alone.
+                    return gemm(unsafe { OutRows::strided(out.get().add(rows[0] * ldy + col + r0), rows.len(), width, ldy) });
+                }
                 with_f32(rows.len() * width, |tile| {
-                    match kern.blocks {
-                        ActBlocks::Of32 => w.gemm(kern.level(), g0, g1, &acts, rows.len(), tile),
-                        ActBlocks::Of256 => w.gemm_q8k(kern.level(), g0, g1, &acts_k, rows.len(), tile),
-                    }
+                    gemm(OutRows::dense(tile, width));
                     for (&i, res) in rows.iter().zip(tile.chunks_exact(width)) {
                         // SAFETY: columns col + r0..col + r1 of output row i are inside y
                         // (asserted by the caller) and belong to this task alone.

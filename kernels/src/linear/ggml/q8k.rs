@@ -36,6 +36,7 @@
 //! docs/benchmarks/kquants.md) unless asked for these ([`super::LinearKernel::with_blocks`]).
 
 use super::interleaved::{for_each_tile, Interleaved, GROUP};
+use super::out_rows::OutRows;
 use super::kquant::{self, Halves};
 use crate::cpu::caps::GemmLevel;
 use crate::ggml::act_quant::{Q8KBlock, Q8K_BLOCK};
@@ -78,13 +79,22 @@ impl Interleaved {
     /// # Panics
     /// If the type is not a k-quant, `level` is unavailable or a length disagrees.
     pub fn gemm_q8k(&self, level: GemmLevel, g0: usize, g1: usize, acts: &[Q8KBlock], tokens: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), tokens * (g1 - g0) * GROUP, "output tile");
+        self.gemm_q8k_into(level, g0, g1, acts, tokens, OutRows::dense(out, (g1 - g0) * GROUP));
+    }
+
+    /// [`Self::gemm_q8k`] into `out`'s rows (one per token, `(g1 - g0) * 8` floats each), which
+    /// may lie inside a wider output.
+    ///
+    /// # Panics
+    /// As [`Self::gemm_q8k`].
+    pub fn gemm_q8k_into(&self, level: GemmLevel, g0: usize, g1: usize, acts: &[Q8KBlock], tokens: usize, mut out: OutRows<'_>) {
         assert!(supports(self.ty()), "{} has no kernel against Q8_K activations", self.ty());
         let nsb = self.cols() / Q8K_BLOCK;
         assert!(g0 <= g1 && g1 <= self.rows().div_ceil(GROUP), "groups {g0}..{g1}");
         assert_eq!(acts.len(), tokens * nsb, "activation super-blocks");
-        assert_eq!(out.len(), tokens * (g1 - g0) * GROUP, "output tile");
+        assert!(out.rows() == tokens && out.cols() == (g1 - g0) * GROUP, "output tile");
         assert!(level.available(), "{} integer GEMM requested on a CPU without it", level.name());
-        let width = (g1 - g0) * GROUP;
         match level {
             GemmLevel::Scalar => {
                 let rb = match halves_kind(self.ty()) {
@@ -96,7 +106,7 @@ impl Interleaved {
                     for t in 0..tokens {
                         for j in 0..GROUP {
                             let a = &acts[t * nsb..(t + 1) * nsb];
-                            out[t * width + (g - g0) * GROUP + j] = self.groups(g, 1).chunks_exact(rb).zip(a).fold(0f32, |acc, (rec, a)| match halves_kind(self.ty()) {
+                            out.row(t)[(g - g0) * GROUP + j] = self.groups(g, 1).chunks_exact(rb).zip(a).fold(0f32, |acc, (rec, a)| match halves_kind(self.ty()) {
                                 Some(kind) => kquant::dot_halves_q8k(kind, rec, j, a, acc),
                                 None => kquant::dot_k4_q8k(rec, j, a, acc, self.ty() == GgmlType::Q5K),
                             });
@@ -107,10 +117,10 @@ impl Interleaved {
             #[cfg(target_arch = "x86_64")]
             _ => for_each_tile(self, g0, g1, tokens, 1, tile_tokens(self.ty()), |t| {
                 let a = &acts[t.t0 * nsb..(t.t0 + t.n) * nsb];
-                let dst = &mut out[t.t0 * width + t.col..];
+                let dst = out.part(t.t0, t.col, GROUP);
                 // SAFETY: AVX2, FMA and F16C are present (every SIMD level has them, checked
                 // above); `t.recs` is one group's records, `a` n token rows of its super-blocks.
-                unsafe { avx2::tile(self.ty(), t.n, t.recs, a, dst, width, t.ahead) }
+                unsafe { avx2::tile(self.ty(), t.n, t.recs, a, dst, t.ahead) }
             }),
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("checked available"),
@@ -122,7 +132,7 @@ impl Interleaved {
 mod avx2 {
     use super::super::interleaved::avx2::{bcast4, f16x8, fifth_bit, half_codes, halves_codes, load32, prefetch_part, store, PREFETCH, SUBS};
     use super::super::kquant::{self, Halves};
-    use super::{halves_kind, GROUP, HALVES_TILE, K4_TILE};
+    use super::{halves_kind, OutRows, GROUP, HALVES_TILE, K4_TILE};
     use crate::ggml::act_quant::Q8KBlock;
     use crate::ggml::GgmlType;
     use std::arch::x86_64::*;
@@ -133,15 +143,15 @@ mod avx2 {
     /// AVX2, FMA and F16C present; `recs` holds one group's records of `ty` and `a` holds
     /// `n` token rows of as many super-blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn tile(ty: GgmlType, n: usize, recs: &[u8], a: &[Q8KBlock], dst: &mut [f32], width: usize, ahead: bool) {
+    pub(super) unsafe fn tile(ty: GgmlType, n: usize, recs: &[u8], a: &[Q8KBlock], dst: OutRows<'_>, ahead: bool) {
         const { assert!(K4_TILE == 4 && HALVES_TILE == 6, "the matches below cover 1..=4 and 1..=6 tokens") };
         macro_rules! by_tokens {
             ($f:ident, $c:expr, $($n:literal)*) => {
                 // SAFETY: forwarded contract.
                 unsafe {
                     match n {
-                        $($n => $f::<$n, $c>(recs, a, dst, width, ahead),)*
-                        _ => $f::<1, $c>(recs, a, dst, width, ahead),
+                        $($n => $f::<$n, $c>(recs, a, dst, ahead),)*
+                        _ => $f::<1, $c>(recs, a, dst, ahead),
                     }
                 }
             };
@@ -218,7 +228,7 @@ mod avx2 {
     /// # Safety
     /// As [`tile`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn k4<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8KBlock], dst: &mut [f32], width: usize, ahead: bool) {
+    unsafe fn k4<const T: usize, const HIGH: bool>(recs: &[u8], a: &[Q8KBlock], dst: OutRows<'_>, ahead: bool) {
         let rb = if HIGH { kquant::Q5K_RECORD } else { kquant::Q4K_RECORD };
         let nsb = recs.len() / rb;
         let rows = super::super::interleaved::token_rows::<T, _>(a, nsb);
@@ -278,7 +288,7 @@ mod avx2 {
                 *acc = finish::<true>(*acc, isum[t], msum, d, dmin, ab);
             }
         }
-        store::<T>(&acc, dst, width);
+        store::<T>(&acc, dst);
     }
 
     /// Q6_K, Q3_K or Q2_K records (`KIND` names the [`Halves`] kind) against T tokens.
@@ -286,7 +296,7 @@ mod avx2 {
     /// # Safety
     /// As [`tile`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8KBlock], dst: &mut [f32], width: usize, ahead: bool) {
+    unsafe fn halves<const T: usize, const KIND: u8>(recs: &[u8], a: &[Q8KBlock], dst: OutRows<'_>, ahead: bool) {
         let kind = Halves::of(KIND);
         let rb = kind.record();
         let nsb = recs.len() / rb;
@@ -356,7 +366,7 @@ mod avx2 {
                 };
             }
         }
-        store::<T>(&acc, dst, width);
+        store::<T>(&acc, dst);
     }
 
     /// Eight rows' scales of 16-value sub-block `k`, each as an i16 in both halves of its
