@@ -208,8 +208,51 @@ impl Default for LinearPolicy {
     }
 }
 
-/// Weight rows per parallel task: about four tasks per pool thread, a multiple of `align`.
-pub(crate) fn rows_per_task(rows: usize, align: usize) -> usize {
-    let tasks = rayon::current_num_threads() * 4;
-    rows.div_ceil(tasks).next_multiple_of(align).max(align)
+/// Parallel tasks over the rows of several matrices (`rows[p]` each), as (matrix, first row,
+/// end row) in matrix order, every task a multiple of `align` rows but at a matrix's end.
+/// Task sizes shrink toward the end (guided self-scheduling: each takes the remaining rows
+/// over twice the pool's threads), so the threads finish close together: with equal tasks,
+/// the last one a thread takes can leave the others waiting for up to its whole length.
+pub(crate) fn row_tasks(rows: &[usize], align: usize) -> Vec<(usize, usize, usize)> {
+    let share = 2 * rayon::current_num_threads();
+    let mut remaining: usize = rows.iter().sum();
+    let mut tasks = Vec::new();
+    for (p, &n) in rows.iter().enumerate() {
+        let mut r0 = 0;
+        while r0 < n {
+            let r1 = n.min(r0 + (remaining / share).next_multiple_of(align).max(align));
+            tasks.push((p, r0, r1));
+            remaining -= r1 - r0;
+            r0 = r1;
+        }
+    }
+    tasks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_tasks;
+
+    /// The tasks cover every matrix's rows once, in order, in whole `align` runs but at a
+    /// matrix's end, and shrink toward the end down to `align` rows.
+    #[test]
+    fn row_tasks_cover_each_matrix_once_and_shrink() {
+        for (rows, align) in [(vec![16384usize], 32usize), (vec![2048, 512, 512], 32), (vec![37, 5], 16), (vec![0, 48], 16), (vec![], 16)] {
+            let tasks = row_tasks(&rows, align);
+            let mut next = vec![0usize; rows.len()];
+            for (i, &(p, r0, r1)) in tasks.iter().enumerate() {
+                assert!(tasks[..i].iter().all(|t| t.0 <= p), "{rows:?}: matrices out of order");
+                assert_eq!(r0, next[p], "{rows:?}: task {i} does not start where the last ended");
+                assert!(r1 > r0 && ((r1 - r0) % align == 0 || r1 == rows[p]), "{rows:?}: task {i} = {r0}..{r1}");
+                next[p] = r1;
+            }
+            assert_eq!(next, rows, "{rows:?}: not every row covered");
+            let sizes: Vec<usize> = tasks.iter().map(|t| t.2 - t.1).collect();
+            if rows == [16384] {
+                assert!(sizes.windows(2).all(|w| w[1] <= w[0]), "{sizes:?}");
+                assert_eq!(*sizes.last().unwrap(), align, "{sizes:?}");
+                assert!(sizes[0] >= 16384 / (2 * rayon::current_num_threads()) && sizes.len() > 2 * rayon::current_num_threads(), "{sizes:?}");
+            }
+        }
+    }
 }

@@ -19,7 +19,7 @@
 //!   scales), products of E4M3 values (exact in f32) summed in f32, scales applied per block.
 
 use super::act::{self, ActQuant};
-use super::{downcast_group, rows_per_task, LinearOp, LinearPolicy, OpPlan, WeightMatrix};
+use super::{downcast_group, row_tasks, LinearOp, LinearPolicy, OpPlan, WeightMatrix};
 use crate::cpu::aligned::LineAligned;
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::scratch::with_f32;
@@ -352,14 +352,8 @@ pub fn forward_fused(parts: &[(&RowwiseLinear, usize)], x: &[f32], m: usize, y: 
     let own: Vec<Option<Prepared<'_>>> =
         parts.iter().zip(&gathered).map(|((l, _), g)| (!shares(l)).then(|| l.prepare(g.as_deref().unwrap_or(x), m))).collect();
     let preps: Vec<&Prepared<'_>> = own.iter().map(|p| p.as_ref().or(shared.as_ref()).expect("prepared")).collect();
-    let total: usize = parts.iter().map(|(l, _)| l.rows()).sum();
     // Whole groups of 16 rows per task: the interleaved int4 kernels compute a group at once.
-    let chunk = rows_per_task(total, crate::linear::int4::ROW_GROUP);
-    let tasks: Vec<(usize, usize, usize)> = parts
-        .iter()
-        .enumerate()
-        .flat_map(|(p, (l, _))| (0..l.rows()).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(l.rows()))))
-        .collect();
+    let tasks = row_tasks(&parts.iter().map(|(l, _)| l.rows()).collect::<Vec<_>>(), crate::linear::int4::ROW_GROUP);
     let out = SyncPtr::new(y.as_mut_ptr());
     pool::for_each(tasks.len(), |ti| {
         let (p, r0, r1) = tasks[ti];

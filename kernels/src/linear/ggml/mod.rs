@@ -376,19 +376,9 @@ fn dot_path(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usi
 /// part uses are empty).
 fn dot_tasks(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[usize], acts: &[Q8Block], acts_k: &[Q8KBlock], y: &mut [f32], ldy: usize) {
     let k = parts[0].1.cols();
-    // Tasks are (part, weight-row range) pairs over all parts, sized to balance the pool and
-    // aligned to whole interleaved groups.
-    let total: usize = parts.iter().map(|(_, w, _)| w.rows()).sum();
-    // Whole pairs of groups: the AVX-512 kernel takes two at a time.
-    let chunk = super::rows_per_task(total, 2 * GROUP);
-    let tasks: Vec<(usize, usize, usize)> = parts
-        .iter()
-        .enumerate()
-        .flat_map(|(p, (_, w, _))| {
-            let n = w.rows();
-            (0..n).step_by(chunk).map(move |r0| (p, r0, (r0 + chunk).min(n)))
-        })
-        .collect();
+    // Tasks are (part, weight-row range) pairs over all parts, in whole pairs of groups (the
+    // AVX-512 kernel takes two at a time).
+    let tasks = super::row_tasks(&parts.iter().map(|(_, w, _)| w.rows()).collect::<Vec<_>>(), 2 * GROUP);
     // Adjacent token rows (every segment on this path) let a task whose weight rows are whole
     // groups write its columns of y in place; otherwise it writes a tile and copies it.
     let adjacent = rows.windows(2).all(|r| r[1] == r[0] + 1);
