@@ -113,8 +113,52 @@ impl KvCodec for Half16Codec {
     fn decode(&self, _head: usize, page: KvPage<'_>, slots: Range<usize>, out: &mut [f32]) {
         let hd = self.head_dim;
         let src = &page.bytes[slots.start * hd * 2..slots.end * hd * 2];
+        let out = &mut out[..src.len() / 2];
+        #[cfg(target_arch = "x86_64")]
+        if super::isa() == crate::cpu::Isa::Avx2 {
+            // SAFETY: AVX2 and F16C present (the AVX2 level includes F16C); `out` has one
+            // float per two bytes of `src`.
+            unsafe { avx2::widen(self.kind, src, out) };
+            return;
+        }
         for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
             *o = self.to_f32([b[0], b[1]]);
+        }
+    }
+}
+
+/// 16-bit floats widened eight at a time. Both conversions are exact (bf16 is the top half of
+/// an f32; F16C widens f16 exactly), so the floats are the scalar path's. The scalar loop made
+/// bf16 decode attention 3.8x slower than f32 pages (criterion, 1k context, Zen 5).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Half16;
+    use std::arch::x86_64::*;
+
+    /// `out[i]` = the 16-bit float at bytes `2i..2i + 2` of `src` (little-endian).
+    ///
+    /// # Safety
+    /// AVX2 and F16C present; `out.len() == src.len() / 2`.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn widen(kind: Half16, src: &[u8], out: &mut [f32]) {
+        let whole = out.len() / 8 * 8;
+        for (o, b) in out[..whole].chunks_exact_mut(8).zip(src.chunks_exact(16)) {
+            // SAFETY: `b` is 16 readable bytes, `o` 8 writable floats.
+            unsafe {
+                let h = _mm_loadu_si128(b.as_ptr() as *const __m128i);
+                let f = match kind {
+                    Half16::Bf16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))),
+                    Half16::F16 => _mm256_cvtph_ps(h),
+                };
+                _mm256_storeu_ps(o.as_mut_ptr(), f);
+            }
+        }
+        for (o, b) in out[whole..].iter_mut().zip(src[2 * whole..].chunks_exact(2)) {
+            let bits = u16::from_le_bytes([b[0], b[1]]);
+            *o = match kind {
+                Half16::Bf16 => f32::from_bits(u32::from(bits) << 16),
+                Half16::F16 => half::f16::from_bits(bits).to_f32(),
+            };
         }
     }
 }
@@ -122,6 +166,26 @@ impl KvCodec for Half16Codec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SIMD widening gives the scalar conversion's floats bit for bit, for every 16-bit
+    /// pattern but NaNs (those stay NaN), with a partial last group of eight.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn widening_matches_the_scalar_conversion() {
+        if !crate::cpu::Isa::Avx2.available() {
+            return;
+        }
+        let bytes: Vec<u8> = (0..=u16::MAX).chain([1, 2, 3]).flat_map(u16::to_le_bytes).collect();
+        for (kind, scalar) in [(Half16::Bf16, (|b: u16| bf16::from_bits(b).to_f32()) as fn(u16) -> f32), (Half16::F16, |b: u16| f16::from_bits(b).to_f32())] {
+            let mut out = vec![0f32; bytes.len() / 2];
+            // SAFETY: AVX2 (with F16C) present (checked); lengths match.
+            unsafe { avx2::widen(kind, &bytes, &mut out) };
+            for (i, (b, &got)) in bytes.chunks_exact(2).zip(&out).enumerate() {
+                let want = scalar(u16::from_le_bytes([b[0], b[1]]));
+                assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{kind:?} value {i}: {got} vs {want}");
+            }
+        }
+    }
 
     #[test]
     fn plain_formats_round_trip_to_their_precision() {
