@@ -328,6 +328,16 @@ pub fn install(pool: &Arc<ThreadPool>) -> io::Result<()> {
     Ok(())
 }
 
+/// The threads that run [`for_each`]'s tasks from this thread, itself included: its installed
+/// pool's, the global pool's, or 1 on a helper thread (whose calls run inline).
+pub fn current_threads() -> usize {
+    match LOCAL.try_with(|l| l.borrow().clone()).unwrap_or(Local::Global) {
+        Local::Global => global().helpers + 1,
+        Local::Installed(pool) => pool.threads(),
+        Local::Helper => 1,
+    }
+}
+
 /// Runs `f(i)` for every `i` in `0..n` on the calling thread's pool (see the module docs) and
 /// the calling thread, and returns when all have finished. Tasks run in no particular order
 /// and on any of the pool's threads; a panicking task's payload is re-raised here after the

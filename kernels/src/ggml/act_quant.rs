@@ -139,8 +139,9 @@ pub fn quantize_q8(x: &[f32], out: &mut [Q8Block]) {
     quantize_q8_with(isa, x, out);
 }
 
-/// [`quantize_q8`] at an explicit ISA level; every level gives the same bytes for finite
-/// inputs, and for NaNs, which become 0 in every path (so `sum` is always `Σ qs`).
+/// [`quantize_q8`] at an explicit ISA level (the AVX2 level runs its 512-bit form where the
+/// AVX-512 VNNI GEMM level is available); every form gives the same bytes for finite inputs,
+/// and for NaNs, which become 0 in every path (so `sum` is always `Σ qs`).
 ///
 /// # Panics
 /// If `isa` is unavailable or the lengths disagree.
@@ -150,8 +151,11 @@ pub fn quantize_q8_with(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
             assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2");
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: AVX-512F, F16C present (checked); lengths checked.
+            // The 512-bit form where the integer GEMM runs 512-bit VNNI kernels anyway: on an
+            // AVX-512 CPU without VNNI (whose GEMM stays on AVX2) 512-bit work could lower the
+            // clock for the kernels that follow, and that was not measured.
+            if crate::cpu::GemmLevel::Avx512Vnni.available() {
+                // SAFETY: AVX-512F (with the VNNI level) and F16C present (checked); lengths checked.
                 unsafe { avx512::quantize(x, out) }
             } else {
                 // SAFETY: AVX2, FMA and F16C present (checked above); lengths checked.
@@ -347,6 +351,9 @@ mod avx512 {
 
     /// Sixteen blocks: maxima, then the scales in one vector, then each block's rounding,
     /// then the f16 scales and block sums in one vector.
+    ///
+    /// # Safety
+    /// AVX-512F and F16C present; `x` holds 16 blocks of 32 values and `out` 16 blocks.
     #[target_feature(enable = "avx512f,f16c")]
     unsafe fn lanes(x: &[f32], out: &mut [Q8Block]) {
         let amax: [f32; LANES] = std::array::from_fn(|j| absmax(x[j * Q8_BLOCK..(j + 1) * Q8_BLOCK].try_into().expect("32 values")));
@@ -438,7 +445,7 @@ mod avx512 {
         /// runs with the scalar quantizer.)
         #[test]
         fn avx512_form_equals_avx2_form() {
-            if !(crate::cpu::Isa::Avx2.available() && std::arch::is_x86_feature_detected!("avx512f")) {
+            if !(crate::cpu::Isa::Avx2.available() && crate::cpu::GemmLevel::Avx512Vnni.available()) {
                 return;
             }
             let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(21);
@@ -448,13 +455,16 @@ mod avx512 {
                 (0..Q8_BLOCK).map(|i| if i % 5 == 2 { f32::NAN } else { i as f32 - 16.0 }).collect(),
                 (0..Q8_BLOCK).map(|i| if i == 0 { 1e-38 } else { -1e-39 }).collect(),
                 (0..Q8_BLOCK).map(|i| if i == 3 { f32::INFINITY } else { i as f32 }).collect(),
+                // Scales f16 flushes to zero and rounds to infinity, with a negative zero.
+                (0..Q8_BLOCK).map(|i| match i { 0 => 1e-6, 1 => -0.0, _ => 1e-6 * (i as f32 / 32.0 - 0.5) }).collect(),
+                (0..Q8_BLOCK).map(|i| match i { 0 => 1e7, 1 => -0.0, _ => 1e7 * (i as f32 / 32.0 - 0.5) }).collect(),
             ]
             .concat();
             let mut random = |blocks: usize| -> Vec<f32> { (0..blocks * Q8_BLOCK).map(|i| r.gen_range(-1.0f32..1.0) * 10f32.powi((i / Q8_BLOCK) as i32 % 9 - 4)).collect() };
             // The special blocks among the first sixteen (scales made together) and again
             // in the tail past the last whole sixteen (scales made one at a time).
-            let x: Vec<f32> = [special.clone(), random(59), special, random(3)].concat();
-            assert_eq!(x.len() / Q8_BLOCK % super::LANES, 8);
+            let x: Vec<f32> = [special.clone(), random(57), special, random(3)].concat();
+            assert_eq!(x.len() / Q8_BLOCK % super::LANES, 10);
             let n = x.len() / Q8_BLOCK;
             let (mut a, mut b) = (vec![Q8Block::default(); n], vec![Q8Block::default(); n]);
             // SAFETY: both levels' features present (checked above).

@@ -130,12 +130,10 @@ pub trait LinearOp: Send + Sync + fmt::Debug + Any {
 /// through [`LinearOp::forward_group`]; each output is what the op alone computes.
 ///
 /// # Panics
-/// If two ops' output columns overlap or reach past `ldy` (the groups write in parallel).
+/// If two ops' output columns overlap or reach past `ldy` (the groups write in parallel), or
+/// `y` is too short.
 pub fn forward_fused(parts: &[(&dyn LinearOp, usize)], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
-    let mut spans: Vec<(usize, usize)> = parts.iter().map(|&(op, col)| (col, col + op.rows())).collect();
-    spans.sort_unstable();
-    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "fused layers' output columns overlap");
-    assert!(spans.last().is_none_or(|s| s.1 <= ldy), "output columns past the row stride");
+    check_output_columns(parts.iter().map(|&(op, col)| (col, op.rows())), segments.iter().sum(), ldy, y.len());
     let mut taken = vec![false; parts.len()];
     for i in 0..parts.len() {
         if taken[i] {
@@ -208,13 +206,35 @@ impl Default for LinearPolicy {
     }
 }
 
+/// Checks the output of several matrices written side by side, matrix `p` into columns
+/// `spans[p].0..spans[p].0 + spans[p].1` of `m` rows `ldy` apart in `y_len` floats: each span
+/// inside the row stride, the last row inside the buffer (no arithmetic overflowing), and no
+/// two spans overlapping (every parallel task writes its own columns).
+///
+/// # Panics
+/// If any of that fails.
+pub(crate) fn check_output_columns(spans: impl IntoIterator<Item = (usize, usize)>, m: usize, ldy: usize, y_len: usize) {
+    let mut spans: Vec<(usize, usize)> = spans
+        .into_iter()
+        .map(|(col, rows)| {
+            let end = col.checked_add(rows).filter(|&e| e <= ldy).expect("output columns past the row stride");
+            let last = m.checked_sub(1).map(|i| i.checked_mul(ldy).and_then(|o| o.checked_add(end)).expect("output size overflows"));
+            assert!(last.is_none_or(|need| y_len >= need), "output shape");
+            (col, end)
+        })
+        .collect();
+    spans.sort_unstable();
+    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "fused layers' output columns overlap");
+}
+
 /// Parallel tasks over the rows of several matrices (`rows[p]` each), as (matrix, first row,
 /// end row) in matrix order, every task a multiple of `align` rows but at a matrix's end.
 /// Task sizes shrink toward the end (guided self-scheduling: each takes the remaining rows
-/// over twice the pool's threads), so the threads finish close together: with equal tasks,
-/// the last one a thread takes can leave the others waiting for up to its whole length.
+/// over twice the calling thread's pool threads), so the threads finish close together: with
+/// equal tasks, the last one a thread takes can leave the others waiting for up to its whole
+/// length.
 pub(crate) fn row_tasks(rows: &[usize], align: usize) -> Vec<(usize, usize, usize)> {
-    let share = 2 * rayon::current_num_threads();
+    let share = 2 * crate::cpu::pool::current_threads();
     let mut remaining: usize = rows.iter().sum();
     let mut tasks = Vec::new();
     for (p, &n) in rows.iter().enumerate() {
@@ -251,7 +271,8 @@ mod tests {
             if rows == [16384] {
                 assert!(sizes.windows(2).all(|w| w[1] <= w[0]), "{sizes:?}");
                 assert_eq!(*sizes.last().unwrap(), align, "{sizes:?}");
-                assert!(sizes[0] >= 16384 / (2 * rayon::current_num_threads()) && sizes.len() > 2 * rayon::current_num_threads(), "{sizes:?}");
+                let threads = crate::cpu::pool::current_threads();
+                assert!(sizes[0] >= 16384 / (2 * threads) && sizes.len() > 2 * threads, "{sizes:?}");
             }
         }
     }

@@ -19,7 +19,7 @@
 //!   scales), products of E4M3 values (exact in f32) summed in f32, scales applied per block.
 
 use super::act::{self, ActQuant};
-use super::{downcast_group, row_tasks, LinearOp, LinearPolicy, OpPlan, WeightMatrix};
+use super::{check_output_columns, downcast_group, row_tasks, LinearOp, LinearPolicy, OpPlan, WeightMatrix};
 use crate::cpu::aligned::LineAligned;
 use crate::cpu::caps::{CpuCaps, Isa};
 use crate::cpu::scratch::with_f32;
@@ -329,17 +329,11 @@ pub fn forward_fused(parts: &[(&RowwiseLinear, usize)], x: &[f32], m: usize, y: 
     let Some(&(first, _)) = parts.first() else { return };
     let k = first.cols();
     assert_eq!(Some(x.len()), m.checked_mul(k), "activation shape");
-    let mut spans = Vec::with_capacity(parts.len());
-    for &(l, col) in parts {
+    for &(l, _) in parts {
         assert_eq!(l.cols(), k, "fused layers must share their input width");
-        let end = col.checked_add(l.rows()).filter(|&e| e <= ldy).expect("output columns past the row stride");
-        let last = m.checked_sub(1).map(|i| i.checked_mul(ldy).and_then(|o| o.checked_add(end)).expect("output size overflows"));
-        assert!(last.is_none_or(|need| y.len() >= need), "output shape");
-        spans.push((col, end));
     }
-    // Every task writes its own (layer, row) columns: the layers' column ranges must not overlap.
-    spans.sort_unstable();
-    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "fused layers' output columns overlap");
+    // Every task writes its own (layer, row) columns.
+    check_output_columns(parts.iter().map(|&(l, col)| (col, l.rows())), m, ldy, y.len());
     if m == 0 {
         return;
     }

@@ -686,8 +686,41 @@ fn grouped_integer_matrices_write_their_columns_in_place() {
                     .collect();
                 assert!(row.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} {isa:?} token {t}");
             }
+            // Segments of 40 and 3 tokens: where the 40 take the GEMM (the scalar level switches
+            // at 32) the 3 are written in place from output row 40 on, as they are alone.
+            let segments = [40usize, 3];
+            let mt: usize = segments.iter().sum();
+            let xs = randn(&mut r, mt * k);
+            let mut y = vec![-7.0f32; mt * ldy];
+            tessera_kernels::linear::ggml::forward_group(&[(&kern, wa, 0), (&kern, wb, rows_a + gap)], &xs, &segments, &mut y, ldy);
+            let mut t0 = 0;
+            for &len in &segments {
+                let (mut ya, mut yb) = (vec![0f32; len * rows_a], vec![0f32; len * rows_b]);
+                kern.forward(wa, &xs[t0 * k..(t0 + len) * k], len, &mut ya, rows_a);
+                kern.forward(wb, &xs[t0 * k..(t0 + len) * k], len, &mut yb, rows_b);
+                for t in 0..len {
+                    let row = &y[(t0 + t) * ldy..(t0 + t + 1) * ldy];
+                    let want: Vec<f32> = ya[t * rows_a..(t + 1) * rows_a].iter().chain(&[-7.0; 3]).chain(&yb[t * rows_b..(t + 1) * rows_b]).chain(&[-7.0; 2]).copied().collect();
+                    assert!(row.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} {isa:?} segment of {len}, token {t}");
+                }
+                t0 += len;
+            }
         }
     }
+}
+
+/// GGML matrices grouped onto overlapping output columns would have two tasks write the same
+/// floats at once: refused.
+#[test]
+#[should_panic(expected = "output columns overlap")]
+fn grouped_matrices_with_overlapping_outputs_are_refused() {
+    let mut r = rng(13);
+    let (k, rows) = (64, 16);
+    let packed = Interleaved::pack(&WeightView::new(GgmlType::Q8_0, rows, k, &random_weights(&mut r, GgmlType::Q8_0, rows, k)).unwrap()).unwrap();
+    let kern = LinearKernel::with_isa(GgmlType::Q8_0, Isa::Scalar, LinearPolicy::DEFAULT);
+    let w = Weight::Interleaved(&packed);
+    let mut y = vec![0f32; 24];
+    tessera_kernels::linear::ggml::forward_group(&[(&kern, w, 0), (&kern, w, 8)], &randn(&mut r, k), &[1], &mut y, 24);
 }
 
 /// The round-to-nearest quantizers write blocks that GGML's dequantization (checked against

@@ -293,6 +293,9 @@ impl Interleaved {
     /// If `level` is unavailable or a length disagrees.
     pub fn gemm(&self, level: GemmLevel, g0: usize, g1: usize, acts: &[Q8Block], tokens: usize, out: &mut [f32]) {
         assert_eq!(out.len(), tokens * (g1 - g0) * GROUP, "output tile");
+        if g0 == g1 {
+            return;
+        }
         self.gemm_into(level, g0, g1, acts, tokens, OutRows::dense(out, (g1 - g0) * GROUP));
     }
 

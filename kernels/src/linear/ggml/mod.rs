@@ -287,11 +287,12 @@ pub fn forward_group(
     if m == 0 {
         return;
     }
-    for (kern, w, col) in parts {
+    for (kern, w, _) in parts {
         assert_eq!(w.ty(), kern.ty, "kernel selected for {} used on {}", kern.ty, w.ty());
         assert_eq!(w.cols(), k, "grouped matrices must share their input width");
-        assert!(col + w.rows() <= ldy && (m == 0 || y.len() >= (m - 1) * ldy + col + w.rows()), "output shape");
     }
+    // The tasks write their (matrix, row) columns in place.
+    super::check_output_columns(parts.iter().map(|(_, w, col)| (*col, w.rows())), m, ldy, y.len());
     // Matrices of different types may switch paths at different lengths (an integer Q4_1
     // next to a dequantized Q6_K): each switch point runs as its own group.
     let mut switches: Vec<usize> = parts.iter().map(|(kern, _, _)| min_tokens(kern.policy, kern.small, kern.isa)).collect();
@@ -379,8 +380,10 @@ fn dot_tasks(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[us
     // Tasks are (part, weight-row range) pairs over all parts, in whole pairs of groups (the
     // AVX-512 kernel takes two at a time).
     let tasks = super::row_tasks(&parts.iter().map(|(_, w, _)| w.rows()).collect::<Vec<_>>(), 2 * GROUP);
-    // Adjacent token rows (every segment on this path) let a task whose weight rows are whole
-    // groups write its columns of y in place; otherwise it writes a tile and copies it.
+    // Adjacent token rows (every segment on this path when none takes the GEMM) let a task
+    // whose weight rows are whole groups write its columns of y in place; otherwise it writes
+    // a tile and copies it.
+    debug_assert!(!rows.is_empty(), "the small path runs for some token rows");
     let adjacent = rows.windows(2).all(|r| r[1] == r[0] + 1);
     let out = SyncPtr::new(y.as_mut_ptr());
     pool::for_each(tasks.len(), |ti| {

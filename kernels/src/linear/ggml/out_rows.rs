@@ -27,8 +27,10 @@ impl<'a> OutRows<'a> {
     /// Rows of `cols` floats at `ptr`, `ptr + ld`, ... (`rows` of them), `ld >= cols`.
     ///
     /// # Safety
-    /// For `'a`, those floats are valid for writes, and nothing else reads or writes them
-    /// (the floats between the rows may belong to others: they are never touched).
+    /// `ptr` is non-null and aligned, every row start lies inside (or one past) the same
+    /// allocation, and for `'a` the rows' floats are valid for writes and nothing else reads
+    /// or writes them (the floats between the rows may belong to others: they are never
+    /// touched).
     pub unsafe fn strided(ptr: *mut f32, rows: usize, cols: usize, ld: usize) -> Self {
         assert!(ld >= cols, "row stride {ld} below the row width {cols}");
         OutRows { ptr, rows, cols, ld, _out: PhantomData }
@@ -62,7 +64,7 @@ impl<'a> OutRows<'a> {
     /// If the part does not lie inside these rows.
     #[inline]
     pub fn part(&mut self, t0: usize, c0: usize, cols: usize) -> OutRows<'_> {
-        assert!(t0 <= self.rows && c0 + cols <= self.cols, "part {t0}.., {c0}..{} of {}x{}", c0 + cols, self.rows, self.cols);
+        assert!(t0 <= self.rows && cols <= self.cols && c0 <= self.cols - cols, "part {t0}.., {c0}..+{cols} of {}x{}", self.rows, self.cols);
         OutRows { ptr: self.ptr.wrapping_add(t0 * self.ld + c0), rows: self.rows - t0, cols, ld: self.ld, _out: PhantomData }
     }
 }
@@ -88,6 +90,11 @@ mod tests {
             let w = want.iter().find(|(j, _)| *j == i).map_or(0.0, |&(_, v)| v);
             assert_eq!(v, w, "float {i}");
         }
+        assert!(std::panic::catch_unwind(move || {
+            let mut b = [0f32; 4];
+            let _ = OutRows::dense(&mut b, 4).part(0, usize::MAX, 1).rows();
+        })
+        .is_err(), "a part past the columns (the bound overflowing) was accepted");
         let mut dense = vec![0f32; 6];
         let mut d = OutRows::dense(&mut dense, 3);
         d.row(1)[2] = 5.0;

@@ -80,6 +80,9 @@ impl Interleaved {
     /// If the type is not a k-quant, `level` is unavailable or a length disagrees.
     pub fn gemm_q8k(&self, level: GemmLevel, g0: usize, g1: usize, acts: &[Q8KBlock], tokens: usize, out: &mut [f32]) {
         assert_eq!(out.len(), tokens * (g1 - g0) * GROUP, "output tile");
+        if g0 == g1 {
+            return;
+        }
         self.gemm_q8k_into(level, g0, g1, acts, tokens, OutRows::dense(out, (g1 - g0) * GROUP));
     }
 
