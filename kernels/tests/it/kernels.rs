@@ -709,6 +709,19 @@ fn grouped_integer_matrices_write_their_columns_in_place() {
     }
 }
 
+/// An empty range of groups writes nothing and refuses nothing, at every level.
+#[test]
+fn an_empty_group_range_is_a_no_op() {
+    let mut r = rng(14);
+    let (k, rows, tokens) = (64, 16, 3);
+    let packed = Interleaved::pack(&WeightView::new(GgmlType::Q8_0, rows, k, &random_weights(&mut r, GgmlType::Q8_0, rows, k)).unwrap()).unwrap();
+    let mut acts = vec![Q8Block::default(); tokens * k / 32];
+    quantize_q8(&randn(&mut r, tokens * k), &mut acts);
+    for level in [GemmLevel::Scalar].into_iter().chain([GemmLevel::Avx2, GemmLevel::Avx512Vnni].into_iter().filter(|l| l.available())) {
+        packed.gemm(level, 1, 1, &acts, tokens, &mut []);
+    }
+}
+
 /// GGML matrices grouped onto overlapping output columns would have two tasks write the same
 /// floats at once: refused.
 #[test]

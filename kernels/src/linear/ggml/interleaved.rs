@@ -292,11 +292,7 @@ impl Interleaved {
     /// # Panics
     /// If `level` is unavailable or a length disagrees.
     pub fn gemm(&self, level: GemmLevel, g0: usize, g1: usize, acts: &[Q8Block], tokens: usize, out: &mut [f32]) {
-        assert_eq!(out.len(), tokens * (g1 - g0) * GROUP, "output tile");
-        if g0 == g1 {
-            return;
-        }
-        self.gemm_into(level, g0, g1, acts, tokens, OutRows::dense(out, (g1 - g0) * GROUP));
+        self.gemm_into(level, g0, g1, acts, tokens, OutRows::dense(out, tokens, g1.saturating_sub(g0) * GROUP));
     }
 
     /// [`Self::gemm`] into `out`'s rows (one per token, `(g1 - g0) * 8` floats each), which

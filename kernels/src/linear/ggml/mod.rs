@@ -403,7 +403,7 @@ fn dot_tasks(parts: &[(&LinearKernel, Weight<'_>, usize)], x: &[f32], rows: &[us
                     return gemm(unsafe { OutRows::strided(out.get().add(rows[0] * ldy + col + r0), rows.len(), width, ldy) });
                 }
                 with_f32(rows.len() * width, |tile| {
-                    gemm(OutRows::dense(tile, width));
+                    gemm(OutRows::dense(tile, rows.len(), width));
                     for (&i, res) in rows.iter().zip(tile.chunks_exact(width)) {
                         // SAFETY: columns col + r0..col + r1 of output row i are inside y
                         // (asserted by the caller) and belong to this task alone.

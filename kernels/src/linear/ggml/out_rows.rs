@@ -15,13 +15,13 @@ pub struct OutRows<'a> {
 }
 
 impl<'a> OutRows<'a> {
-    /// A dense output: `out` as rows of `cols` floats.
+    /// A dense output: `out` as `rows` rows of `cols` floats.
     ///
     /// # Panics
-    /// If `cols` is zero while `out` is not empty, or `out` is not whole rows.
-    pub fn dense(out: &'a mut [f32], cols: usize) -> Self {
-        assert!(if cols == 0 { out.is_empty() } else { out.len().is_multiple_of(cols) }, "{} floats are not rows of {cols}", out.len());
-        OutRows { ptr: out.as_mut_ptr(), rows: out.len().checked_div(cols).unwrap_or(0), cols, ld: cols, _out: PhantomData }
+    /// If `out` does not hold exactly `rows × cols` floats.
+    pub fn dense(out: &'a mut [f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(Some(out.len()), rows.checked_mul(cols), "{} floats are not {rows} rows of {cols}", out.len());
+        OutRows { ptr: out.as_mut_ptr(), rows, cols, ld: cols, _out: PhantomData }
     }
 
     /// Rows of `cols` floats at `ptr`, `ptr + ld`, ... (`rows` of them), `ld >= cols`.
@@ -92,11 +92,11 @@ mod tests {
         }
         assert!(std::panic::catch_unwind(move || {
             let mut b = [0f32; 4];
-            let _ = OutRows::dense(&mut b, 4).part(0, usize::MAX, 1).rows();
+            let _ = OutRows::dense(&mut b, 1, 4).part(0, usize::MAX, 1).rows();
         })
         .is_err(), "a part past the columns (the bound overflowing) was accepted");
         let mut dense = vec![0f32; 6];
-        let mut d = OutRows::dense(&mut dense, 3);
+        let mut d = OutRows::dense(&mut dense, 2, 3);
         d.row(1)[2] = 5.0;
         assert_eq!(dense, [0.0, 0.0, 0.0, 0.0, 0.0, 5.0]);
     }
