@@ -4,7 +4,9 @@
 //! temperature 1 on the serving engine, past EOS, to full length. The text follows the
 //! model's own distribution rather than one genre's, which a fixed built-in text cannot do
 //! for every model (GPTQ fitted to text unlike what is served can do worse than rounding:
-//! docs/benchmarks/quantized-quality.md).
+//! docs/benchmarks/quantized-quality.md). The sampling is not truncated: a small model's
+//! temperature-1 text drifts into noise, yet on SmolLM2-135M it calibrated W4A16 better than
+//! coherent min-p 0.05 samples did (+14.2-14.6% against +22.7% perplexity on held-out prose).
 
 use super::QuantizeError;
 use crate::sample::SamplingParams;
