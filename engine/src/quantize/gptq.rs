@@ -97,11 +97,12 @@ impl Hessian {
     }
 }
 
-/// `Σ a_k b_k` over eight running sums (lane `k % 8`), so that it vectorizes: a single f64
-/// sum is a chain of dependent adds, which made the Cholesky factors and the float target's
-/// triangular solves (about `n²` of them per row) a third of a `tessera quantize` run.
+/// `Σ a_k b_k` over the shorter length, in eight running sums (lane `k % 8`) so that it
+/// vectorizes: a single f64 sum is a chain of dependent adds, which made the Cholesky factors
+/// a large part of a `tessera quantize` run.
 fn dot(a: &[f64], b: &[f64]) -> f64 {
-    debug_assert_eq!(a.len(), b.len());
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
     let mut acc = [0f64; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f64 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
@@ -135,8 +136,7 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> Result<(), usize> {
         let row_i = &mut rest[..n];
         for j in 0..=i {
             let lj = if j == i { &row_i[..j] } else { &done[j * n..j * n + j] };
-            let dot = dot(&row_i[..j], lj);
-            let s = row_i[j] - dot;
+            let s = row_i[j] - dot(&row_i[..j], lj);
             if j == i {
                 if s.is_nan() || s <= 0.0 {
                     return Err(i);
@@ -198,31 +198,55 @@ fn damped_cholesky(h: &Hessian, order: &[usize]) -> Result<Vec<f64>, String> {
     Err(format!("the {n}x{n} Hessian of the calibration inputs is not positive definite even with damping {damp}"))
 }
 
-/// The weights `W* = W + W (C − H) (H + damping)⁻¹` (`w`: `[rows, cols]` row-major) that the
-/// quantized layer should approach when its inputs `x̃` (second moment `H = Σ x̃ x̃ᵀ`, `h`)
-/// differ from the float model's `x` (cross moment `C = Σ x x̃ᵀ`, `cross`). Undamped this is
+/// Weight rows corrected per product in [`FloatTarget::apply`] (bounds its f64 temporaries).
+const TARGET_ROWS: usize = 256;
+
+/// The float target of one input site, shared by every layer reading it: the weights
+/// `W* = W + W (C − H) (H + damping)⁻¹` (`W`: a layer's `[rows, cols]` weights) that the
+/// quantized layer should approach when its inputs `x̃` (second moment `H = Σ x̃ x̃ᵀ`)
+/// differ from the float model's `x` (cross moment `C = Σ x x̃ᵀ`). Undamped this is
 /// `W C H⁻¹`, and `‖W X − Ŵ X̃‖² = ‖(W* − Ŵ) X̃‖² + const`, so GPTQ on `W*` with `H` minimizes
 /// the error against the float model's outputs, not against the float layer applied to inputs
 /// the earlier quantized layers already moved (GPTAQ's asymmetric calibration, Li et al.,
 /// 2025). Written as a correction of `W`, damped as [`Factor`] is, it leaves `W` as it is when
 /// the inputs did not move.
-pub fn float_target(w: &[f32], h: &Hessian, cross: &Hessian) -> Result<Vec<f32>, String> {
-    let n = h.width;
-    if cross.width != n || !w.len().is_multiple_of(n) {
-        return Err(format!("a {n}-wide target from a {}-wide cross moment and {} weights", cross.width, w.len()));
+#[derive(Clone, Debug)]
+pub struct FloatTarget {
+    /// `M = (C − H) (H + damping)⁻¹`, `[width, width]` row-major: `W* = W + W M`.
+    m: Vec<f64>,
+    width: usize,
+}
+
+impl FloatTarget {
+    /// The target of the site whose moments are `h` (`H`) and `cross` (`C`). The damped
+    /// inverse is `L⁻ᵀ L⁻¹` from the Cholesky factor `L`; one product per layer then replaces
+    /// a pair of triangular solves per weight row.
+    pub fn new(h: &Hessian, cross: &Hessian) -> Result<Self, String> {
+        let n = h.width;
+        if cross.width != n {
+            return Err(format!("a {n}-wide Hessian with a {}-wide cross moment", cross.width));
+        }
+        let identity: Vec<usize> = (0..n).collect();
+        let l_inv = lower_inverse(&damped_cholesky(h, &identity)?, n);
+        let a_inv = matmul_f64(n, n, n, (&l_inv, true), &l_inv);
+        let d: Vec<f64> = cross.sum.iter().zip(&h.sum).map(|(&c, &hv)| f64::from(c) - f64::from(hv)).collect();
+        Ok(FloatTarget { m: matmul_f64(n, n, n, (&d, false), &a_inv), width: n })
     }
-    let identity: Vec<usize> = (0..n).collect();
-    let l = damped_cholesky(h, &identity)?;
-    // (L Lᵀ)⁻¹ = L⁻ᵀ L⁻¹, then the correction (W (C − H)) (L Lᵀ)⁻¹: three products in place
-    // of a pair of triangular solves per row, each of which streamed all of `L`.
-    let l_inv = lower_inverse(&l, n);
-    let a_inv = matmul_f64(n, n, n, (&l_inv, true), &l_inv);
-    let d: Vec<f64> = cross.sum.iter().zip(&h.sum).map(|(&c, &hv)| f64::from(c) - f64::from(hv)).collect();
-    let rows = w.len() / n;
-    let w64: Vec<f64> = w.iter().map(|&x| f64::from(x)).collect();
-    let z = matmul_f64(rows, n, n, (&matmul_f64(rows, n, n, (&w64, false), &d), false), &a_inv);
-    let out = w.iter().zip(&z).map(|(&w, &z)| (f64::from(w) + z) as f32).collect();
-    Ok(out)
+
+    /// `W*` for the weights `w` (`[rows, width]` row-major).
+    pub fn apply(&self, w: &[f32]) -> Result<Vec<f32>, String> {
+        let n = self.width;
+        if !w.len().is_multiple_of(n) {
+            return Err(format!("a {n}-wide float target for {} weights", w.len()));
+        }
+        let mut out = Vec::with_capacity(w.len());
+        for chunk in w.chunks(TARGET_ROWS * n) {
+            let w64: Vec<f64> = chunk.iter().map(|&x| f64::from(x)).collect();
+            let z = matmul_f64(chunk.len() / n, n, n, (&w64, false), &self.m);
+            out.extend(chunk.iter().zip(&z).map(|(&w, &z)| (f64::from(w) + z) as f32));
+        }
+        Ok(out)
+    }
 }
 
 /// What GPTQ needs of one input site, shared by every layer reading it: the visiting order,
@@ -379,20 +403,20 @@ mod tests {
                 (dot(&w, a) - dot(v, b)).powi(2)
             }).sum::<f64>()).sum()
         };
-        let target = float_target(&w, &h, &c).unwrap();
+        let target = FloatTarget::new(&h, &c).unwrap().apply(&w).unwrap();
         let (before, after) = (error(&w, &x_q), error(&target, &x_q));
         assert!(after < 0.2 * before, "float target {after} vs the float weights {before}");
         // Unperturbed inputs: the float weights.
-        assert_eq!(float_target(&w, &h_float, &h_float).unwrap(), w);
+        assert_eq!(FloatTarget::new(&h_float, &h_float).unwrap().apply(&w).unwrap(), w);
         assert_eq!(c.tokens, t);
     }
 
     #[test]
-    fn float_target_solves_the_damped_normal_equations() {
+    fn float_target_solves_the_damped_normal_equations_in_row_chunks() {
         // W* = W + W (C − H) (H + λ·mean(diag H)·I)⁻¹, checked row by row against Gaussian
         // elimination with partial pivoting (an independent solver, no factor shared).
         let mut rng = ChaCha8Rng::seed_from_u64(6);
-        let (rows, n) = (5, 19);
+        let (rows, n) = (TARGET_ROWS + 3, 19);
         let (_, x) = correlated(n, 300, &mut rng);
         let x_q: Vec<f32> = x.iter().map(|&v| v + rng.gen_range(-0.2f32..0.2)).collect();
         let mut c = Hessian::new(n);
@@ -400,7 +424,7 @@ mod tests {
         let mut h_q = Hessian::new(n);
         h_q.add(&x_q);
         let w: Vec<f32> = (0..rows * n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-        let got = float_target(&w, &h_q, &c).unwrap();
+        let got = FloatTarget::new(&h_q, &c).unwrap().apply(&w).unwrap();
         let mean = (0..n).map(|i| f64::from(h_q.sum[i * n + i])).sum::<f64>() / n as f64;
         for r in 0..rows {
             let row = &w[r * n..(r + 1) * n];
@@ -432,13 +456,16 @@ mod tests {
     }
 
     #[test]
-    fn dot_equals_the_plain_sum_at_every_tail_length() {
+    fn dot_equals_the_plain_sum_at_every_tail_length_and_the_shorter_length() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         for len in 0..40 {
             let a: Vec<f64> = (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let b: Vec<f64> = (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let want: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
             assert!((dot(&a, &b) - want).abs() < 1e-12, "length {len}");
+            // A longer second operand: the shorter length counts, tail included.
+            let longer: Vec<f64> = b.iter().copied().chain([3.0; 9]).collect();
+            assert!((dot(&a, &longer) - want).abs() < 1e-12, "length {len} against {}", longer.len());
         }
     }
 

@@ -10,7 +10,7 @@
 //! site by site, each layer is quantized from the Hessian of the inputs it gets once every
 //! layer before it is quantized ([`calibrate::calibrate_sequential`]), and its written tensors
 //! are kept until its shard is written; each layer rounds the weights that best reproduce the
-//! float model's outputs from its quantized inputs ([`gptq::float_target`]). That adds to the
+//! float model's outputs from its quantized inputs ([`gptq::FloatTarget`]). That adds to the
 //! shard's memory the model loaded twice for calibration (float, and with its block linears
 //! replaced by f32 copies of what was written: 4 bytes per weight), the written tensors, and
 //! the calibration tokens' hidden states in both models.
@@ -388,7 +388,7 @@ pub struct Calibrated {
     /// GPTQ instead of rounding to nearest, sequentially: each block linear from the inputs
     /// it gets once the layers before it (earlier blocks, earlier sites of its block) are
     /// quantized ([`calibrate::calibrate_sequential`]), toward the float model's outputs
-    /// ([`gptq::float_target`]).
+    /// ([`gptq::FloatTarget`]).
     pub gptq: bool,
 }
 
@@ -432,7 +432,7 @@ impl Prepared {
 
     /// GPTQ on every selected dense block linear of the shards, each from the Hessian of its
     /// (smoothed) inputs in a model whose earlier layers are quantized, rounding the weights
-    /// that best give the float model's outputs from those inputs ([`gptq::float_target`]);
+    /// that best give the float model's outputs from those inputs ([`gptq::FloatTarget`]);
     /// keeps the tensors to write.
     #[allow(clippy::too_many_arguments)]
     fn quantize_sequentially(&mut self, input: &Path, shards: &[String], sequences: &[Vec<u32>], recipe: &Recipe, mse: bool, sel: &Selection<'_>, progress: &Progress) -> Result<(), QuantizeError> {
@@ -447,6 +447,7 @@ impl Prepared {
             };
             let site_err = |msg: String| QuantizeError::Usage(format!("GPTQ, block {layer} {site:?} inputs: {msg}"));
             let factor = Factor::new(&h).map_err(site_err)?;
+            let target = if recipe.weight_only() { Some(gptq::FloatTarget::new(&h, &cross).map_err(site_err)?) } else { None };
             let mut replaced = Vec::new();
             for leaf in site_modules(site) {
                 let module = format!("model.layers.{layer}.{leaf}");
@@ -461,7 +462,10 @@ impl Prepared {
                 let tensor_err = |msg: String| QuantizeError::Tensor { name: name.clone(), msg };
                 // Weight-only layers: what the float layer computes from the float model's
                 // inputs, as far as the quantized model's inputs can reach it.
-                let w = if recipe.weight_only() { gptq::float_target(&w, &h, &cross).map_err(tensor_err)? } else { w };
+                let w = match &target {
+                    Some(t) => t.apply(&w).map_err(tensor_err)?,
+                    None => w,
+                };
                 let tensors = recipe.quantize(&module, &w, cols, dtype, mse, Some(&factor)).map_err(tensor_err)?;
                 // The model calibrates unsmoothed: undo the smoothing of what was written.
                 let mut w_hat = recipe.decode(&module, &tensors, rows, cols).map_err(|msg| tensor_err(format!("decoding what was written: {msg}")))?;
@@ -916,7 +920,7 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
 
 impl Recipe {
     /// Whether activations stay in 16 bits at run time (weight-only W4A16). GPTQ aims such
-    /// layers at the float model's outputs ([`gptq::float_target`]); layers whose activations
+    /// layers at the float model's outputs ([`gptq::FloatTarget`]); layers whose activations
     /// are quantized keep their float weights as the target, which measured better for W4A8
     /// (calibration does not simulate the activation rounding the target would chase).
     pub fn weight_only(&self) -> bool {
