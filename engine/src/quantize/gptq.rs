@@ -229,6 +229,7 @@ impl FloatTarget {
         let identity: Vec<usize> = (0..n).collect();
         let l_inv = lower_inverse(&damped_cholesky(h, &identity)?, n);
         let a_inv = matmul_f64(n, n, n, (&l_inv, true), &l_inv);
+        drop(l_inv);
         let d: Vec<f64> = cross.sum.iter().zip(&h.sum).map(|(&c, &hv)| f64::from(c) - f64::from(hv)).collect();
         Ok(FloatTarget { m: matmul_f64(n, n, n, (&d, false), &a_inv), width: n })
     }

@@ -447,7 +447,8 @@ impl Prepared {
             };
             let site_err = |msg: String| QuantizeError::Usage(format!("GPTQ, block {layer} {site:?} inputs: {msg}"));
             let factor = Factor::new(&h).map_err(site_err)?;
-            let target = if recipe.weight_only() { Some(gptq::FloatTarget::new(&h, &cross).map_err(site_err)?) } else { None };
+            // Built when the site's first selected layer needs it.
+            let mut target: Option<gptq::FloatTarget> = None;
             let mut replaced = Vec::new();
             for leaf in site_modules(site) {
                 let module = format!("model.layers.{layer}.{leaf}");
@@ -462,9 +463,13 @@ impl Prepared {
                 let tensor_err = |msg: String| QuantizeError::Tensor { name: name.clone(), msg };
                 // Weight-only layers: what the float layer computes from the float model's
                 // inputs, as far as the quantized model's inputs can reach it.
-                let w = match &target {
-                    Some(t) => t.apply(&w).map_err(tensor_err)?,
-                    None => w,
+                let w = if recipe.weight_only() {
+                    if target.is_none() {
+                        target = Some(gptq::FloatTarget::new(&h, &cross).map_err(site_err)?);
+                    }
+                    target.as_ref().expect("built above").apply(&w).map_err(tensor_err)?
+                } else {
+                    w
                 };
                 let tensors = recipe.quantize(&module, &w, cols, dtype, mse, Some(&factor)).map_err(tensor_err)?;
                 // The model calibrates unsmoothed: undo the smoothing of what was written.
