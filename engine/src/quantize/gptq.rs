@@ -6,8 +6,9 @@
 //! (`Uᵀ U = H⁻¹`), column `i` of a row is rounded, its error `e = (w_i − ŵ_i) / U_ii` is
 //! subtracted as `w_j −= e · U_ij` from every later column `j`. Rows are independent, so they
 //! run in parallel. Choices, as in the common implementations:
-//! - damping: `H + λ·mean(diag H)·I` with `λ` = [`DAMP`] (×10 and retried while the
-//!   factorization fails);
+//! - damping: `H + λ·mean(diag H)·I` with the caller's `λ` (GPTQ's `percdamp`; the paper's
+//!   [`PAPER_DAMPING`] or more, docs/quantization.md), ×10 and retried while the
+//!   factorization fails;
 //! - activation order: columns are visited by decreasing `H_ii`; the grid (scales, zero
 //!   points) is fixed up front from the original weights ("static groups"), so the order
 //!   needs no `g_idx` in the checkpoint;
@@ -17,8 +18,8 @@
 use super::math::Grid;
 use rayon::prelude::*;
 
-/// Relative damping of the Hessian's diagonal (GPTQ's `percdamp`).
-pub const DAMP: f64 = 0.01;
+/// GPTQ's relative damping `percdamp` as the paper and the common implementations set it.
+pub const PAPER_DAMPING: f64 = 0.01;
 
 /// Rows rounded together (each row of `U` is read once per tile).
 const ROW_TILE: usize = 8;
@@ -159,22 +160,22 @@ fn lower_inverse(l: &[f64], n: usize) -> Vec<f64> {
 /// `U` (upper triangular, row-major) with `Uᵀ U = (P H Pᵀ + damping)⁻¹`, `P` visiting columns
 /// in `order`. Factoring the reversed matrix `J A J = M Mᵀ` gives `A = R Rᵀ` with `R = J M J`
 /// upper, so `U = R⁻¹ = J M⁻¹ J`: one Cholesky and one triangular inverse.
-fn inverse_factor(h: &Hessian, order: &[usize]) -> Result<Vec<f32>, String> {
+fn inverse_factor(h: &Hessian, order: &[usize], damping: f64) -> Result<Vec<f32>, String> {
     let n = h.width;
     let rev: Vec<usize> = order.iter().rev().copied().collect();
-    let l = damped_cholesky(h, &rev)?;
+    let l = damped_cholesky(h, &rev, damping)?;
     let m_inv = lower_inverse(&l, n);
     Ok((0..n * n).map(|k| if k % n >= k / n { m_inv[(n - 1 - k / n) * n + (n - 1 - k % n)] as f32 } else { 0.0 }).collect())
 }
 
 /// The lower Cholesky factor of `h` with rows and columns taken in `order`, damped by
-/// `DAMP` times the mean diagonal (zero diagonals read as 1), the damping raised tenfold up
+/// `damping` times the mean diagonal (zero diagonals read as 1), the damping raised tenfold up
 /// to three times while the matrix is not positive definite.
-fn damped_cholesky(h: &Hessian, order: &[usize]) -> Result<Vec<f64>, String> {
+fn damped_cholesky(h: &Hessian, order: &[usize], damping: f64) -> Result<Vec<f64>, String> {
     let n = h.width;
     let diag: Vec<f64> = (0..n).map(|i| f64::from(h.sum[i * n + i])).map(|d| if d > 0.0 { d } else { 1.0 }).collect();
     let mean = diag.iter().sum::<f64>() / n as f64;
-    let mut damp = DAMP / 10.0;
+    let mut damp = damping / 10.0;
     for _ in 0..4 {
         damp *= 10.0;
         let mut a: Vec<f64> = order.iter().flat_map(|&i| order.iter().map(move |&j| (i, j))).map(|(i, j)| if i == j { diag[i] } else { f64::from(h.sum[i * n + j]) }).collect();
@@ -206,16 +207,17 @@ pub struct FloatTarget {
 }
 
 impl FloatTarget {
-    /// The target of the site whose moments are `h` (`H`) and `cross` (`C`). The damped
-    /// inverse is `L⁻ᵀ L⁻¹` from the Cholesky factor `L`; one product per layer then replaces
-    /// a pair of triangular solves per weight row.
-    pub fn new(h: &Hessian, cross: &Hessian) -> Result<Self, String> {
+    /// The target of the site whose moments are `h` (`H`) and `cross` (`C`), damped by
+    /// `damping` (relative, as [`Factor::new`]). The damped inverse is `L⁻ᵀ L⁻¹` from the
+    /// Cholesky factor `L`; one product per layer then replaces a pair of triangular solves
+    /// per weight row.
+    pub fn new(h: &Hessian, cross: &Hessian, damping: f64) -> Result<Self, String> {
         let n = h.width;
         if cross.width != n {
             return Err(format!("a {n}-wide Hessian with a {}-wide cross moment", cross.width));
         }
         let identity: Vec<usize> = (0..n).collect();
-        let l_inv = lower_inverse(&damped_cholesky(h, &identity)?, n);
+        let l_inv = lower_inverse(&damped_cholesky(h, &identity, damping)?, n);
         let a_inv = matmul_f64(n, n, n, (&l_inv, true), &l_inv);
         drop(l_inv);
         let d: Vec<f64> = cross.sum.iter().zip(&h.sum).map(|(&c, &hv)| f64::from(c) - f64::from(hv)).collect();
@@ -249,12 +251,12 @@ pub struct Factor {
 }
 
 impl Factor {
-    /// Factors `h` (activation order, damped).
-    pub fn new(h: &Hessian) -> Result<Self, String> {
+    /// Factors `h` in activation order, damped by `damping` times its mean diagonal.
+    pub fn new(h: &Hessian, damping: f64) -> Result<Self, String> {
         let n = h.width;
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| h.sum[b * n + b].total_cmp(&h.sum[a * n + a]));
-        let u = inverse_factor(h, &order)?;
+        let u = inverse_factor(h, &order, damping)?;
         Ok(Factor { order, u, energy: h.diagonal() })
     }
 }
@@ -331,20 +333,22 @@ mod tests {
         for i in (1..n).rev() {
             order.swap(i, rng.gen_range(0..=i));
         }
-        let u = inverse_factor(&h, &order).unwrap();
         let mean = (0..n).map(|i| f64::from(h.sum[i * n + i])).sum::<f64>() / n as f64;
-        // (Uᵀ U) (P H Pᵀ + damping) = I.
-        for i in 0..n {
-            for j in 0..n {
-                let mut v = 0f64;
-                for k in 0..n {
-                    let utu: f64 = (0..n).map(|m| f64::from(u[m * n + i]) * f64::from(u[m * n + k])).sum();
-                    let a = f64::from(h.sum[order[k] * n + order[j]]) + if k == j { DAMP * mean } else { 0.0 };
-                    v += utu * a;
-                }
-                assert!((v - if i == j { 1.0 } else { 0.0 }).abs() < 1e-4, "({i}, {j}) = {v}");
-                if j < i {
-                    assert_eq!(u[i * n + j], 0.0);
+        for damping in [PAPER_DAMPING, 0.3] {
+            let u = inverse_factor(&h, &order, damping).unwrap();
+            // (Uᵀ U) (P H Pᵀ + damping) = I.
+            for i in 0..n {
+                for j in 0..n {
+                    let mut v = 0f64;
+                    for k in 0..n {
+                        let utu: f64 = (0..n).map(|m| f64::from(u[m * n + i]) * f64::from(u[m * n + k])).sum();
+                        let a = f64::from(h.sum[order[k] * n + order[j]]) + if k == j { damping * mean } else { 0.0 };
+                        v += utu * a;
+                    }
+                    assert!((v - if i == j { 1.0 } else { 0.0 }).abs() < 1e-4, "damping {damping}: ({i}, {j}) = {v}");
+                    if j < i {
+                        assert_eq!(u[i * n + j], 0.0);
+                    }
                 }
             }
         }
@@ -363,7 +367,7 @@ mod tests {
         let (rows, n) = (20, 64);
         let (h, _) = correlated(n, 500, &mut rng);
         let w: Vec<f32> = (0..rows * n).map(|_| rng.gen_range(-0.1f32..0.1)).collect();
-        let f = Factor::new(&h).unwrap();
+        let f = Factor::new(&h, PAPER_DAMPING).unwrap();
         for grid in [Grid::symmetric(&w, n, 16, INT4, FloatDtype::BF16), Grid::asymmetric(&w, n, 32, INT4, FloatDtype::F32), Grid::fp8_rows(&w, n, FloatDtype::F32)] {
             let rtn = output_error(&w, &grid, &grid.round(&w), &h);
             let g = output_error(&w, &grid, &gptq(&w, &grid, &f).unwrap(), &h);
@@ -392,11 +396,11 @@ mod tests {
                 (dot(&w, a) - dot(v, b)).powi(2)
             }).sum::<f64>()).sum()
         };
-        let target = FloatTarget::new(&h, &c).unwrap().apply(&w).unwrap();
+        let target = FloatTarget::new(&h, &c, PAPER_DAMPING).unwrap().apply(&w).unwrap();
         let (before, after) = (error(&w, &x_q), error(&target, &x_q));
         assert!(after < 0.2 * before, "float target {after} vs the float weights {before}");
         // Unperturbed inputs: the float weights.
-        assert_eq!(FloatTarget::new(&h_float, &h_float).unwrap().apply(&w).unwrap(), w);
+        assert_eq!(FloatTarget::new(&h_float, &h_float, PAPER_DAMPING).unwrap().apply(&w).unwrap(), w);
         assert_eq!(c.tokens, t);
     }
 
@@ -413,35 +417,38 @@ mod tests {
         let mut h_q = Hessian::new(n);
         h_q.add(&x_q);
         let w: Vec<f32> = (0..rows * n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-        let got = FloatTarget::new(&h_q, &c).unwrap().apply(&w).unwrap();
-        let mean = (0..n).map(|i| f64::from(h_q.sum[i * n + i])).sum::<f64>() / n as f64;
-        for r in 0..rows {
-            let row = &w[r * n..(r + 1) * n];
-            // Augmented [A | b] with A = H + damping (symmetric) and b = (C − H)ᵀ w.
-            let mut m: Vec<Vec<f64>> = (0..n)
-                .map(|i| {
-                    let mut e: Vec<f64> = (0..n).map(|j| f64::from(h_q.sum[i * n + j]) + if i == j { DAMP * mean } else { 0.0 }).collect();
-                    e.push((0..n).map(|k| f64::from(row[k]) * (f64::from(c.sum[k * n + i]) - f64::from(h_q.sum[k * n + i]))).sum());
-                    e
-                })
-                .collect();
-            for col in 0..n {
-                let p = (col..n).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs())).unwrap();
-                m.swap(col, p);
-                for i in 0..n {
-                    if i != col {
-                        let f = m[i][col] / m[col][col];
-                        let pivot = m[col].clone();
-                        m[i].iter_mut().zip(&pivot).for_each(|(a, b)| *a -= f * b);
+        for damping in [PAPER_DAMPING, 0.3] {
+            let got = FloatTarget::new(&h_q, &c, damping).unwrap().apply(&w).unwrap();
+            let mean = (0..n).map(|i| f64::from(h_q.sum[i * n + i])).sum::<f64>() / n as f64;
+            for r in 0..rows {
+                let row = &w[r * n..(r + 1) * n];
+                // Augmented [A | b] with A = H + damping (symmetric) and b = (C − H)ᵀ w.
+                let mut m: Vec<Vec<f64>> = (0..n)
+                    .map(|i| {
+                        let mut e: Vec<f64> = (0..n).map(|j| f64::from(h_q.sum[i * n + j]) + if i == j { damping * mean } else { 0.0 }).collect();
+                        e.push((0..n).map(|k| f64::from(row[k]) * (f64::from(c.sum[k * n + i]) - f64::from(h_q.sum[k * n + i]))).sum());
+                        e
+                    })
+                    .collect();
+                for col in 0..n {
+                    let p = (col..n).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs())).unwrap();
+                    m.swap(col, p);
+                    for i in 0..n {
+                        if i != col {
+                            let f = m[i][col] / m[col][col];
+                            let pivot = m[col].clone();
+                            m[i].iter_mut().zip(&pivot).for_each(|(a, b)| *a -= f * b);
+                        }
                     }
                 }
-            }
-            for j in 0..n {
-                let want = f64::from(row[j]) + m[j][n] / m[j][j];
-                // Both solves run in f64 (κ ≤ ~100n with 1% damping: their difference is
-                // far below f32), so what is left is the output's rounding to f32, half an
-                // ulp (6e-8 relative; 4.7e-8 measured): 2e-7 is three ulps.
-                assert!((f64::from(got[r * n + j]) - want).abs() < 2e-7 * want.abs().max(1.0), "row {r} col {j}: {} vs {want}", got[r * n + j]);
+                for j in 0..n {
+                    let want = f64::from(row[j]) + m[j][n] / m[j][j];
+                    // Both solves run in f64 (κ ≤ ~100n with 1% damping, less with more:
+                    // their difference is far below f32), so what is left is the output's
+                    // rounding to f32, half an ulp (6e-8 relative; 4.7e-8 measured): 2e-7 is
+                    // three ulps.
+                    assert!((f64::from(got[r * n + j]) - want).abs() < 2e-7 * want.abs().max(1.0), "damping {damping}, row {r} col {j}: {} vs {want}", got[r * n + j]);
+                }
             }
         }
     }
@@ -470,7 +477,7 @@ mod tests {
         h.sum[3 * n + 3] = 0.0; // a column no input reached
         let w: Vec<f32> = (0..8 * n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let grid = Grid::symmetric(&w, n, 8, INT4, FloatDtype::F32);
-        assert_eq!(gptq(&w, &grid, &Factor::new(&h).unwrap()).unwrap(), grid.round(&w));
-        assert!(gptq(&w, &grid, &Factor::new(&Hessian::new(n + 1)).unwrap()).unwrap_err().contains("33 wide"));
+        assert_eq!(gptq(&w, &grid, &Factor::new(&h, PAPER_DAMPING).unwrap()).unwrap(), grid.round(&w));
+        assert!(gptq(&w, &grid, &Factor::new(&Hessian::new(n + 1), PAPER_DAMPING).unwrap()).unwrap_err().contains("33 wide"));
     }
 }

@@ -76,7 +76,7 @@ pub struct QuantizeArgs {
     /// from each group's min/max unless --mse-observer. Without it, quantization is calibrated
     /// (docs/quantization.md): GPTQ, the MSE observer for int4, and SmoothQuant 0.5 for
     /// schemes with 8-bit activations.
-    #[arg(long, conflicts_with_all = ["gptq", "smoothquant", "no_smoothquant", "calibration", "calibration_seed"])]
+    #[arg(long, conflicts_with_all = ["gptq", "gptq_damping", "smoothquant", "no_smoothquant", "calibration", "calibration_seed"])]
     rtn: bool,
     /// SmoothQuant before quantizing, with this migration strength α in [0, 1] (0.5 in the
     /// paper, and the default for w4a8, w8a8-int8 and w8a8-fp8; larger moves more of the
@@ -90,6 +90,11 @@ pub struct QuantizeArgs {
     /// (activation order, static groups). The default unless --rtn.
     #[arg(long)]
     gptq: bool,
+    /// GPTQ's damping as a fraction of the Hessian's mean diagonal (llm-compressor's
+    /// dampening_frac): 0.3 for w4a16, 0.01 (the paper's) for the other schemes. More
+    /// leans less on correlations measured in the calibration text.
+    #[arg(long, value_name = "FRACTION")]
+    gptq_damping: Option<f64>,
     /// Choose each scale by searching the clipping ratio that minimizes the squared error
     /// (weighted by the inputs' energy per column with GPTQ), not the range's min/max. The
     /// default for int4 schemes unless --rtn.
@@ -123,7 +128,7 @@ pub struct QuantizeArgs {
 /// support yet, are rounded to nearest with a warning unless a calibration flag was given.
 fn how(args: &QuantizeArgs, scheme: Scheme, moe: bool) -> (Option<Calibrated>, bool) {
     let int4 = matches!(scheme, Scheme::W4A16 | Scheme::W4A8);
-    let asked = args.gptq || args.smoothquant.is_some() || args.calibration.is_some() || args.calibration_seed.is_some();
+    let asked = args.gptq || args.gptq_damping.is_some() || args.smoothquant.is_some() || args.calibration.is_some() || args.calibration_seed.is_some();
     if args.rtn || (moe && !asked) {
         if moe && !args.rtn {
             eprintln!("warning: calibrated quantization supports dense models; this one has MoE layers: rounding to nearest (--rtn)");
@@ -137,7 +142,8 @@ fn how(args: &QuantizeArgs, scheme: Scheme, moe: bool) -> (Option<Calibrated>, b
     let smooths = !matches!(scheme, Scheme::W4A16) && !args.no_smoothquant;
     let smoothquant = args.smoothquant.or(smooths.then_some(DEFAULT_SMOOTHQUANT));
     let data = CalibrationOptions { text, max_tokens: args.calibration_tokens, seq_len: args.calibration_seq_len };
-    (Some(Calibrated { data, smoothquant, gptq: true }), args.mse_observer || int4)
+    let damping = args.gptq_damping.unwrap_or(scheme.gptq_damping());
+    (Some(Calibrated { data, smoothquant, gptq: true, damping }), args.mse_observer || int4)
 }
 
 /// SmoothQuant's migration strength in the default recipe of the schemes with 8-bit activations.
@@ -257,8 +263,24 @@ mod tests {
         assert_eq!(recipe(&["--scheme", "w4a16"], true), (false, None, false, true));
         assert_eq!(recipe(&["--scheme", "w4a16", "--gptq"], true), (true, None, true, true));
         // Contradictions are refused.
-        for bad in [&["--scheme", "w4a16", "--rtn", "--gptq"][..], &["--scheme", "w4a16", "--rtn", "--calibration", "f"], &["--scheme", "w8a8-int8", "--smoothquant", "0.5", "--no-smoothquant"], &["--scheme", "w4a16", "--symmetric", "--asymmetric"]] {
+        for bad in [&["--scheme", "w4a16", "--rtn", "--gptq"][..], &["--scheme", "w4a16", "--rtn", "--calibration", "f"], &["--scheme", "w8a8-int8", "--smoothquant", "0.5", "--no-smoothquant"], &["--scheme", "w4a16", "--symmetric", "--asymmetric"], &["--scheme", "w4a16", "--rtn", "--gptq-damping", "0.1"]] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn gptq_damping_defaults_per_scheme_and_the_flag_overrides_it() {
+        let damping = |flags: &[&str], moe: bool| {
+            let args = parse(flags).unwrap();
+            how(&args, args.scheme.scheme(), moe).0.map(|c| c.damping)
+        };
+        assert_eq!(damping(&["--scheme", "w4a16"], false), Some(tessera_engine::quantize::W4A16_DAMPING));
+        for scheme in ["w4a8", "w8a8-int8", "w8a8-fp8"] {
+            assert_eq!(damping(&["--scheme", scheme], false), Some(tessera_engine::quantize::gptq::PAPER_DAMPING), "{scheme}");
+        }
+        assert_eq!(damping(&["--scheme", "w4a16", "--gptq-damping", "0.05"], false), Some(0.05));
+        assert_eq!(damping(&["--scheme", "w8a8-int8", "--gptq-damping", "0.2"], false), Some(0.2));
+        // On an MoE model the flag asks for calibration, as --gptq does.
+        assert_eq!(damping(&["--scheme", "w4a16", "--gptq-damping", "0.05"], true), Some(0.05));
     }
 }
