@@ -77,7 +77,7 @@ impl Calibration {
 fn load(input: &Path) -> Result<LoadedModel, QuantizeError> {
     let loaded = LoadedModel::load(input, LinearPolicy::DEFAULT).map_err(|e| QuantizeError::Usage(format!("loading {} to calibrate: {e}", input.display())))?;
     if loaded.model.config().moe.is_some() {
-        return Err(QuantizeError::Usage("calibrated quantization (--smoothquant, --gptq) supports dense models; this one has MoE layers".into()));
+        return Err(QuantizeError::Usage("calibrated quantization (GPTQ and SmoothQuant, with their flags) supports dense models; this one has MoE layers: quantize it with --rtn".into()));
     }
     Ok(loaded)
 }

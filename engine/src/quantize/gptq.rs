@@ -160,28 +160,35 @@ fn lower_inverse(l: &[f64], n: usize) -> Vec<f64> {
 /// `U` (upper triangular, row-major) with `Uᵀ U = (P H Pᵀ + damping)⁻¹`, `P` visiting columns
 /// in `order`. Factoring the reversed matrix `J A J = M Mᵀ` gives `A = R Rᵀ` with `R = J M J`
 /// upper, so `U = R⁻¹ = J M⁻¹ J`: one Cholesky and one triangular inverse.
-fn inverse_factor(h: &Hessian, order: &[usize], damping: f64) -> Result<Vec<f32>, String> {
+/// Also returns the damping used ([`damped_cholesky`]).
+fn inverse_factor(h: &Hessian, order: &[usize], damping: f64) -> Result<(Vec<f32>, f64), String> {
     let n = h.width;
     let rev: Vec<usize> = order.iter().rev().copied().collect();
-    let l = damped_cholesky(h, &rev, damping)?;
+    let (l, used) = damped_cholesky(h, &rev, damping)?;
     let m_inv = lower_inverse(&l, n);
-    Ok((0..n * n).map(|k| if k % n >= k / n { m_inv[(n - 1 - k / n) * n + (n - 1 - k % n)] as f32 } else { 0.0 }).collect())
+    Ok(((0..n * n).map(|k| if k % n >= k / n { m_inv[(n - 1 - k / n) * n + (n - 1 - k % n)] as f32 } else { 0.0 }).collect(), used))
 }
 
 /// The lower Cholesky factor of `h` with rows and columns taken in `order`, damped by
-/// `damping` times the mean diagonal (zero diagonals read as 1), the damping raised tenfold up
-/// to three times while the matrix is not positive definite.
-fn damped_cholesky(h: &Hessian, order: &[usize], damping: f64) -> Result<Vec<f64>, String> {
+/// `damping` (positive and finite) times the mean diagonal (zero diagonals read as 1), the
+/// damping raised tenfold up to three times while the matrix is not positive definite; with
+/// the damping used.
+fn damped_cholesky(h: &Hessian, order: &[usize], damping: f64) -> Result<(Vec<f64>, f64), String> {
+    if !(damping.is_finite() && damping > 0.0) {
+        return Err(format!("the damping must be a positive number, not {damping}"));
+    }
     let n = h.width;
     let diag: Vec<f64> = (0..n).map(|i| f64::from(h.sum[i * n + i])).map(|d| if d > 0.0 { d } else { 1.0 }).collect();
     let mean = diag.iter().sum::<f64>() / n as f64;
-    let mut damp = damping / 10.0;
-    for _ in 0..4 {
-        damp *= 10.0;
+    let mut damp = damping;
+    for attempt in 0..4 {
+        if attempt > 0 {
+            damp *= 10.0;
+        }
         let mut a: Vec<f64> = order.iter().flat_map(|&i| order.iter().map(move |&j| (i, j))).map(|(i, j)| if i == j { diag[i] } else { f64::from(h.sum[i * n + j]) }).collect();
         (0..n).for_each(|i| a[i * n + i] += damp * mean);
         if cholesky_lower(&mut a, n).is_ok() {
-            return Ok(a);
+            return Ok((a, damp));
         }
     }
     Err(format!("the {n}x{n} Hessian of the calibration inputs is not positive definite even with damping {damp}"))
@@ -217,7 +224,7 @@ impl FloatTarget {
             return Err(format!("a {n}-wide Hessian with a {}-wide cross moment", cross.width));
         }
         let identity: Vec<usize> = (0..n).collect();
-        let l_inv = lower_inverse(&damped_cholesky(h, &identity, damping)?, n);
+        let l_inv = lower_inverse(&damped_cholesky(h, &identity, damping)?.0, n);
         let a_inv = matmul_f64(n, n, n, (&l_inv, true), &l_inv);
         drop(l_inv);
         let d: Vec<f64> = cross.sum.iter().zip(&h.sum).map(|(&c, &hv)| f64::from(c) - f64::from(hv)).collect();
@@ -248,6 +255,9 @@ pub struct Factor {
     u: Vec<f32>,
     /// The inputs' mean square per channel (`H_ii / tokens`).
     pub energy: Vec<f32>,
+    /// The relative damping the factorization used: the one asked for, or up to a thousand
+    /// times it where the damped Hessian was not positive definite.
+    pub damping: f64,
 }
 
 impl Factor {
@@ -256,8 +266,8 @@ impl Factor {
         let n = h.width;
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| h.sum[b * n + b].total_cmp(&h.sum[a * n + a]));
-        let u = inverse_factor(h, &order, damping)?;
-        Ok(Factor { order, u, energy: h.diagonal() })
+        let (u, damping) = inverse_factor(h, &order, damping)?;
+        Ok(Factor { order, u, energy: h.diagonal(), damping })
     }
 }
 
@@ -294,6 +304,7 @@ mod tests {
     use super::*;
     use crate::float_dtype::FloatDtype;
     use crate::quantize::math::INT4;
+    use crate::quantize::W4A16_DAMPING;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -334,8 +345,8 @@ mod tests {
             order.swap(i, rng.gen_range(0..=i));
         }
         let mean = (0..n).map(|i| f64::from(h.sum[i * n + i])).sum::<f64>() / n as f64;
-        for damping in [PAPER_DAMPING, 0.3] {
-            let u = inverse_factor(&h, &order, damping).unwrap();
+        for damping in [PAPER_DAMPING, W4A16_DAMPING] {
+            let u = inverse_factor(&h, &order, damping).unwrap().0;
             // (Uᵀ U) (P H Pᵀ + damping) = I.
             for i in 0..n {
                 for j in 0..n {
@@ -417,7 +428,7 @@ mod tests {
         let mut h_q = Hessian::new(n);
         h_q.add(&x_q);
         let w: Vec<f32> = (0..rows * n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-        for damping in [PAPER_DAMPING, 0.3] {
+        for damping in [PAPER_DAMPING, W4A16_DAMPING] {
             let got = FloatTarget::new(&h_q, &c, damping).unwrap().apply(&w).unwrap();
             let mean = (0..n).map(|i| f64::from(h_q.sum[i * n + i])).sum::<f64>() / n as f64;
             for r in 0..rows {
@@ -479,5 +490,19 @@ mod tests {
         let grid = Grid::symmetric(&w, n, 8, INT4, FloatDtype::F32);
         assert_eq!(gptq(&w, &grid, &Factor::new(&h, PAPER_DAMPING).unwrap()).unwrap(), grid.round(&w));
         assert!(gptq(&w, &grid, &Factor::new(&Hessian::new(n + 1), PAPER_DAMPING).unwrap()).unwrap_err().contains("33 wide"));
+    }
+
+    #[test]
+    fn damping_is_positive_and_raised_only_where_the_hessian_needs_it() {
+        // [[1, 2], [2, 1]] has eigenvalue −1: damped by 0.3 (of the mean diagonal, 1) it is
+        // still indefinite, tenfold (3) it is positive definite, and the factor says so.
+        let mut h = Hessian::new(2);
+        h.sum.copy_from_slice(&[1.0, 2.0, 2.0, 1.0]);
+        assert!((Factor::new(&h, 0.3).unwrap().damping - 3.0).abs() < 1e-12);
+        assert_eq!(Factor::new(&h, 1.5).unwrap().damping, 1.5);
+        for bad in [0.0, -0.1, f64::NAN, f64::INFINITY] {
+            assert!(Factor::new(&h, bad).unwrap_err().contains("positive"), "{bad}");
+            assert!(FloatTarget::new(&h, &h, bad).unwrap_err().contains("positive"), "{bad}");
+        }
     }
 }

@@ -114,10 +114,9 @@ impl Scheme {
     }
 }
 
-/// GPTQ's relative damping for W4A16: 30 times the paper's 1%, which on the default model
-/// took the perplexity gap from +14.6% to +10.8% calibrated on the model's own samples and
-/// from +5.5% to +4.6% on in-domain text. More damping leans each column's error feedback
-/// less on correlations the calibration text measured, which text unlike it does not share.
+/// GPTQ's relative damping for W4A16: 30 times the paper's 1%. More damping leans each
+/// column's error feedback less on correlations the calibration text measured, which other
+/// text does not share (docs/benchmarks/quantized-quality.md, "GPTQ's damping").
 pub const W4A16_DAMPING: f64 = 0.3;
 
 /// Output checkpoint formats.
@@ -469,6 +468,9 @@ impl Prepared {
             };
             let site_err = |msg: String| QuantizeError::Usage(format!("GPTQ, block {layer} {site:?} inputs: {msg}"));
             let factor = Factor::new(&h, damping).map_err(site_err)?;
+            if factor.damping > damping {
+                tracing::warn!(layer, ?site, asked = damping, used = factor.damping, "GPTQ raised the damping: the damped Hessian of these calibration inputs was not positive definite");
+            }
             // Built when the site's first selected layer needs it.
             let mut target: Option<gptq::FloatTarget> = None;
             let mut replaced = Vec::new();
@@ -487,7 +489,7 @@ impl Prepared {
                 // inputs, as far as the quantized model's inputs can reach it.
                 let w = if recipe.weight_only() {
                     if target.is_none() {
-                        target = Some(gptq::FloatTarget::new(&h, &cross, damping).map_err(site_err)?);
+                        target = Some(gptq::FloatTarget::new(&h, &cross, factor.damping).map_err(site_err)?);
                     }
                     target.as_ref().expect("built above").apply(&w).map_err(tensor_err)?
                 } else {

@@ -394,13 +394,14 @@ fn sequential_calibration_sees_the_layers_before_replaced() {
     assert!(moved > 0.01, "zeroing block 0's V moved block 1's Q/K/V Hessian by only {moved}");
 }
 
-/// A calibration setting out of range is refused before anything is read or written, naming
-/// the flag: GPTQ's damping (zero, negative, not a number) and SmoothQuant's α.
+/// A calibration setting out of range is refused before the calibration text is read or
+/// sampled, naming the flag, and no checkpoint is written: GPTQ's damping (zero, negative,
+/// not a number, infinite) and SmoothQuant's α.
 #[test]
 fn out_of_range_calibration_settings_are_refused() {
     let input = converted(FloatDtype::BF16);
     let recipe = Recipe::resolve(Scheme::W4A16, None, Some(64), true).unwrap();
-    for (damping, smoothquant, flag) in [(0.0, None, "--gptq-damping 0"), (-0.1, None, "--gptq-damping -0.1"), (f64::NAN, None, "--gptq-damping NaN"), (0.3, Some(1.5), "--smoothquant 1.5")] {
+    for (damping, smoothquant, flag) in [(0.0, None, "--gptq-damping 0"), (-0.1, None, "--gptq-damping -0.1"), (f64::NAN, None, "--gptq-damping NaN"), (f64::INFINITY, None, "--gptq-damping inf"), (0.3, Some(1.5), "--smoothquant 1.5")] {
         let out = base().join("refused");
         let _ = std::fs::remove_dir_all(&out);
         let opts = QuantizeOptions {
