@@ -174,9 +174,7 @@ fn inverse_factor(h: &Hessian, order: &[usize], damping: f64) -> Result<(Vec<f32
 /// damping raised tenfold up to three times while the matrix is not positive definite; with
 /// the damping used.
 fn damped_cholesky(h: &Hessian, order: &[usize], damping: f64) -> Result<(Vec<f64>, f64), String> {
-    if !(damping.is_finite() && damping > 0.0) {
-        return Err(format!("the damping must be a positive number, not {damping}"));
-    }
+    check_damping(damping)?;
     let n = h.width;
     let diag: Vec<f64> = (0..n).map(|i| f64::from(h.sum[i * n + i])).map(|d| if d > 0.0 { d } else { 1.0 }).collect();
     let mean = diag.iter().sum::<f64>() / n as f64;
@@ -192,6 +190,15 @@ fn damped_cholesky(h: &Hessian, order: &[usize], damping: f64) -> Result<(Vec<f6
         }
     }
     Err(format!("the {n}x{n} Hessian of the calibration inputs is not positive definite even with damping {damp}"))
+}
+
+/// `Err` unless `damping` is a positive finite number (a relative damping GPTQ can use).
+pub fn check_damping(damping: f64) -> Result<(), String> {
+    if damping.is_finite() && damping > 0.0 {
+        Ok(())
+    } else {
+        Err(format!("the damping must be a positive number, not {damping}"))
+    }
 }
 
 /// Weight rows corrected per product in [`FloatTarget::apply`] (bounds its f64 temporaries).
@@ -428,9 +435,9 @@ mod tests {
         let mut h_q = Hessian::new(n);
         h_q.add(&x_q);
         let w: Vec<f32> = (0..rows * n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mean = (0..n).map(|i| f64::from(h_q.sum[i * n + i])).sum::<f64>() / n as f64;
         for damping in [PAPER_DAMPING, W4A16_DAMPING] {
             let got = FloatTarget::new(&h_q, &c, damping).unwrap().apply(&w).unwrap();
-            let mean = (0..n).map(|i| f64::from(h_q.sum[i * n + i])).sum::<f64>() / n as f64;
             for r in 0..rows {
                 let row = &w[r * n..(r + 1) * n];
                 // Augmented [A | b] with A = H + damping (symmetric) and b = (C − H)ᵀ w.

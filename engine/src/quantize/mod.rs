@@ -427,9 +427,7 @@ impl Prepared {
         if let Some(a) = c.smoothquant.filter(|a| !(0.0..=1.0).contains(a)) {
             return Err(QuantizeError::Usage(format!("--smoothquant {a}: the migration strength must be in [0, 1]")));
         }
-        if !(c.damping.is_finite() && c.damping > 0.0) {
-            return Err(QuantizeError::Usage(format!("--gptq-damping {}: the damping must be a positive number", c.damping)));
-        }
+        gptq::check_damping(c.damping).map_err(|e| QuantizeError::Usage(format!("--gptq-damping {}: {e}", c.damping)))?;
         let sequences = calibration_sequences(input, &c.data, &|done, total| progress.report(Stage::Sampling, done, total))?;
         let smoothing = match c.smoothquant {
             Some(alpha) => {
