@@ -311,7 +311,7 @@ mod tests {
     use super::*;
     use crate::float_dtype::FloatDtype;
     use crate::quantize::math::INT4;
-    use crate::quantize::W4A16_DAMPING;
+    use crate::quantize::INT4_DAMPING;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -352,7 +352,7 @@ mod tests {
             order.swap(i, rng.gen_range(0..=i));
         }
         let mean = (0..n).map(|i| f64::from(h.sum[i * n + i])).sum::<f64>() / n as f64;
-        for damping in [PAPER_DAMPING, W4A16_DAMPING] {
+        for damping in [PAPER_DAMPING, INT4_DAMPING] {
             let u = inverse_factor(&h, &order, damping).unwrap().0;
             // (Uᵀ U) (P H Pᵀ + damping) = I.
             for i in 0..n {
@@ -436,7 +436,7 @@ mod tests {
         h_q.add(&x_q);
         let w: Vec<f32> = (0..rows * n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let mean = (0..n).map(|i| f64::from(h_q.sum[i * n + i])).sum::<f64>() / n as f64;
-        for damping in [PAPER_DAMPING, W4A16_DAMPING] {
+        for damping in [PAPER_DAMPING, INT4_DAMPING] {
             let got = FloatTarget::new(&h_q, &c, damping).unwrap().apply(&w).unwrap();
             for r in 0..rows {
                 let row = &w[r * n..(r + 1) * n];

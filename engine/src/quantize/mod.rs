@@ -104,20 +104,22 @@ impl Scheme {
     }
 
     /// GPTQ's relative damping in this scheme's default recipe ([`Calibrated::damping`]):
-    /// [`W4A16_DAMPING`] for W4A16, where it was measured
-    /// (docs/benchmarks/quantized-quality.md), the paper's 1% for the others.
+    /// [`INT4_DAMPING`] for the int4 schemes, where it was measured
+    /// (docs/benchmarks/quantized-quality.md), the paper's 1% for the 8-bit ones, where
+    /// more damping helped some texts and hurt others.
     pub fn gptq_damping(self) -> f64 {
         match self {
-            Scheme::W4A16 => W4A16_DAMPING,
-            Scheme::W4A8 | Scheme::W8A8Fp8 | Scheme::W8A8Int8 => gptq::PAPER_DAMPING,
+            Scheme::W4A16 | Scheme::W4A8 => INT4_DAMPING,
+            Scheme::W8A8Fp8 | Scheme::W8A8Int8 => gptq::PAPER_DAMPING,
         }
     }
 }
 
-/// GPTQ's relative damping for W4A16: 30 times the paper's 1%. More damping leans each
-/// column's error feedback less on correlations the calibration text measured, which other
-/// text does not share (docs/benchmarks/quantized-quality.md, "GPTQ's damping").
-pub const W4A16_DAMPING: f64 = 0.3;
+/// GPTQ's relative damping for int4 weights (W4A16, W4A8): 30 times the paper's 1%. More
+/// damping leans each column's error feedback less on correlations the calibration text
+/// measured, which other text does not share (docs/benchmarks/quantized-quality.md, "GPTQ's
+/// damping").
+pub const INT4_DAMPING: f64 = 0.3;
 
 /// Output checkpoint formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

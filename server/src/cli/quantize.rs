@@ -91,7 +91,7 @@ pub struct QuantizeArgs {
     #[arg(long)]
     gptq: bool,
     /// GPTQ's damping as a fraction of the Hessian's mean diagonal (llm-compressor's
-    /// dampening_frac): 0.3 for w4a16, 0.01 (the paper's) for the other schemes. More
+    /// dampening_frac): 0.3 for w4a16 and w4a8, 0.01 (the paper's) for the 8-bit schemes. More
     /// leans less on correlations measured in the calibration text.
     #[arg(long, value_name = "FRACTION")]
     gptq_damping: Option<f64>,
@@ -274,8 +274,10 @@ mod tests {
             let args = parse(flags).unwrap();
             how(&args, args.scheme.scheme(), moe).0.map(|c| c.damping)
         };
-        assert_eq!(damping(&["--scheme", "w4a16"], false), Some(tessera_engine::quantize::W4A16_DAMPING));
-        for scheme in ["w4a8", "w8a8-int8", "w8a8-fp8"] {
+        for scheme in ["w4a16", "w4a8"] {
+            assert_eq!(damping(&["--scheme", scheme], false), Some(tessera_engine::quantize::INT4_DAMPING), "{scheme}");
+        }
+        for scheme in ["w8a8-int8", "w8a8-fp8"] {
             assert_eq!(damping(&["--scheme", scheme], false), Some(tessera_engine::quantize::gptq::PAPER_DAMPING), "{scheme}");
         }
         assert_eq!(damping(&["--scheme", "w4a16", "--gptq-damping", "0.05"], false), Some(0.05));
