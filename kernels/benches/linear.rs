@@ -176,7 +176,7 @@ fn int4_bandwidth(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::
             .chain((1..count).map(|_| make(r)))
             .map(|m| RowwiseLinear::new(Arc::new(m), act, &caps).unwrap())
             .collect();
-        for m in [1usize, 8] {
+        for m in [1usize, 2, 4, 8] {
             let x: Vec<f32> = (0..m * cols).map(|_| r.gen_range(-1.0..1.0)).collect();
             let mut y = vec![0f32; m * rows];
             g.throughput(Throughput::Bytes(bytes as u64));

@@ -44,9 +44,13 @@ const PANEL_MIN_TOKENS: usize = 16;
 /// W4A16 rows `r0..r1` for `m` tokens of bf16 activations `xb` (bit patterns, `m × cols`)
 /// into `out[(r - r0) * m + i]`, the panel's products formed as `form` says (the same bits
 /// either way). Below [`PANEL_MIN_TOKENS`] tokens a pass takes `P` row pairs
-/// and `T` tokens, `P · T = 8` (sixteen accumulators with their totals): eight pairs for one
-/// token at decode, one pair for eight tokens from eight, where each decoded run serves eight
-/// tokens; from [`PANEL_MIN_TOKENS`] the row group is decoded once for every token ([`panel`]).
+/// and `T` tokens: eight pairs for one token at decode (eight accumulators with their totals,
+/// where the weights stream from memory), and from two tokens `P · T = 16` (two pairs for
+/// eight tokens from eight, where each decoded run serves eight tokens): sixteen independent
+/// `vdpbf16ps` chains, as its latency (six cycles at two a cycle on Zen 5) asks, with the
+/// totals, touched once per group, spilled; eight chains ran batch-2 to batch-8 decode
+/// 1.2x slower. From [`PANEL_MIN_TOKENS`] the row group is decoded once for every token
+/// ([`panel`]).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/BF16 available ([`crate::cpu::caps::bf16_dot_available`]);
@@ -68,11 +72,11 @@ pub(crate) unsafe fn int4_bf16(form: Bf16Products, w: &Int4Matrix, r0: usize, r1
             // SAFETY: forwarded contract; tokens t0.. exist; row group rg exists.
             t0 += unsafe {
                 if t >= 8 {
-                    passes::<1, 8>(w, &table, rg, xb, t0, r0, r1, m, out)
+                    passes::<2, 8>(w, &table, rg, xb, t0, r0, r1, m, out)
                 } else if t >= 4 {
-                    passes::<2, 4>(w, &table, rg, xb, t0, r0, r1, m, out)
+                    passes::<4, 4>(w, &table, rg, xb, t0, r0, r1, m, out)
                 } else if t >= 2 {
-                    passes::<4, 2>(w, &table, rg, xb, t0, r0, r1, m, out)
+                    passes::<8, 2>(w, &table, rg, xb, t0, r0, r1, m, out)
                 } else {
                     passes::<8, 1>(w, &table, rg, xb, t0, r0, r1, m, out)
                 }
