@@ -159,7 +159,8 @@ fn prefill(c: &mut Criterion) {
     g.finish();
 }
 
-/// The checkpoint int4 GEMVs on the same shape, streaming like [`gemv_bandwidth`]'s: W4A16
+/// The checkpoint int4 GEMVs on the same shape at 1, 2, 4 and 8 tokens (the W4A16 kernel's
+/// pass shape changes with the token count), streaming like [`gemv_bandwidth`]'s: W4A16
 /// (groups of 128 with zero points, as `tessera quantize --scheme w4a16` writes, on f32 and on
 /// the default 16-bit activations: [`int4_cases`]) and W4A8 (per channel, int8
 /// per-token activations); throughput in bytes of packed weights, scales and zero points.
