@@ -143,6 +143,33 @@ impl Format {
 /// Default int4 group size of w4a16 (compressed-tensors' W4A16 preset).
 pub const DEFAULT_GROUP_SIZE: usize = 128;
 
+/// The group sizes [`fitted_group_size`] tries, largest first.
+const FITTED_GROUP_SIZES: [usize; 3] = [DEFAULT_GROUP_SIZE, 64, 32];
+
+/// The group size `quantize` gives int4 weights when none is asked for:
+/// [`DEFAULT_GROUP_SIZE`] where it divides the input width of every linear weight in
+/// `input` (a Hugging Face directory), else the largest of 64 and 32 that does, so that no
+/// row ends in a short group: vLLM's Marlin kernels and compressed-tensors' decompression
+/// refuse one. [`DEFAULT_GROUP_SIZE`] when none divides them all (the last group is then
+/// short, which Tessera loads). With the size comes the first weight (name, input width)
+/// that [`DEFAULT_GROUP_SIZE`] does not divide, if any.
+pub fn fitted_group_size(input: &Path) -> Result<(usize, Option<(String, usize)>), QuantizeError> {
+    let mut widths = BTreeMap::new();
+    for shard in input_shards(input)? {
+        let path = input.join(&shard);
+        let map = map_file(&path)?;
+        for (name, view) in read_shard(&map, &path)?.tensors() {
+            let Some(module) = name.strip_suffix(".weight") else { continue };
+            if view.shape().len() == 2 && is_linear(module) && !is_router(module) {
+                widths.insert(name, view.shape()[1]);
+            }
+        }
+    }
+    let divides = |g: usize| widths.values().all(|w| w.is_multiple_of(g));
+    let group = FITTED_GROUP_SIZES.into_iter().find(|&g| divides(g)).unwrap_or(DEFAULT_GROUP_SIZE);
+    Ok((group, widths.into_iter().find(|(_, w)| !w.is_multiple_of(DEFAULT_GROUP_SIZE))))
+}
+
 /// A resolved scheme in one format: what is written per layer and in config.json.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Recipe {

@@ -733,6 +733,31 @@ fn bad_input_is_an_error_naming_what_is_wrong() {
     assert!(asym(Scheme::W4A16, Some(Format::Quark)).contains("compressed-tensors"));
 }
 
+/// Without `--group-size`, w4a16 takes 128 columns per scale where 128 divides every linear
+/// weight's input width, else the largest of 64 and 32 that does (128 when none does); the
+/// router does not count (it is not quantized), the output head does.
+#[test]
+fn the_fitted_group_size_divides_every_linear_input() {
+    let fitted = |cols: usize, router_cols: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        random_dir(dir.path(), |name, t| {
+            if t.1.len() == 2 && name.ends_with("proj.weight") || name == "lm_head.weight" || name == "model.layers.1.mlp.gate.weight" {
+                let c = if name.ends_with(".mlp.gate.weight") { router_cols } else { cols };
+                *t = (Dtype::BF16, vec![8, c], vec![0x3c; 8 * c * 2]);
+            }
+        });
+        tessera_engine::quantize::fitted_group_size(dir.path()).unwrap()
+    };
+    assert_eq!(fitted(256, 40), (128, None));
+    assert_eq!(fitted(576, 256), (64, Some(("lm_head.weight".to_string(), 576))));
+    assert_eq!(fitted(96, 256), (32, Some(("lm_head.weight".to_string(), 96))));
+    assert_eq!(fitted(40, 256), (128, Some(("lm_head.weight".to_string(), 40))));
+    // The random model as it is: 64-, 96- and 32-column layers.
+    let dir = tempfile::tempdir().unwrap();
+    random_dir(dir.path(), |_, _| {});
+    assert_eq!(tessera_engine::quantize::fitted_group_size(dir.path()).unwrap(), (32, Some(("lm_head.weight".to_string(), 64))));
+}
+
 /// `--asymmetric` (W4A16_ASYM, and W4A8 with zero points in compressed-tensors): the documented
 /// tensors and config, values from the doc's decoder (ragged groups: 96 columns in groups of
 /// 64; zero-point padding: k_proj with 20 rows; an all-positive row), and Tessera's loader

@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use tessera_engine::quantize::calibrate::{CalibrationOptions, CalibrationText};
-use tessera_engine::quantize::{calibration_supported, quantize_dir, Calibrated, Format, Progress, QuantizeOptions, Recipe, Scheme, Stage};
+use tessera_engine::quantize::{self, calibration_supported, quantize_dir, Calibrated, Format, Progress, QuantizeOptions, Recipe, Scheme, Stage};
 
 /// Quantization scheme.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -55,7 +55,8 @@ pub struct QuantizeArgs {
     /// Output format (default: quark for w4a8, compressed-tensors otherwise).
     #[arg(long, value_enum)]
     format: Option<FormatArg>,
-    /// Columns per int4 scale for w4a16 (default 128).
+    /// Columns per int4 scale for w4a16 (default 128, or where 128 does not divide some linear
+    /// layer's input width the largest of 64 and 32 that divides them all).
     #[arg(long)]
     group_size: Option<usize>,
     /// Asymmetric int4 weights with a zero point per scale (compressed-tensors W4A16_ASYM):
@@ -167,6 +168,19 @@ fn progress_bar() -> Progress {
     })
 }
 
+/// The group size of a w4a16 run without `--group-size` ([`quantize::fitted_group_size`]),
+/// saying why when it is not 128.
+fn fitted_group_size(input: &std::path::Path) -> Result<usize> {
+    let (group, ragged) = quantize::fitted_group_size(input).with_context(|| format!("reading {}", input.display()))?;
+    if let Some((name, width)) = ragged {
+        println!(
+            "group size {group}: {name} is {width} columns wide, which groups of 128 do not divide \
+             (vLLM's Marlin kernels and compressed-tensors' decompression refuse a short last group; --group-size overrides)"
+        );
+    }
+    Ok(group)
+}
+
 /// Runs the command.
 pub fn run(args: QuantizeArgs) -> Result<()> {
     let scheme = args.scheme.scheme();
@@ -176,7 +190,11 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     });
     // Zero points by default where the format has them (compressed-tensors int4 with groups).
     let asymmetric = args.asymmetric || (!args.symmetric && matches!(scheme, Scheme::W4A16) && format != Some(Format::Quark));
-    let recipe = Recipe::resolve(scheme, format, args.group_size, asymmetric)?;
+    let group_size = match args.group_size {
+        None if scheme == Scheme::W4A16 => Some(fitted_group_size(&args.input)?),
+        g => g,
+    };
+    let recipe = Recipe::resolve(scheme, format, group_size, asymmetric)?;
     let head = args.lm_head.map(|h| Recipe::head(h.scheme(), &recipe)).transpose().context("--lm-head")?;
     let moe = !calibration_supported(&args.input)?;
     let (calibrated, mse_observer) = how(&args, scheme, moe);

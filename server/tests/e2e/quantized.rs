@@ -1,7 +1,7 @@
 //! A checkpoint made by Tessera's own tools (the default model converted with `tessera convert
 //! gguf-to-hf`, then quantized to W4A8 with `tessera quantize`, calibrated: SmoothQuant and
 //! GPTQ, with the output head in int8) served end to end: the plan in `/v1/models`, the plan metric, the startup log, and
-//! completions.
+//! completions. Also the group size `quantize --scheme w4a16` picks for the model's widths.
 
 use crate::harness::{model_path, Server};
 use serde_json::{json, Value};
@@ -31,6 +31,15 @@ async fn quantized_checkpoint_serves_with_its_plan() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("cannot be used with '--rtn'"), "{stderr}");
     tessera(&[&quantize[..], &["--calibration", &s(&calibration), "--calibration-tokens", "1024"]].concat());
+    // W4A16 without --group-size: the default model's 576-wide inputs take groups of 64, not
+    // a short last group of 128, and the command says why.
+    let w4a16 = dir.join("w4a16");
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera")).args(["quantize", "--input", &s(&bf16), "--output", &s(&w4a16), "--scheme", "w4a16", "--rtn"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("group size 64:") && stdout.contains("576 columns wide"), "{stdout}");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(w4a16.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"], 64, "{config}");
     let server = Server::start(&["--model", &s(&w4a8)]);
     std::fs::remove_dir_all(&dir).unwrap(); // mapped files stay readable
 
