@@ -8,16 +8,18 @@ use std::ops::{Deref, DerefMut};
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// Element types for which all-zero bytes are a valid value (the integer codes).
+/// Element types for which all-zero bytes are a valid value (the integer codes, bf16 words).
 pub trait Zeroable: Copy + std::fmt::Debug + sealed::Sealed {}
 impl Zeroable for i8 {}
 impl Zeroable for i16 {}
+impl Zeroable for u16 {}
 
 mod sealed {
     /// Closes [`super::Zeroable`] to the types listed there.
     pub trait Sealed {}
     impl Sealed for i8 {}
     impl Sealed for i16 {}
+    impl Sealed for u16 {}
 }
 
 /// `len` zeroed values of `T` whose first one starts a cache line, so that a row of whole

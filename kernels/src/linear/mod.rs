@@ -35,7 +35,7 @@ pub(crate) mod int_dot_avx2;
 pub mod rowwise;
 
 pub use act::ActQuant;
-pub use fp8::Fp8Matrix;
+pub use fp8::{Fp8Kernel, Fp8Matrix};
 pub use int4::Int4Matrix;
 pub use int8::Int8Matrix;
 pub use int8_rows::Int8Rows;

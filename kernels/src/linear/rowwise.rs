@@ -165,6 +165,8 @@ pub enum Prepared<'a> {
         codes: Vec<f32>,
         /// One scale per token and column block.
         scales: Vec<f32>,
+        /// The codes as bf16 words (exact) when the kernel multiplies bf16, else empty.
+        words: LineAligned<u16>,
     },
 }
 
@@ -262,7 +264,13 @@ impl RowwiseLinear {
                 for ((x, c), s) in x.chunks_exact(k).zip(codes.chunks_exact_mut(k)).zip(scales.chunks_exact_mut(nb)) {
                     act::quantize_fp8_row(x, bw, c, s);
                 }
-                Prepared::Fp8 { codes, scales }
+                // The bf16 kernel's words, made once per call rather than once per task.
+                let mut words = LineAligned::<u16>::zeroed(0);
+                if crate::linear::Fp8Kernel::for_isa(self.isa) == crate::linear::Fp8Kernel::Avx512Bf16 {
+                    words = LineAligned::zeroed(m * k);
+                    act::round_bf16_row(&codes, &mut words);
+                }
+                Prepared::Fp8 { codes, scales, words }
             }
             ActQuant::Int16PerGroup => {
                 let bw = self.w.act_block();

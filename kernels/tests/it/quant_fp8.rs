@@ -1,13 +1,15 @@
 //! W8A8 FP8 (E4M3): conversions against an independent ml_dtypes fixture, per-token activation
-//! quantization, and the `Fp8Matrix` kernels (scalar and AVX2) against each other, against an
-//! f64 reference and for batch invariance.
+//! quantization, and the `Fp8Matrix` kernels (scalar, AVX2, AVX-512 BF16) against each other,
+//! against an f64 reference and for batch invariance, and the AVX-512 BF16 kernel bit for bit
+//! against a scalar emulation of its lanes.
 //!
 //! Error bounds used below (u = 2⁻²⁴, γ_n = n·u / (1 − n·u), the classic bound for n
 //! roundings). Products of two E4M3 values have at most 8 significant bits and exponents far
 //! from the f32 limits, so every product is exact in f32 and only the summation order differs
 //! between paths. One output is `Σ_b fl(s_w·s_x)·part_b` summed over `nb` column blocks of
 //! width `bw`, where `part_b` is summed sequentially (scalar: `bw − 1` roundings) or in 8 lanes
-//! plus a 3-level tree (AVX2: `bw/8 + 2` roundings; its `·2⁸` is exact). Each product term
+//! plus a 3-level tree (AVX2: `bw/8 + 2` roundings; its `·2⁸` is exact), or in 16 lanes plus a
+//! 4-level tree (AVX-512 BF16: `bw/16 + 3`). Each product term
 //! thus meets at most `bw + nb + 2` roundings, so with `A = Σ_c |W[r,c]|·|X[i,c]|`
 //! (dequantized weight times code · scale):
 //! - each kernel is within `γ_{bw+nb+2}·A` of the exact sum, hence AVX2 and scalar are within
@@ -24,7 +26,7 @@ use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu::Isa;
 use tessera_kernels::linear::act::quantize_fp8_row;
 use tessera_kernels::e4m3::{e4m3_is_nan, e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
-use tessera_kernels::linear::{ActQuant, RowKernel, Fp8Matrix, RowwiseLinear};
+use tessera_kernels::linear::{ActQuant, Fp8Kernel, Fp8Matrix, RowKernel, RowwiseLinear};
 use std::sync::Arc;
 
 /// A row-kernel matrix behind the trait object the driver takes.
@@ -237,10 +239,112 @@ fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2].into_iter().filter(|i| i.available()).collect()
 }
 
+/// Every FP8 kernel this CPU runs.
+fn kernels() -> Vec<Fp8Kernel> {
+    [Fp8Kernel::Scalar, Fp8Kernel::Avx2, Fp8Kernel::Avx512Bf16].into_iter().filter(|k| k.available()).collect()
+}
+
+/// `x` quantized per token and block of `bw` columns: (codes, scales).
+fn quantized(x: &[f32], k: usize, bw: usize) -> (Vec<f32>, Vec<f32>) {
+    let (m, nb) = (x.len() / k, k.div_ceil(bw));
+    let (mut codes, mut xs) = (vec![0f32; m * k], vec![0f32; m * nb]);
+    for ((xi, c), s) in x.chunks_exact(k).zip(codes.chunks_exact_mut(k)).zip(xs.chunks_exact_mut(nb)) {
+        quantize_fp8_row(xi, bw, c, s);
+    }
+    (codes, xs)
+}
+
+/// Rows `r0..r1` of `kernel`'s product, `[row][token]`.
+fn rows_with(w: &Fp8Matrix, kernel: Fp8Kernel, r0: usize, r1: usize, x: &[f32], m: usize) -> Vec<f32> {
+    let (codes, xs) = quantized(x, w.cols(), w.block()[1]);
+    let mut out = vec![f32::NAN; (r1 - r0) * m];
+    w.rows_fp8_with(kernel, r0, r1, &codes, &xs, m, &mut out);
+    out
+}
+
+/// The AVX-512 BF16 kernel's arithmetic in scalar Rust, written from its contract: per
+/// `(row, token)` sixteen f32 lanes; each 32 columns `c..c + 32`, lane `l` adds the exact
+/// product of column `c + 2l + 1`, then of `c + 2l` (weights as `e4m3 · 2⁻⁸`); at each block
+/// end the lanes are summed as `s_i = l_i + l_{i+8}`, `t_i = s_i + s_{i+4}`, `(t_0 + t_2) +
+/// (t_1 + t_3)`, and `res += (s_w · s_x) · (sum · 2⁸)`.
+fn bf16_lanes_reference(w: &Fp8Matrix, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize) -> Vec<f32> {
+    let (k, bw) = (w.cols(), w.block()[1]);
+    let nb = k.div_ceil(bw);
+    let mut out = vec![0f32; (r1 - r0) * m];
+    for r in r0..r1 {
+        let wv: Vec<f32> = w.row(r).iter().map(|&b| e4m3_to_f32(b) / 256.0).collect();
+        let sw = w.row_scales(r);
+        for i in 0..m {
+            let x = &codes[i * k..(i + 1) * k];
+            let mut res = 0f32;
+            for b in 0..nb {
+                let mut lanes = [0f32; 16];
+                for c in (b * bw..((b + 1) * bw).min(k)).step_by(32) {
+                    for (l, lane) in lanes.iter_mut().enumerate() {
+                        *lane += wv[c + 2 * l + 1] * x[c + 2 * l + 1];
+                        *lane += wv[c + 2 * l] * x[c + 2 * l];
+                    }
+                }
+                let s: [f32; 8] = std::array::from_fn(|j| lanes[j] + lanes[j + 8]);
+                let t: [f32; 4] = std::array::from_fn(|j| s[j] + s[j + 4]);
+                let part = ((t[0] + t[2]) + (t[1] + t[3])) * 256.0;
+                res += sw[b] * xs[i * nb + b] * part;
+            }
+            out[(r - r0) * m + i] = res;
+        }
+    }
+    out
+}
+
+#[test]
+fn fp8_avx512_bf16_equals_its_lane_emulation_bitwise() {
+    if !Fp8Kernel::Avx512Bf16.available() {
+        return;
+    }
+    let mut r = rng(51);
+    // The shapes above plus a row longer than the kernel's 1,024-column chunks, per channel
+    // (a block spanning chunks) and in 128-wide blocks, and 32-wide blocks.
+    let extra = [("channel-2080", 9, 2080, [1, 2080]), ("block128-2080", 10, 2080, [128, 128]), ("block32", 6, 128, [1, 32])];
+    for (name, rows, cols, block) in SHAPES.into_iter().chain(extra) {
+        let fm = random_matrix(&mut r, rows, cols, block);
+        for m in [1, 2, 3, 4, 5, 9, 17] {
+            let x = random_acts(&mut r, m, cols);
+            let (codes, xs) = quantized(&x, cols, block[1]);
+            for (r0, r1) in [(0, rows), (1, rows.min(8)), (rows / 2, rows)] {
+                let got = rows_with(&fm, Fp8Kernel::Avx512Bf16, r0, r1, &x, m);
+                let want = bf16_lanes_reference(&fm, r0, r1, &codes, &xs, m);
+                for (e, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{name} m={m} rows {r0}..{r1}, output {e}: {g} vs {w}");
+                }
+            }
+        }
+    }
+}
+
 fn forward(lin: &RowwiseLinear, x: &[f32], m: usize) -> Vec<f32> {
     let mut y = vec![f32::NAN; m * lin.rows()];
     lin.forward(x, m, &mut y, lin.rows());
     y
+}
+
+#[test]
+fn fp8_every_kernel_is_batch_invariant_bitwise() {
+    let mut r = rng(22);
+    for (name, rows, cols, block) in SHAPES {
+        let fm = random_matrix(&mut r, rows, cols, block);
+        for kernel in kernels() {
+            for m in [2, 5, 8, 13, 40] {
+                let x = random_acts(&mut r, m, cols);
+                let y = rows_with(&fm, kernel, 0, rows, &x, m);
+                for (i, xi) in x.chunks_exact(cols).enumerate() {
+                    let alone = rows_with(&fm, kernel, 0, rows, xi, 1);
+                    for (j, a) in alone.iter().enumerate() {
+                        assert_eq!(y[j * m + i].to_bits(), a.to_bits(), "{name} {kernel:?} m={m} token {i} row {j}");
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -300,7 +404,7 @@ fn gamma(n: usize) -> f64 {
 }
 
 #[test]
-fn fp8_matches_f64_reference_and_avx2_matches_scalar() {
+fn fp8_matches_f64_reference_and_every_kernel_matches_scalar() {
     let mut r = rng(31);
     let u = f64::from(f32::EPSILON) / 2.0;
     for (name, rows, cols, block) in SHAPES {
@@ -311,20 +415,22 @@ fn fp8_matches_f64_reference_and_avx2_matches_scalar() {
             let x = random_acts(&mut r, m, cols);
             let (refs, abs) = reference(&fm, &x, m);
             let mut outs = Vec::new();
-            for isa in isas() {
-                let lin = RowwiseLinear::with_isa(rk(fm.clone()), ActQuant::Fp8PerToken, isa).expect("fp8 kernel");
-                let y = forward(&lin, &x, m);
+            for kernel in kernels() {
+                // `[row][token]`, transposed to the reference's `[token][row]`.
+                let t = rows_with(&fm, kernel, 0, rows, &x, m);
+                let y: Vec<f32> = (0..m * rows).map(|e| t[(e % rows) * m + e / rows]).collect();
                 for (e, ((&y, &rf), &a)) in y.iter().zip(&refs).zip(&abs).enumerate() {
                     let bound = (g + u) * a * 1.01;
                     assert!(a > 0.0, "{name}: zero product row");
-                    assert!((y as f64 - rf).abs() <= bound, "{name} {isa:?} m={m} out {e}: {y} vs f64 {rf} (bound {bound:e})");
+                    assert!((y as f64 - rf).abs() <= bound, "{name} {kernel:?} m={m} out {e}: {y} vs f64 {rf} (bound {bound:e})");
                 }
-                outs.push((isa, y));
+                outs.push((kernel, y));
             }
-            if let [(_, s), (_, v)] = &outs[..] {
+            let (_, s) = &outs[0];
+            for (kernel, v) in &outs[1..] {
                 for (e, ((&s, &v), &a)) in s.iter().zip(v).zip(&abs).enumerate() {
                     let bound = 2.0 * g * a * 1.01;
-                    assert!(((s - v) as f64).abs() <= bound, "{name} m={m} out {e}: scalar {s} vs avx2 {v} (bound {bound:e})");
+                    assert!(((s - v) as f64).abs() <= bound, "{name} m={m} out {e}: scalar {s} vs {kernel:?} {v} (bound {bound:e})");
                 }
             }
         }

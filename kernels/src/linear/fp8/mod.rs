@@ -2,15 +2,59 @@
 //! `[bh, bw]` block (DeepSeek's 128x128 `weight_scale_inv`).
 
 pub(crate) mod avx2;
+pub(crate) mod avx512_bf16;
 pub mod cuda;
 use crate::e4m3::{e4m3_is_nan, e4m3_to_f32};
-use crate::cpu::Isa;
+use crate::cpu::{Bf16Products, Isa};
 use crate::cuda::device::CudaDevice;
 use crate::linear::cuda::{DeviceWeight, QuantPlanes};
 use crate::cuda::CudaError;
 use crate::linear::rowwise::{Prepared, RowKernel};
 use crate::linear::ActQuant;
 use std::ops::Range;
+
+/// The FP8 kernels, each summing in its own fixed order (so results differ between them
+/// within rounding, never between batches on one of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8Kernel {
+    /// Portable Rust, column order within each column block.
+    Scalar,
+    /// AVX2 + FMA + F16C: 8 lanes of f32 FMAs.
+    Avx2,
+    /// AVX-512 BF16: `vdpbf16ps` over 16 lanes ([`avx512_bf16`]).
+    Avx512Bf16,
+}
+
+impl Fp8Kernel {
+    /// The kernel an ISA level runs: AVX2's is the AVX-512 BF16 one where the CPU has it and
+    /// retires `vdpbf16ps` at full rate (AMD; Intel's quarter rate would make it slower than
+    /// the AVX2 kernel's FMAs, see [`Bf16Products`]).
+    pub fn for_isa(isa: Isa) -> Self {
+        match isa {
+            Isa::Scalar => Fp8Kernel::Scalar,
+            Isa::Avx2 if crate::cpu::caps::bf16_dot_available() && Bf16Products::detect() == Bf16Products::Dot => Fp8Kernel::Avx512Bf16,
+            Isa::Avx2 => Fp8Kernel::Avx2,
+        }
+    }
+
+    /// Short name used in kernel ids.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp8Kernel::Scalar => "scalar",
+            Fp8Kernel::Avx2 => "avx2",
+            Fp8Kernel::Avx512Bf16 => "avx512bf16",
+        }
+    }
+
+    /// Whether this CPU runs it.
+    pub fn available(self) -> bool {
+        match self {
+            Fp8Kernel::Scalar => true,
+            Fp8Kernel::Avx2 => Isa::Avx2.available(),
+            Fp8Kernel::Avx512Bf16 => crate::cpu::caps::bf16_dot_available(),
+        }
+    }
+}
 
 /// An E4M3 matrix: `W[r, c] = e4m3(q[r, c]) * s[r / bh, c / bw]`.
 #[derive(Clone, Debug)]
@@ -138,31 +182,44 @@ impl Fp8Matrix {
         }
     }
 
-    /// [`Self::rows_fp8_scalar`] on the given ISA. `codes` is `m × cols`, `xs` is
-    /// `m × ceil(cols / bw)`, `out` holds at least `(r1 - r0) × m` values. AVX2 sums each column
-    /// block in 8 lanes (a different order from scalar, within `k · eps · Σ|w x|`); on either
-    /// ISA a token's result does not depend on the other tokens of the batch.
+    /// [`Self::rows_fp8_scalar`] on the kernel the given ISA runs ([`Fp8Kernel::for_isa`]).
     ///
     /// # Panics
-    /// On shapes other than the above, or if `isa` is not available on this CPU.
+    /// As [`Self::rows_fp8_with`].
     #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
     pub fn rows_fp8(&self, isa: Isa, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
+        self.rows_fp8_with(Fp8Kernel::for_isa(isa), r0, r1, codes, xs, m, out)
+    }
+
+    /// [`Self::rows_fp8_scalar`] on `kernel`. `codes` is `m × cols`, `xs` is
+    /// `m × ceil(cols / bw)`, `out` holds at least `(r1 - r0) × m` values. AVX2 sums each
+    /// column block in 8 lanes and AVX-512 BF16 in 16 (orders other than scalar's, within
+    /// `k · eps · Σ|w x|`); on each kernel a token's result does not depend on the other
+    /// tokens of the batch.
+    ///
+    /// # Panics
+    /// On shapes other than the above, or if `kernel` is not available on this CPU.
+    #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
+    pub fn rows_fp8_with(&self, kernel: Fp8Kernel, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
         let (k, nb) = (self.cols, self.cols.div_ceil(self.block[1]));
         assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
         assert!(codes.len() == m * k && xs.len() == m * nb, "activations: {} codes, {} scales for {m} tokens", codes.len(), xs.len());
         assert!(out.len() >= (r1 - r0) * m, "output tile too small");
-        match isa {
-            Isa::Scalar => self.rows_fp8_scalar(r0, r1, codes, xs, m, out),
-            Isa::Avx2 => {
-                assert!(isa.available(), "AVX2 kernel requested on a CPU without AVX2+FMA+F16C");
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2+FMA+F16C presence and all shapes checked above.
-                unsafe {
-                    avx2::rows_fp8(self, r0, r1, codes, xs, m, out)
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                unreachable!()
+        assert!(kernel.available(), "the {} FP8 kernel was requested on a CPU without it", kernel.name());
+        match kernel {
+            Fp8Kernel::Scalar => self.rows_fp8_scalar(r0, r1, codes, xs, m, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2+FMA+F16C presence and all shapes checked above.
+            Fp8Kernel::Avx2 => unsafe { avx2::rows_fp8(self, r0, r1, codes, xs, m, out) },
+            #[cfg(target_arch = "x86_64")]
+            Fp8Kernel::Avx512Bf16 => {
+                let mut words = crate::cpu::aligned::LineAligned::<u16>::zeroed(m * k);
+                crate::linear::act::round_bf16_row(codes, &mut words);
+                // SAFETY: AVX-512 BF16 presence and all shapes checked above.
+                unsafe { avx512_bf16::rows_fp8(self, r0, r1, &words, xs, m, out) }
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("only the scalar kernel is available off x86-64"),
         }
     }
 }
@@ -221,12 +278,21 @@ impl RowKernel for Fp8Matrix {
     }
 
     fn row_range(&self, isa: Isa, act: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
-        let Prepared::Fp8 { codes, scales } = act else { unreachable!("fp8 takes fp8 activations (checked by accepts)") };
-        self.rows_fp8(isa, r0, r1, codes, scales, m, tile)
+        let Prepared::Fp8 { codes, scales, words } = act else { unreachable!("fp8 takes fp8 activations (checked by accepts)") };
+        match Fp8Kernel::for_isa(isa) {
+            #[cfg(target_arch = "x86_64")]
+            Fp8Kernel::Avx512Bf16 => {
+                let (k, nb) = (self.cols, self.cols.div_ceil(self.block[1]));
+                assert!(r0 <= r1 && r1 <= self.rows && words.len() == m * k && scales.len() == m * nb && tile.len() >= (r1 - r0) * m, "fp8 shapes");
+                // SAFETY: the kernel was chosen because the CPU has AVX-512 BF16; shapes checked above.
+                unsafe { avx512_bf16::rows_fp8(self, r0, r1, words, scales, m, tile) }
+            }
+            kernel => self.rows_fp8_with(kernel, r0, r1, codes, scales, m, tile),
+        }
     }
 
     fn kernel_id(&self, _act: ActQuant, isa: Isa) -> String {
-        format!("cpu.w8a8.fp8xfp8.{}", isa.name())
+        format!("cpu.w8a8.fp8xfp8.{}", Fp8Kernel::for_isa(isa).name())
     }
 
     fn upload(&self, dev: &CudaDevice, act: ActQuant) -> Result<DeviceWeight, CudaError> {
