@@ -265,11 +265,10 @@ impl RowwiseLinear {
                     act::quantize_fp8_row(x, bw, c, s);
                 }
                 // The bf16 kernel's words, made once per call rather than once per task.
-                let mut words = LineAligned::<u16>::zeroed(0);
-                if crate::linear::Fp8Kernel::for_isa(self.isa) == crate::linear::Fp8Kernel::Avx512Bf16 {
-                    words = LineAligned::zeroed(m * k);
-                    act::round_bf16_row(&codes, &mut words);
-                }
+                let words = match crate::linear::Fp8Kernel::for_isa(self.isa) {
+                    crate::linear::Fp8Kernel::Avx512Bf16 => crate::linear::fp8::bf16_words(&codes),
+                    _ => LineAligned::zeroed(0),
+                };
                 Prepared::Fp8 { codes, scales, words }
             }
             ActQuant::Int16PerGroup => {

@@ -63,7 +63,7 @@ unsafe fn e4m3x32_bf16(p: *const u8) -> __m512i {
 /// AVX-512 F available.
 #[target_feature(enable = "avx2,avx512f")]
 #[inline]
-pub(crate) unsafe fn hsum16(v: __m512) -> f32 {
+unsafe fn hsum16(v: __m512) -> f32 {
     let lo = _mm512_castps512_ps256(v);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     // SAFETY: AVX available (implied by AVX-512 F).

@@ -56,6 +56,14 @@ impl Fp8Kernel {
     }
 }
 
+/// E4M3 activation codes (held in f32) as bf16 words, exact, from a cache line: what the
+/// AVX-512 BF16 kernel multiplies.
+pub(crate) fn bf16_words(codes: &[f32]) -> crate::cpu::aligned::LineAligned<u16> {
+    let mut words = crate::cpu::aligned::LineAligned::zeroed(codes.len());
+    crate::linear::act::round_bf16_row(codes, &mut words);
+    words
+}
+
 /// An E4M3 matrix: `W[r, c] = e4m3(q[r, c]) * s[r / bh, c / bw]`.
 #[derive(Clone, Debug)]
 pub struct Fp8Matrix {
@@ -201,6 +209,13 @@ impl Fp8Matrix {
     /// On shapes other than the above, or if `kernel` is not available on this CPU.
     #[allow(clippy::too_many_arguments)] // row range, activations with scales, output tile
     pub fn rows_fp8_with(&self, kernel: Fp8Kernel, r0: usize, r1: usize, codes: &[f32], xs: &[f32], m: usize, out: &mut [f32]) {
+        self.rows_fp8_words(kernel, r0, r1, codes, &[], xs, m, out)
+    }
+
+    /// [`Self::rows_fp8_with`] taking the codes' bf16 words too when the caller made them
+    /// once for every task (`words`, `m × cols`; empty: made here if the kernel needs them).
+    #[allow(clippy::too_many_arguments)] // row range, activations in two forms with scales, output tile
+    fn rows_fp8_words(&self, kernel: Fp8Kernel, r0: usize, r1: usize, codes: &[f32], words: &[u16], xs: &[f32], m: usize, out: &mut [f32]) {
         let (k, nb) = (self.cols, self.cols.div_ceil(self.block[1]));
         assert!(r0 <= r1 && r1 <= self.rows, "rows {r0}..{r1} of {}", self.rows);
         assert!(codes.len() == m * k && xs.len() == m * nb, "activations: {} codes, {} scales for {m} tokens", codes.len(), xs.len());
@@ -213,10 +228,16 @@ impl Fp8Matrix {
             Fp8Kernel::Avx2 => unsafe { avx2::rows_fp8(self, r0, r1, codes, xs, m, out) },
             #[cfg(target_arch = "x86_64")]
             Fp8Kernel::Avx512Bf16 => {
-                let mut words = crate::cpu::aligned::LineAligned::<u16>::zeroed(m * k);
-                crate::linear::act::round_bf16_row(codes, &mut words);
+                let made;
+                let words = if words.is_empty() {
+                    made = bf16_words(codes);
+                    &made[..]
+                } else {
+                    words
+                };
+                assert_eq!(words.len(), m * k, "bf16 words for {m} tokens");
                 // SAFETY: AVX-512 BF16 presence and all shapes checked above.
-                unsafe { avx512_bf16::rows_fp8(self, r0, r1, &words, xs, m, out) }
+                unsafe { avx512_bf16::rows_fp8(self, r0, r1, words, xs, m, out) }
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("only the scalar kernel is available off x86-64"),
@@ -279,16 +300,7 @@ impl RowKernel for Fp8Matrix {
 
     fn row_range(&self, isa: Isa, act: &Prepared<'_>, r0: usize, r1: usize, m: usize, tile: &mut [f32]) {
         let Prepared::Fp8 { codes, scales, words } = act else { unreachable!("fp8 takes fp8 activations (checked by accepts)") };
-        match Fp8Kernel::for_isa(isa) {
-            #[cfg(target_arch = "x86_64")]
-            Fp8Kernel::Avx512Bf16 => {
-                let (k, nb) = (self.cols, self.cols.div_ceil(self.block[1]));
-                assert!(r0 <= r1 && r1 <= self.rows && words.len() == m * k && scales.len() == m * nb && tile.len() >= (r1 - r0) * m, "fp8 shapes");
-                // SAFETY: the kernel was chosen because the CPU has AVX-512 BF16; shapes checked above.
-                unsafe { avx512_bf16::rows_fp8(self, r0, r1, words, scales, m, tile) }
-            }
-            kernel => self.rows_fp8_with(kernel, r0, r1, codes, scales, m, tile),
-        }
+        self.rows_fp8_words(Fp8Kernel::for_isa(isa), r0, r1, codes, words, scales, m, tile)
     }
 
     fn kernel_id(&self, _act: ActQuant, isa: Isa) -> String {
