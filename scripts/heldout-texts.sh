@@ -28,21 +28,7 @@ if [[ ! -s "$DIR/persuasion.txt" ]]; then
   [[ "$("$VENV/bin/python" -c "import rdata; print(rdata.__version__)" 2>/dev/null)" == 1.1.0 ]] || "$VENV/bin/pip" install -q "rdata==1.1.0"
   (cd "$WORK" && apt-get -o APT::Sandbox::User=root download r-cran-janeaustenr=1.0.0-1 >/dev/null)
   dpkg-deb -x "$WORK"/r-cran-janeaustenr_1.0.0-1_all.deb "$WORK/pkg"
-  "$VENV/bin/python" -W ignore - "$WORK/pkg/usr/lib/R/site-library/janeaustenr/data/Rdata" "$WORK" <<'PY'
-import gzip, sys, zlib
-import rdata
-
-base, out = sys.argv[1], sys.argv[2]
-# R's lazy-load database: the .rdx index (gzip) maps each data set to an (offset, length) in
-# the .rdb, whose entries are a 4-byte length and a zlib stream of one serialized R object.
-index = rdata.conversion.convert(rdata.parser.parse_data(gzip.decompress(open(base + ".rdx", "rb").read())))
-blob = open(base + ".rdb", "rb").read()
-for name, file in [("persuasion", "persuasion.txt"), ("prideprejudice", "prideprejudice.txt")]:
-    off, length = (int(x) for x in index["variables"][name])
-    lines = rdata.conversion.convert(rdata.parser.parse_data(zlib.decompress(blob[off + 4:off + length])))
-    with open(f"{out}/{file}", "w", encoding="utf-8") as f:
-        f.write("\n".join(str(x) for x in lines) + "\n")
-PY
+  "$VENV/bin/python" -W ignore "$ROOT/scripts/r-data-text.py" "$WORK/pkg/usr/lib/R/site-library/janeaustenr/data/Rdata" "$WORK" persuasion prideprejudice
   # The corpus is this extraction of Pride and Prejudice: check that the method reproduces it
   # before the book leaves the scratch directory.
   want=dfc684d4f857fa938268f9ab9c5567b64bd0691251eca959644adeabe6287a4d

@@ -443,6 +443,8 @@ pub struct Calibrated {
 struct Prepared {
     smoothing: Option<Smoothing>,
     gptq: bool,
+    /// Calibration (sequences, tokens) run.
+    ran: (usize, usize),
     /// The written tensors of the block linears GPTQ quantized while calibrating, by module,
     /// taken as their shard is written.
     quantized: Mutex<BTreeMap<String, Vec<OutTensor<'static>>>>,
@@ -471,7 +473,8 @@ impl Prepared {
             }
             None => None,
         };
-        let mut prep = Prepared { smoothing, gptq: c.gptq, quantized: Mutex::default() };
+        let ran = (sequences.len(), sequences.iter().map(Vec::len).sum());
+        let mut prep = Prepared { smoothing, gptq: c.gptq, ran, quantized: Mutex::default() };
         if c.gptq {
             prep.quantize_sequentially(input, shards, &sequences, recipe, mse, c.damping, sel, progress)?;
         }
@@ -601,6 +604,9 @@ pub struct QuantizeSummary {
     /// Modules quantized by rounding to nearest although GPTQ was asked for (no calibration
     /// inputs reached them).
     pub uncalibrated: Vec<String>,
+    /// Calibration (sequences, tokens) run, when calibrated: fewer tokens than asked where the
+    /// text held fewer whole sequences.
+    pub calibrated_on: Option<(usize, usize)>,
 }
 
 /// Whether a module is a router (never quantized).
@@ -971,6 +977,7 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
         report: Report::new(scheme_name, opts.recipe.format().name(), stats),
         smoothed,
         uncalibrated,
+        calibrated_on: prep.as_ref().map(|p| p.ran),
     })
 }
 

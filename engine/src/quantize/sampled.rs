@@ -1,13 +1,14 @@
-//! Calibration text the model writes itself, for calibrated quantization without a user's
-//! text (LLM-QAT's data-free calibration, Liu et al. 2023): each sequence opens with one
-//! vocabulary token drawn at random (after BOS where the model's inputs start with it), then the model samples the rest at
-//! temperature 1 on the serving engine, past EOS, to full length. The text follows the
-//! model's own distribution rather than one genre's, which a fixed built-in text cannot do
-//! for every model (GPTQ fitted to text unlike what is served can do worse than rounding:
-//! docs/benchmarks/quantized-quality.md). The sampling is not truncated: a small model's
-//! temperature-1 text drifts into noise, yet on SmolLM2-135M it calibrated W4A16 better than
-//! coherent min-p 0.05 samples did (+14.2-14.6% against +22.7% perplexity on held-out prose,
-//! both with GPTQ's usual 1% damping).
+//! Calibration text the model writes itself (`--calibration-sampled`), for calibrated
+//! quantization without any text (LLM-QAT's data-free calibration, Liu et al. 2023): each
+//! sequence opens with one vocabulary token drawn at random (after BOS where the model's
+//! inputs start with it), then the model samples the rest at temperature 1 on the serving
+//! engine, past EOS, to full length. The text follows the model's own distribution rather
+//! than one genre's, for models whose traffic the built-in English prose
+//! ([`super::calibrate::BUILTIN_TEXT`], the default) does not resemble. The sampling is not
+//! truncated: a small model's temperature-1 text drifts into noise, yet on SmolLM2-135M it
+//! calibrated W4A16 better than coherent min-p 0.05 samples did (+14.2-14.6% against +22.7%
+//! perplexity on held-out prose, both with GPTQ's usual 1% damping); the built-in text does
+//! better again on prose (docs/benchmarks/quantized-quality.md).
 
 use super::QuantizeError;
 use crate::sample::SamplingParams;

@@ -77,7 +77,7 @@ pub struct QuantizeArgs {
     /// from each group's min/max unless --mse-observer. Without it, quantization is calibrated
     /// (docs/quantization.md): GPTQ, the MSE observer for int4, and SmoothQuant 0.5 for
     /// schemes with 8-bit activations.
-    #[arg(long, conflicts_with_all = ["gptq", "gptq_damping", "smoothquant", "no_smoothquant", "calibration", "calibration_seed"])]
+    #[arg(long, conflicts_with_all = ["gptq", "gptq_damping", "smoothquant", "no_smoothquant", "calibration", "calibration_sampled", "calibration_seed"])]
     rtn: bool,
     /// SmoothQuant before quantizing, with this migration strength α in [0, 1] (0.5 in the
     /// paper, and the default for w4a8, w8a8-int8 and w8a8-fp8; larger moves more of the
@@ -102,13 +102,18 @@ pub struct QuantizeArgs {
     #[arg(long)]
     mse_observer: bool,
     /// Plain-text calibration file (use text like what the model will serve, unlike what you
-    /// evaluate on). Without it, the model samples its own calibration text.
-    #[arg(long, value_name = "FILE")]
+    /// evaluate on). Without it, the built-in text: chapters 1-16 of Moby-Dick (public domain
+    /// English prose, about 40,000 tokens).
+    #[arg(long, value_name = "FILE", conflicts_with = "calibration_sampled")]
     calibration: Option<PathBuf>,
-    /// Seed of the calibration text the model samples when no --calibration file is given.
-    #[arg(long, value_name = "SEED")]
+    /// Calibrate on text the model samples itself (data-free: each sequence opened by a random
+    /// token and continued at temperature 1) instead of the built-in text.
+    #[arg(long)]
+    calibration_sampled: bool,
+    /// Seed of the sampled calibration text (--calibration-sampled).
+    #[arg(long, value_name = "SEED", requires = "calibration_sampled")]
     calibration_seed: Option<u64>,
-    /// Calibration tokens used at most (from the start of the file).
+    /// Calibration tokens used at most (from the start of the text).
     #[arg(long, default_value_t = 16384)]
     calibration_tokens: usize,
     /// Tokens per calibration sequence (capped at the model's context).
@@ -129,7 +134,7 @@ pub struct QuantizeArgs {
 /// support yet, are rounded to nearest with a warning unless a calibration flag was given.
 fn how(args: &QuantizeArgs, scheme: Scheme, moe: bool) -> (Option<Calibrated>, bool) {
     let int4 = matches!(scheme, Scheme::W4A16 | Scheme::W4A8);
-    let asked = args.gptq || args.gptq_damping.is_some() || args.smoothquant.is_some() || args.calibration.is_some() || args.calibration_seed.is_some();
+    let asked = args.gptq || args.gptq_damping.is_some() || args.smoothquant.is_some() || args.calibration.is_some() || args.calibration_sampled;
     if args.rtn || (moe && !asked) {
         if moe && !args.rtn {
             eprintln!("warning: calibrated quantization supports dense models; this one has MoE layers: rounding to nearest (--rtn)");
@@ -138,7 +143,8 @@ fn how(args: &QuantizeArgs, scheme: Scheme, moe: bool) -> (Option<Calibrated>, b
     }
     let text = match &args.calibration {
         Some(file) => CalibrationText::File(file.clone()),
-        None => CalibrationText::Sampled { seed: args.calibration_seed.unwrap_or(0) },
+        None if args.calibration_sampled => CalibrationText::Sampled { seed: args.calibration_seed.unwrap_or(0) },
+        None => CalibrationText::BuiltIn,
     };
     let smooths = !matches!(scheme, Scheme::W4A16) && !args.no_smoothquant;
     let smoothquant = args.smoothquant.or(smooths.then_some(DEFAULT_SMOOTHQUANT));
@@ -210,6 +216,12 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         progress: progress_bar(),
     };
     let s = quantize_dir(&opts).with_context(|| format!("quantizing {}", args.input.display()))?;
+    if let Some((sequences, tokens)) = s.calibrated_on {
+        println!("calibrated on {tokens} tokens in {sequences} sequence(s)");
+        if tokens + args.calibration_seq_len <= args.calibration_tokens {
+            eprintln!("warning: the calibration text held {tokens} tokens in whole sequences, fewer than --calibration-tokens {}", args.calibration_tokens);
+        }
+    }
     if !s.uncalibrated.is_empty() {
         eprintln!("warning: GPTQ had no calibration inputs for {} module(s), rounded to nearest: {}", s.uncalibrated.len(), s.uncalibrated.join(", "));
     }
@@ -241,6 +253,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use std::path::Path;
 
     #[derive(Parser)]
     struct Cli {
@@ -253,19 +266,25 @@ mod tests {
         Cli::try_parse_from(base.iter().chain(flags)).map(|c| c.args)
     }
 
-    /// (GPTQ, SmoothQuant α, sampled text, MSE observer) of `flags` on a dense or MoE model.
+    /// (GPTQ, SmoothQuant α, the built-in text, MSE observer) of `flags` on a dense or MoE model.
     fn recipe(flags: &[&str], moe: bool) -> (bool, Option<f32>, bool, bool) {
         let args = parse(flags).unwrap();
         let (cal, mse) = how(&args, args.scheme.scheme(), moe);
         match cal {
-            Some(c) => (c.gptq, c.smoothquant, matches!(c.data.text, CalibrationText::Sampled { .. }), mse),
+            Some(c) => (c.gptq, c.smoothquant, matches!(c.data.text, CalibrationText::BuiltIn), mse),
             None => (false, None, false, mse),
         }
     }
 
+    /// The calibration text of `flags`.
+    fn text(flags: &[&str]) -> CalibrationText {
+        let args = parse(flags).unwrap();
+        how(&args, args.scheme.scheme(), false).0.unwrap().data.text
+    }
+
     #[test]
     fn the_default_recipe_is_calibrated_and_rtn_is_the_quick_path() {
-        // Defaults per scheme: GPTQ on sampled text; MSE for int4; SmoothQuant 0.5 for 8-bit activations.
+        // Defaults per scheme: GPTQ on the built-in text; MSE for int4; SmoothQuant 0.5 for 8-bit activations.
         assert_eq!(recipe(&["--scheme", "w4a16"], false), (true, None, true, true));
         assert_eq!(recipe(&["--scheme", "w4a8"], false), (true, Some(0.5), true, true));
         assert_eq!(recipe(&["--scheme", "w8a8-int8"], false), (true, Some(0.5), true, false));
@@ -281,9 +300,24 @@ mod tests {
         assert_eq!(recipe(&["--scheme", "w4a16"], true), (false, None, false, true));
         assert_eq!(recipe(&["--scheme", "w4a16", "--gptq"], true), (true, None, true, true));
         // Contradictions are refused.
-        for bad in [&["--scheme", "w4a16", "--rtn", "--gptq"][..], &["--scheme", "w4a16", "--rtn", "--calibration", "f"], &["--scheme", "w8a8-int8", "--smoothquant", "0.5", "--no-smoothquant"], &["--scheme", "w4a16", "--symmetric", "--asymmetric"], &["--scheme", "w4a16", "--rtn", "--gptq-damping", "0.1"]] {
+        for bad in [&["--scheme", "w4a16", "--rtn", "--gptq"][..], &["--scheme", "w4a16", "--rtn", "--calibration", "f"], &["--scheme", "w4a16", "--rtn", "--calibration-sampled"], &["--scheme", "w8a8-int8", "--smoothquant", "0.5", "--no-smoothquant"], &["--scheme", "w4a16", "--symmetric", "--asymmetric"], &["--scheme", "w4a16", "--rtn", "--gptq-damping", "0.1"]] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_calibration_text_is_built_in_a_file_or_sampled() {
+        assert!(matches!(text(&["--scheme", "w4a16"]), CalibrationText::BuiltIn));
+        assert!(matches!(text(&["--scheme", "w4a16", "--calibration", "f.txt"]), CalibrationText::File(f) if f == Path::new("f.txt")));
+        assert!(matches!(text(&["--scheme", "w4a8", "--calibration-sampled"]), CalibrationText::Sampled { seed: 0 }));
+        assert!(matches!(text(&["--scheme", "w4a8", "--calibration-sampled", "--calibration-seed", "7"]), CalibrationText::Sampled { seed: 7 }));
+        // A seed without sampling, or a file and sampling, contradict each other.
+        for bad in [&["--scheme", "w4a16", "--calibration-seed", "7"][..], &["--scheme", "w4a16", "--calibration", "f", "--calibration-sampled"]] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        // Sampling asks for calibration on an MoE model, as --calibration does.
+        let args = parse(&["--scheme", "w4a16", "--calibration-sampled"]).unwrap();
+        assert!(how(&args, Scheme::W4A16, true).0.is_some());
     }
 
     #[test]

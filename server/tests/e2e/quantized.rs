@@ -8,10 +8,11 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
 
-/// Runs the `tessera` binary with `args`, failing the test with its stderr on error.
-fn tessera(args: &[&str]) {
+/// Runs the `tessera` binary with `args`, failing the test with its stderr on error; its stdout.
+fn tessera(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera")).args(args).output().unwrap();
     assert!(out.status.success(), "tessera {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[tokio::test]
@@ -30,7 +31,8 @@ async fn quantized_checkpoint_serves_with_its_plan() {
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("cannot be used with '--rtn'"), "{stderr}");
-    tessera(&[&quantize[..], &["--calibration", &s(&calibration), "--calibration-tokens", "1024"]].concat());
+    let stdout = tessera(&[&quantize[..], &["--calibration", &s(&calibration), "--calibration-tokens", "1024"]].concat());
+    assert!(stdout.contains("calibrated on 1024 tokens in 1 sequence(s)"), "{stdout}");
     // W4A16 without --group-size: the default model's 576-wide inputs take groups of 64, not
     // a short last group of 128, and the command says why.
     let w4a16 = dir.join("w4a16");
