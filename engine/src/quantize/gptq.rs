@@ -111,7 +111,7 @@ fn matmul_into<T: 'static + Copy + From<f32>>(out: &mut [T], accumulate: bool, m
 }
 
 /// The `[m, n]` row-major product `A B` ([`matmul_into`]).
-fn matmul_f64(m: usize, k: usize, n: usize, a: (&[f64], bool), b: &[f64]) -> Vec<f64> {
+pub(super) fn matmul_f64(m: usize, k: usize, n: usize, a: (&[f64], bool), b: &[f64]) -> Vec<f64> {
     let mut out = vec![0f64; m * n];
     matmul_into(&mut out, false, m, k, n, a, b);
     out

@@ -32,6 +32,7 @@ pub mod gptq;
 pub mod math;
 pub mod quark;
 pub mod report;
+pub mod rotate;
 pub mod sampled;
 pub mod smooth;
 

@@ -119,6 +119,13 @@ pub struct QuantizeArgs {
     /// Tokens per calibration sequence (capped at the model's context).
     #[arg(long, default_value_t = 1024)]
     calibration_seq_len: usize,
+    /// Rotate the residual stream by a random orthogonal matrix before quantizing (QuaRot's
+    /// and SpinQuant's R1: norms folded into the linears, the rotation into every weight that
+    /// reads or writes the residual; the same function, outliers spread over each row). For
+    /// one int4 scale per row (w4a8); turns SmoothQuant off unless --smoothquant is given.
+    /// Dense Llama-family models; the output head is written untied.
+    #[arg(long, conflicts_with = "rtn")]
+    rotate: bool,
     /// Also quantize the output head (`lm_head`) with this scheme, in the model's format
     /// (by default it stays as it is, as llm-compressor leaves it). A head tied to the
     /// embedding is written untied. w8a8-int8 is what llama.cpp's Q8_0 output head does.
@@ -146,7 +153,7 @@ fn how(args: &QuantizeArgs, scheme: Scheme, moe: bool) -> (Option<Calibrated>, b
         None if args.calibration_sampled => CalibrationText::Sampled { seed: args.calibration_seed.unwrap_or(0) },
         None => CalibrationText::BuiltIn,
     };
-    let smooths = !matches!(scheme, Scheme::W4A16) && !args.no_smoothquant;
+    let smooths = !matches!(scheme, Scheme::W4A16) && !args.no_smoothquant && !args.rotate;
     let smoothquant = args.smoothquant.or(smooths.then_some(DEFAULT_SMOOTHQUANT));
     let data = CalibrationOptions { text, max_tokens: args.calibration_tokens, seq_len: args.calibration_seq_len };
     let damping = args.gptq_damping.unwrap_or(scheme.gptq_damping());
@@ -204,8 +211,14 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let head = args.lm_head.map(|h| Recipe::head(h.scheme(), &recipe)).transpose().context("--lm-head")?;
     let moe = !calibration_supported(&args.input)?;
     let (calibrated, mse_observer) = how(&args, scheme, moe);
+    // The rotated model is the quantizer's input, written beside the output and removed after.
+    let rotated = args.rotate.then(|| args.output.with_file_name(format!("{}.rotated-input", args.output.file_name().map_or("out".into(), |n| n.to_string_lossy()))));
+    if let Some(dir) = &rotated {
+        quantize::rotate::rotate_dir(&args.input, dir, 0).with_context(|| format!("rotating {}", args.input.display()))?;
+        println!("rotated the residual stream ({})", dir.display());
+    }
     let opts = QuantizeOptions {
-        input: args.input.clone(),
+        input: rotated.clone().unwrap_or_else(|| args.input.clone()),
         output: args.output.clone(),
         recipe,
         exclude: args.exclude,
@@ -215,7 +228,11 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         head,
         progress: progress_bar(),
     };
-    let s = quantize_dir(&opts).with_context(|| format!("quantizing {}", args.input.display()))?;
+    let s = quantize_dir(&opts).with_context(|| format!("quantizing {}", args.input.display()));
+    if let Some(dir) = &rotated {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    let s = s?;
     if let Some((sequences, tokens)) = s.calibrated_on {
         println!("calibrated on {tokens} tokens in {sequences} sequence(s)");
         if tokens + args.calibration_seq_len <= args.calibration_tokens {
@@ -292,6 +309,9 @@ mod tests {
         // Flags change the default.
         assert_eq!(recipe(&["--scheme", "w8a8-int8", "--smoothquant", "0.8", "--calibration", "f.txt"], false), (true, Some(0.8), false, false));
         assert_eq!(recipe(&["--scheme", "w4a8", "--no-smoothquant"], false), (true, None, true, true));
+        // A rotated residual stream turns SmoothQuant off unless it is asked for.
+        assert_eq!(recipe(&["--scheme", "w4a8", "--rotate"], false), (true, None, true, true));
+        assert_eq!(recipe(&["--scheme", "w4a8", "--rotate", "--smoothquant", "0.5"], false), (true, Some(0.5), true, true));
         // Rounding to nearest: no calibration; the MSE observer only when asked.
         assert_eq!(recipe(&["--scheme", "w4a16", "--rtn"], false), (false, None, false, false));
         assert_eq!(recipe(&["--scheme", "w4a16", "--rtn", "--mse-observer"], false), (false, None, false, true));
@@ -300,7 +320,7 @@ mod tests {
         assert_eq!(recipe(&["--scheme", "w4a16"], true), (false, None, false, true));
         assert_eq!(recipe(&["--scheme", "w4a16", "--gptq"], true), (true, None, true, true));
         // Contradictions are refused.
-        for bad in [&["--scheme", "w4a16", "--rtn", "--gptq"][..], &["--scheme", "w4a16", "--rtn", "--calibration", "f"], &["--scheme", "w4a16", "--rtn", "--calibration-sampled"], &["--scheme", "w8a8-int8", "--smoothquant", "0.5", "--no-smoothquant"], &["--scheme", "w4a16", "--symmetric", "--asymmetric"], &["--scheme", "w4a16", "--rtn", "--gptq-damping", "0.1"]] {
+        for bad in [&["--scheme", "w4a16", "--rtn", "--gptq"][..], &["--scheme", "w4a16", "--rtn", "--calibration", "f"], &["--scheme", "w4a16", "--rtn", "--calibration-sampled"], &["--scheme", "w4a8", "--rtn", "--rotate"], &["--scheme", "w8a8-int8", "--smoothquant", "0.5", "--no-smoothquant"], &["--scheme", "w4a16", "--symmetric", "--asymmetric"], &["--scheme", "w4a16", "--rtn", "--gptq-damping", "0.1"]] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
     }

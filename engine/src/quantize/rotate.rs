@@ -1,0 +1,207 @@
+//! A rotated residual stream for `tessera quantize --rotate` (QuaRot's and SpinQuant's R1:
+//! Ashkboos et al. 2024, Liu et al. 2024). Every RMSNorm weight folds into the linears that
+//! read the norm's output and becomes 1; then an orthogonal `Q` folds into every weight that
+//! reads or writes the residual stream: the embedding `E Q`; Q/K/V and gate/up
+//! `W diag(w_norm) Q`; O and down `Qᵀ W`; the output head `H diag(w_final) Q`, written untied.
+//! RMS norms commute with `Q` once their weights are 1, so the model computes the same
+//! function (up to rounding), while each linear row's outliers spread over all its columns,
+//! which one int4 scale per row (W4A8's per-channel recipe) needs.
+//!
+//! `Q` is random (Gaussian columns made orthonormal by Gram-Schmidt, twice, in f64) from a
+//! seed. Dense Llama-family checkpoints only: no biases on the residual's writers, no MoE.
+
+use super::{float_weights, input_shards, io, map_file, read_json, read_shard, write_json, QuantizeError};
+use crate::float_dtype::FloatDtype;
+use rand::{Rng, SeedableRng};
+use safetensors::tensor::TensorView;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// A random `n x n` orthogonal matrix (row-major) from `seed`.
+pub fn random_orthogonal(n: usize, seed: u64) -> Vec<f64> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    // Box-Muller: Gaussian entries make the orthonormalized columns uniformly distributed.
+    let mut gauss = || {
+        let (u, v): (f64, f64) = (1.0 - rng.gen::<f64>(), rng.gen());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    };
+    // Columns as rows of `c` while orthonormalizing.
+    let mut c: Vec<Vec<f64>> = (0..n).map(|_| (0..n).map(|_| gauss()).collect()).collect();
+    for j in 0..n {
+        let (done, rest) = c.split_at_mut(j);
+        let v = &mut rest[0];
+        for _ in 0..2 {
+            for u in done.iter() {
+                let d: f64 = u.iter().zip(v.iter()).map(|(a, b)| a * b).sum();
+                v.iter_mut().zip(u).for_each(|(x, a)| *x -= d * a);
+            }
+        }
+        let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+    // Q[i][j] = column j's entry i.
+    (0..n * n).map(|k| c[k % n][k / n]).collect()
+}
+
+/// How a tensor is rotated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Role {
+    /// Reads the residual stream after this norm (of a block, or `None`: the final norm):
+    /// `W diag(w) Q`.
+    Reads(Option<(usize, NormKind)>),
+    /// Writes the residual stream: `Qᵀ W`.
+    Writes,
+    /// The embedding: `E Q`.
+    Embedding,
+    /// A norm weight: becomes 1.
+    Norm,
+    /// Q/K/V biases: they act after the rotation is undone, and stay as they are.
+    Kept,
+}
+
+/// Which norm of a block a reader follows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum NormKind {
+    /// `input_layernorm` (Q/K/V).
+    Attention,
+    /// `post_attention_layernorm` (gate/up).
+    Mlp,
+}
+
+/// The role of the tensor `name` (Hugging Face Llama names), or an error for tensors the
+/// rotation does not know how to carry.
+fn role(name: &str) -> Result<Role, String> {
+    if name == "model.embed_tokens.weight" {
+        return Ok(Role::Embedding);
+    }
+    if name == "model.norm.weight" {
+        return Ok(Role::Norm);
+    }
+    if name == "lm_head.weight" {
+        return Ok(Role::Reads(None));
+    }
+    let rest = name.strip_prefix("model.layers.").ok_or("not a Llama-family tensor the rotation knows")?;
+    let (layer, module) = rest.split_once('.').ok_or("not a Llama-family tensor the rotation knows")?;
+    let layer: usize = layer.parse().map_err(|_| "not a Llama-family tensor the rotation knows")?;
+    Ok(match module {
+        "input_layernorm.weight" | "post_attention_layernorm.weight" => Role::Norm,
+        "self_attn.q_proj.weight" | "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => Role::Reads(Some((layer, NormKind::Attention))),
+        "mlp.gate_proj.weight" | "mlp.up_proj.weight" => Role::Reads(Some((layer, NormKind::Mlp))),
+        "self_attn.o_proj.weight" | "mlp.down_proj.weight" => Role::Writes,
+        // A bias on O or down would be rotated too; none is expected, so it is refused.
+        "self_attn.q_proj.bias" | "self_attn.k_proj.bias" | "self_attn.v_proj.bias" => Role::Kept,
+        _ => return Err("not a Llama-family tensor the rotation knows (biases on the residual's writers, MoE and other layers are not rotated)".into()),
+    })
+}
+
+/// Writes the model of the Hugging Face directory `input`, its residual stream rotated by
+/// [`random_orthogonal`]`(hidden, seed)` (see the module), into `output`: one shard, each
+/// tensor in its input dtype, config.json with `tie_word_embeddings: false`, the tokenizer
+/// and generation files copied. Holds the model in f32 while rotating.
+pub fn rotate_dir(input: &Path, output: &Path, seed: u64) -> Result<(), QuantizeError> {
+    let mut config = read_json(&input.join("config.json"))?;
+    let usage = |m: String| QuantizeError::Usage(format!("--rotate: {m}"));
+    let hidden = config["hidden_size"].as_u64().ok_or_else(|| usage("config.json has no hidden_size".into()))? as usize;
+    if config.get("num_local_experts").or(config.get("num_experts")).or(config.get("n_routed_experts")).is_some() {
+        return Err(usage("MoE models are not rotated".into()));
+    }
+    let tied = config["tie_word_embeddings"].as_bool().unwrap_or(false);
+    let mut tensors: BTreeMap<String, (FloatDtype, Vec<usize>, Vec<f32>)> = BTreeMap::new();
+    for shard in input_shards(input)? {
+        let path = input.join(&shard);
+        let map = map_file(&path)?;
+        for (name, view) in read_shard(&map, &path)?.tensors() {
+            let (dtype, w) = float_weights(&name, &view)?;
+            tensors.insert(name, (dtype, view.shape().to_vec(), w));
+        }
+    }
+    if tied && !tensors.contains_key("lm_head.weight") {
+        let e = tensors.get("model.embed_tokens.weight").ok_or_else(|| QuantizeError::Tensor { name: "model.embed_tokens.weight".into(), msg: "missing".into() })?.clone();
+        tensors.insert("lm_head.weight".into(), e);
+    }
+    let q = random_orthogonal(hidden, seed);
+    let norm = |name: &str| -> Result<Vec<f64>, QuantizeError> {
+        let (_, shape, w) = tensors.get(name).ok_or_else(|| QuantizeError::Tensor { name: name.into(), msg: "missing (the rotation folds it)".into() })?;
+        if shape != &[hidden] {
+            return Err(QuantizeError::Tensor { name: name.into(), msg: format!("shape {shape:?}, expected [{hidden}]") });
+        }
+        Ok(w.iter().map(|&x| f64::from(x)).collect())
+    };
+    let mut out = Vec::new();
+    for (name, (dtype, shape, w)) in &tensors {
+        let bad = |msg: String| QuantizeError::Tensor { name: name.clone(), msg };
+        let role = role(name).map_err(|m| bad(m.to_string()))?;
+        let w64: Vec<f64> = w.iter().map(|&x| f64::from(x)).collect();
+        let rotated: Vec<f64> = match role {
+            Role::Kept => w64,
+            Role::Norm => vec![1.0; w.len()],
+            Role::Embedding | Role::Reads(..) => {
+                let [rows, cols] = shape[..] else { return Err(bad(format!("shape {shape:?} is not a matrix"))) };
+                if cols != hidden {
+                    return Err(bad(format!("{cols} columns, expected the hidden size {hidden}")));
+                }
+                let scale = match role {
+                    Role::Reads(Some((l, NormKind::Attention))) => Some(norm(&format!("model.layers.{l}.input_layernorm.weight"))?),
+                    Role::Reads(Some((l, NormKind::Mlp))) => Some(norm(&format!("model.layers.{l}.post_attention_layernorm.weight"))?),
+                    Role::Reads(None) => Some(norm("model.norm.weight")?),
+                    _ => None,
+                };
+                let scaled: Vec<f64> = match scale {
+                    Some(s) => w64.chunks_exact(cols).flat_map(|r| r.iter().zip(&s).map(|(a, b)| a * b)).collect(),
+                    None => w64,
+                };
+                super::gptq::matmul_f64(rows, cols, hidden, (&scaled, false), &q)
+            }
+            Role::Writes => {
+                let [rows, cols] = shape[..] else { return Err(bad(format!("shape {shape:?} is not a matrix"))) };
+                if rows != hidden {
+                    return Err(bad(format!("{rows} rows, expected the hidden size {hidden}")));
+                }
+                // Qᵀ W: Q read transposed.
+                super::gptq::matmul_f64(hidden, hidden, cols, (&q, true), &w64)
+            }
+        };
+        let f: Vec<f32> = rotated.iter().map(|&x| x as f32).collect();
+        out.push((name.clone(), dtype.safetensors(), shape.clone(), dtype.encode(&f)));
+    }
+    std::fs::create_dir_all(output).map_err(|e| io(output, e))?;
+    let views = out
+        .iter()
+        .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| io(output, e))?;
+    let file = output.join("model.safetensors");
+    safetensors::serialize_to_file(views, &Some(HashMap::from([("format".to_string(), "pt".to_string())])), &file).map_err(|e| io(&file, e))?;
+    config["tie_word_embeddings"] = serde_json::json!(false);
+    write_json(&output.join("config.json"), &config)?;
+    for entry in std::fs::read_dir(input).map_err(|e| io(input, e))? {
+        let entry = entry.map_err(|e| io(input, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.path().is_file() && (name.starts_with("tokenizer") || name == "generation_config.json" || name == "special_tokens_map.json" || name == "chat_template.jinja") {
+            std::fs::copy(entry.path(), output.join(&name)).map_err(|e| io(&entry.path(), e))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::random_orthogonal;
+
+    /// `Qᵀ Q = I` to f64 rounding, for sizes with and without a power-of-two factor; the seed
+    /// decides the matrix.
+    #[test]
+    fn random_orthogonal_is_orthogonal_and_seeded() {
+        for n in [1, 7, 64, 96] {
+            let q = random_orthogonal(n, 3);
+            for i in 0..n {
+                for j in 0..n {
+                    let d: f64 = (0..n).map(|k| q[k * n + i] * q[k * n + j]).sum();
+                    assert!((d - f64::from(u8::from(i == j))).abs() < 1e-12, "n {n}: column {i} . column {j} = {d}");
+                }
+            }
+        }
+        assert_eq!(random_orthogonal(16, 3), random_orthogonal(16, 3));
+        assert_ne!(random_orthogonal(16, 3), random_orthogonal(16, 4));
+    }
+}
