@@ -17,6 +17,9 @@ use safetensors::tensor::TensorView;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+/// Architectures whose blocks are pre-norm RMSNorm (`x · w`) around Q/K/V/O and gate/up/down.
+const ROTATABLE: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
+
 /// A random `n x n` orthogonal matrix (row-major) from `seed`.
 pub fn random_orthogonal(n: usize, seed: u64) -> Vec<f64> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
@@ -104,6 +107,11 @@ pub fn rotate_dir(input: &Path, output: &Path, seed: u64) -> Result<(), Quantize
     let hidden = config["hidden_size"].as_u64().ok_or_else(|| usage("config.json has no hidden_size".into()))? as usize;
     if config.get("num_local_experts").or(config.get("num_experts")).or(config.get("n_routed_experts")).is_some() {
         return Err(usage("MoE models are not rotated".into()));
+    }
+    // RMS norms that scale by their weight (Gemma's scale by 1 + w, and would fold wrongly).
+    let arch = config["architectures"][0].as_str().unwrap_or("");
+    if !ROTATABLE.contains(&arch) {
+        return Err(usage(format!("architecture {arch:?} is not rotated (supported: {})", ROTATABLE.join(", "))));
     }
     let tied = config["tie_word_embeddings"].as_bool().unwrap_or(false);
     let mut tensors: BTreeMap<String, (FloatDtype, Vec<usize>, Vec<f32>)> = BTreeMap::new();

@@ -160,6 +160,14 @@ fn a_rotated_residual_stream_keeps_the_function_and_helps_per_channel_int4() {
     let norm = ck.tensor("blk.3.ffn_norm.weight").unwrap().data.bytes().to_vec();
     assert!(norm.chunks_exact(4).all(|b| f32::from_le_bytes(b.try_into().unwrap()) == 1.0));
     std::fs::remove_dir_all(&rotated).unwrap();
+    // An architecture whose norms scale by 1 + w (Gemma's) would fold wrongly: refused by name.
+    let gemma = base().join("gemma-config");
+    std::fs::create_dir_all(&gemma).unwrap();
+    let mut c = config(&f32_dir);
+    c["architectures"] = serde_json::json!(["GemmaForCausalLM"]);
+    std::fs::write(gemma.join("config.json"), c.to_string()).unwrap();
+    let e = rotate_dir(&gemma, &base().join("gemma-rotated"), 0).unwrap_err().to_string();
+    assert!(e.contains("\"GemmaForCausalLM\" is not rotated"), "{e}");
 
     let bf16 = converted(FloatDtype::BF16);
     let rotated = base().join("rotated-bf16");
