@@ -7,8 +7,9 @@
 //! function (up to rounding), while each linear row's outliers spread over all its columns,
 //! which one int4 scale per row (W4A8's per-channel recipe) needs.
 //!
-//! `Q` is random (Gaussian columns made orthonormal by Gram-Schmidt, twice, in f64) from a
-//! seed. Dense Llama-family checkpoints only: no biases on the residual's writers, no MoE.
+//! `Q` is random (Gaussian columns made orthonormal by Gram-Schmidt, twice, in f64: about
+//! `4 n³` operations on one thread, seconds at hidden size 2048) from a seed. Dense models of
+//! the [`ROTATABLE`] architectures only: no biases on the residual's writers, no MoE.
 
 use super::{float_weights, input_shards, io, map_file, read_json, read_shard, write_json, QuantizeError};
 use crate::float_dtype::FloatDtype;
