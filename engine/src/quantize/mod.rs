@@ -841,20 +841,39 @@ fn quantize_shard(in_path: &Path, out_path: &Path, plan: &ShardPlan<'_>, sel: &m
             }
         }
     }
-    let views = out
-        .iter()
-        .map(|t| TensorView::new(t.dtype, t.shape.clone(), &t.data).map(|v| (t.name.clone(), v)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| io(out_path, e))?;
-    let metadata = match plan.recipe.format() {
-        // transformers' (and llm-compressor's) header; Quark writes none.
-        Format::CompressedTensors => Some(HashMap::from([("format".to_string(), "pt".to_string())])),
-        Format::Quark => None,
-    };
-    safetensors::serialize_to_file(views, &metadata, out_path).map_err(|e| io(out_path, e))?;
+    // transformers' (and llm-compressor's) header; Quark writes none.
+    write_tensors(out_path, &out, plan.recipe.format() == Format::CompressedTensors)?;
     res.bytes = out.iter().map(|t| t.data.len() as u64).sum();
     res.names = out.into_iter().map(|t| t.name).collect();
     Ok(res)
+}
+
+/// Writes `tensors` as the safetensors file `path`, with transformers' `format: pt` header
+/// when `pt_header`.
+fn write_tensors(path: &Path, tensors: &[OutTensor<'_>], pt_header: bool) -> Result<(), QuantizeError> {
+    let views = tensors
+        .iter()
+        .map(|t| TensorView::new(t.dtype, t.shape.clone(), &t.data).map(|v| (t.name.clone(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| io(path, e))?;
+    let metadata = pt_header.then(|| HashMap::from([("format".to_string(), "pt".to_string())]));
+    safetensors::serialize_to_file(views, &metadata, path).map_err(|e| io(path, e))
+}
+
+/// Copies the non-weight files of the model directory `input` ([`COPIED_FILES`]) into
+/// `output`; their names, sorted.
+fn copy_model_files(input: &Path, output: &Path) -> Result<Vec<String>, QuantizeError> {
+    let mut copied = Vec::new();
+    for entry in std::fs::read_dir(input).map_err(|e| io(input, e))? {
+        let entry = entry.map_err(|e| io(input, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.path().is_file() && COPIED_FILES.iter().any(|p| fnmatch(p.as_bytes(), name.as_bytes())) {
+            std::fs::copy(entry.path(), output.join(&name)).map_err(|e| io(&entry.path(), e))?;
+            copied.push(name);
+        }
+    }
+    copied.sort();
+    Ok(copied)
 }
 
 /// Whether calibrated quantization ([`Calibrated`]) can run on the Hugging Face directory
@@ -955,17 +974,7 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
     }
     write_json(&output.join("config.json"), &config)?;
 
-    let mut copied_files = Vec::new();
-    let entries = std::fs::read_dir(input).map_err(|e| io(input, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| io(input, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if entry.path().is_file() && COPIED_FILES.iter().any(|p| fnmatch(p.as_bytes(), name.as_bytes())) {
-            std::fs::copy(entry.path(), output.join(&name)).map_err(|e| io(&entry.path(), e))?;
-            copied_files.push(name);
-        }
-    }
-    copied_files.sort();
+    let copied_files = copy_model_files(input, output)?;
 
     let unmatched_patterns = opts.exclude.iter().zip(&sel.hits).filter(|(_, &h)| h == 0).map(|(p, _)| p.clone()).collect();
     let scheme_name = scheme_of(&opts.recipe);

@@ -11,11 +11,10 @@
 //! `4 n³` operations on one thread, seconds at hidden size 2048) from a seed. Dense models of
 //! the [`ROTATABLE`] architectures only: no biases on the residual's writers, no MoE.
 
-use super::{float_weights, input_shards, io, map_file, read_json, read_shard, write_json, QuantizeError};
+use super::{copy_model_files, float_weights, input_shards, io, map_file, read_json, read_shard, write_json, write_tensors, OutTensor, QuantizeError};
 use crate::float_dtype::FloatDtype;
 use rand::{Rng, SeedableRng};
-use safetensors::tensor::TensorView;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Architectures whose blocks are pre-norm RMSNorm (`x · w`) around Q/K/V/O and gate/up/down.
@@ -171,25 +170,13 @@ pub fn rotate_dir(input: &Path, output: &Path, seed: u64) -> Result<(), Quantize
             }
         };
         let f: Vec<f32> = rotated.iter().map(|&x| x as f32).collect();
-        out.push((name.clone(), dtype.safetensors(), shape.clone(), dtype.encode(&f)));
+        out.push(OutTensor::owned(name.clone(), dtype.safetensors(), shape.clone(), dtype.encode(&f)));
     }
     std::fs::create_dir_all(output).map_err(|e| io(output, e))?;
-    let views = out
-        .iter()
-        .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| io(output, e))?;
-    let file = output.join("model.safetensors");
-    safetensors::serialize_to_file(views, &Some(HashMap::from([("format".to_string(), "pt".to_string())])), &file).map_err(|e| io(&file, e))?;
+    write_tensors(&output.join("model.safetensors"), &out, true)?;
     config["tie_word_embeddings"] = serde_json::json!(false);
     write_json(&output.join("config.json"), &config)?;
-    for entry in std::fs::read_dir(input).map_err(|e| io(input, e))? {
-        let entry = entry.map_err(|e| io(input, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if entry.path().is_file() && (name.starts_with("tokenizer") || name == "generation_config.json" || name == "special_tokens_map.json" || name == "chat_template.jinja") {
-            std::fs::copy(entry.path(), output.join(&name)).map_err(|e| io(&entry.path(), e))?;
-        }
-    }
+    copy_model_files(input, output)?;
     Ok(())
 }
 

@@ -214,7 +214,11 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     // The rotated model is the quantizer's input, written beside the output and removed after.
     let rotated = args.rotate.then(|| args.output.with_file_name(format!("{}.rotated-input", args.output.file_name().map_or("out".into(), |n| n.to_string_lossy()))));
     if let Some(dir) = &rotated {
-        quantize::rotate::rotate_dir(&args.input, dir, 0).with_context(|| format!("rotating {}", args.input.display()))?;
+        if let Err(e) = quantize::rotate::rotate_dir(&args.input, dir, 0) {
+            // Leave no half-written directory behind (it may not exist: nothing to report).
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(e).with_context(|| format!("rotating {}", args.input.display()));
+        }
         println!("rotated the residual stream ({})", dir.display());
     }
     let opts = QuantizeOptions {
