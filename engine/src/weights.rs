@@ -5,9 +5,11 @@
 use crate::checkpoint::names::{canonical_name, is_linear};
 use crate::checkpoint::{load_gguf, Checkpoint, HfDir, LoadError, QuantizedLayers, TensorSet};
 use crate::kv_cache::{checkpoint_scheme, KvCacheScheme};
-use crate::schemes::{self, QuantScheme, QuantizedWeight};
+use crate::schemes::{self, transform, QuantScheme, QuantizedWeight};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
+use tessera_kernels::ops::BlockTransform;
 
 /// A checkpoint with its quantization schemes decoded: what a model is built from.
 #[derive(Debug)]
@@ -20,12 +22,15 @@ pub struct ModelWeights {
     pub quantization: Option<String>,
     /// The quantized KV cache its metadata asks for (`kv_cache_scheme` and per-layer scales).
     pub kv_cache: Option<KvCacheScheme>,
+    /// Online input transforms (compressed-tensors `transform_config`), by canonical weight
+    /// name of the linear layer that reads them.
+    pub input_transforms: BTreeMap<String, Arc<BlockTransform>>,
 }
 
 impl From<Checkpoint> for ModelWeights {
     /// A checkpoint without quantization metadata (GGUF, or made in memory).
     fn from(checkpoint: Checkpoint) -> Self {
-        ModelWeights { checkpoint, quantized: BTreeMap::new(), quantization: None, kv_cache: None }
+        ModelWeights { checkpoint, quantized: BTreeMap::new(), quantization: None, kv_cache: None, input_transforms: BTreeMap::new() }
     }
 }
 
@@ -52,8 +57,17 @@ impl ModelWeights {
             Some(format) => Some(checkpoint_scheme::load_scales(format, &set, hf.config.num_layers)?),
             None => None,
         };
+        let linears = linear_modules(&set);
         let quantized = match &scheme {
-            Some(scheme) => decode_linears(&set, scheme.as_ref())?,
+            Some(scheme) => decode_linears(&set, &linears, scheme.as_ref())?,
+            None => BTreeMap::new(),
+        };
+        let transforms = match qc.filter(|q| q.get("quant_method").and_then(|m| m.as_str()) == Some("compressed-tensors")) {
+            Some(q) => transform::parse(q.get("transform_config"))?,
+            None => None,
+        };
+        let input_transforms = match &transforms {
+            Some(t) => transform::decode(t, &linears, &set)?,
             None => BTreeMap::new(),
         };
         let layers = scheme.as_ref().map(|s| QuantizedLayers {
@@ -61,22 +75,33 @@ impl ModelWeights {
             modules: quantized.iter().map(|(canon, q)| (canon.as_str(), q.module.as_str())).collect(),
         });
         let checkpoint = hf.finish(&set, layers.as_ref())?;
-        Ok(ModelWeights { checkpoint, quantized, quantization: scheme.map(|s| s.summary()), kv_cache })
+        let quantization = scheme.map(|s| match &transforms {
+            Some(t) => format!("{}; {}", s.summary(), t.summary()),
+            None => s.summary(),
+        });
+        Ok(ModelWeights { checkpoint, quantized, quantization, kv_cache, input_transforms })
     }
+}
+
+/// The linear modules among `set`'s tensor names: `(module, canonical weight name)`.
+fn linear_modules(set: &TensorSet) -> Vec<(&str, String)> {
+    let modules: BTreeSet<&str> = set.names().filter_map(|n| n.rsplit_once('.').map(|(m, _)| m)).collect();
+    modules
+        .into_iter()
+        .filter_map(|module| match canonical_name(&format!("{module}.weight")) {
+            Ok(Some(canon)) if is_linear(&canon) => Some((module, canon)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The linear layers (by canonical weight name) that `scheme` decodes, taking their tensors
 /// from `set`.
-fn decode_linears(set: &TensorSet, scheme: &dyn QuantScheme) -> Result<BTreeMap<String, QuantizedWeight>, LoadError> {
+fn decode_linears(set: &TensorSet, linears: &[(&str, String)], scheme: &dyn QuantScheme) -> Result<BTreeMap<String, QuantizedWeight>, LoadError> {
     let mut quantized = BTreeMap::new();
-    let modules: BTreeSet<&str> = set.names().filter_map(|n| n.rsplit_once('.').map(|(m, _)| m)).collect();
-    for module in modules {
-        let Ok(Some(canon)) = canonical_name(&format!("{module}.weight")) else { continue };
-        if !is_linear(&canon) {
-            continue;
-        }
+    for (module, canon) in linears {
         if let Some(q) = scheme.load_linear(module, set)? {
-            quantized.insert(canon, q);
+            quantized.insert(canon.clone(), q);
         }
     }
     Ok(quantized)

@@ -17,6 +17,8 @@ use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::ggml::GgmlType;
 use tessera_kernels::linear::ggml::{GgmlMatrix, WeightBytes};
 use tessera_kernels::linear::{forward_fused, ActQuant, LinearOp, LinearPolicy, WeightMatrix};
+use tessera_kernels::ops::BlockTransform;
+use tessera_kernels::cpu::scratch::with_f32;
 
 /// One row of the per-layer plan: what a weight is stored as and which kernel runs it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -109,6 +111,9 @@ pub struct Linear {
     op: Box<dyn LinearOp>,
     /// The tensor-parallel part held, with the full `[rows, cols]`.
     cut: Option<(Cut, [usize; 2])>,
+    /// The checkpoint's online input transform (`x ↦ x · T` before the product; its inverse
+    /// is folded into the weights).
+    input_transform: Option<Arc<BlockTransform>>,
 }
 
 impl Linear {
@@ -126,8 +131,23 @@ impl Linear {
         let err = |msg: String| LoadError::Tensor { name: w.module.clone(), msg };
         let (matrix, perm) = cut_weight(&w, &cut).map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(&cut, [rows, cols]))))?;
         let op = matrix.op(w.act, perm, caps, policy).map_err(err)?;
+        let input_transform = ck.input_transforms.get(name).cloned();
+        if let Some(t) = &input_transform {
+            let b = t.block();
+            let (c0, c1) = match &cut {
+                Cut::Cols(c) => (c.start, c.end),
+                _ => (0, cols),
+            };
+            if c0 % b != 0 || c1 % b != 0 {
+                let msg = format!("its online input transform has blocks of {b}, which do not divide columns {c0}..{c1} of {cols}");
+                return Err(err(match &cut {
+                    Cut::Cols(_) => format!("tensor-parallel {}: {msg}", describe_cut(&cut, [rows, cols])),
+                    _ => msg,
+                }));
+            }
+        }
         let cut = (cut != Cut::Whole).then_some((cut, [rows, cols]));
-        Ok(Linear { name: name.into(), scheme: w.scheme, note: w.note, op, cut })
+        Ok(Linear { name: name.into(), scheme: w.scheme, note: w.note, op, cut, input_transform })
     }
 
     /// Replaces the weights by `w` (`[rows, cols]` row-major f32, held in memory), with the
@@ -167,10 +187,48 @@ impl Linear {
         Self::forward_fused(&[self], x, segments, y, ldy);
     }
 
+    /// Applies this layer's online input transform to `x` (rows of its input width) in place;
+    /// nothing without one. [`Self::forward_transformed`] then reads it.
+    pub fn transform_input(&self, x: &mut [f32]) {
+        if let Some(t) = &self.input_transform {
+            t.apply(x, self.cols());
+        }
+    }
+
+    /// [`Self::forward`] for an input [`Self::transform_input`] already transformed.
+    pub fn forward_transformed(&self, x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
+        Self::forward_ops(&[self], x, segments, y, ldy);
+    }
+
     /// Several layers reading the same input, writing side by side (`[a | b | c]` per row of
     /// `y`, row stride `ldy`). Layers of one format share one activation quantization and one
-    /// parallel region.
+    /// parallel region; layers with online input transforms get their own transformed copy of
+    /// `x` (one copy for layers sharing one transform).
     pub fn forward_fused(layers: &[&Linear], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
+        let Some(t) = layers.iter().find_map(|l| l.input_transform.as_ref()) else {
+            return Self::forward_ops(layers, x, segments, y, ldy);
+        };
+        if layers.iter().all(|l| l.input_transform.as_ref().is_some_and(|u| Arc::ptr_eq(t, u) || **t == **u)) {
+            return with_f32(x.len(), |xt| {
+                xt.copy_from_slice(x);
+                layers[0].transform_input(xt);
+                Self::forward_ops(layers, xt, segments, y, ldy);
+            });
+        }
+        // Different transforms: each layer alone, at its columns of `y`.
+        let mut col = 0;
+        for l in layers {
+            with_f32(x.len(), |xt| {
+                xt.copy_from_slice(x);
+                l.transform_input(xt);
+                Self::forward_ops(&[l], xt, segments, &mut y[col..], ldy);
+            });
+            col += l.rows();
+        }
+    }
+
+    /// The layers' products on `x` as given (no input transform).
+    fn forward_ops(layers: &[&Linear], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
         let mut col = 0;
         let parts: Vec<(&dyn LinearOp, usize)> = layers
             .iter()
@@ -191,7 +249,10 @@ impl Linear {
             tensor: self.name.clone(),
             scheme: self.scheme.clone(),
             storage: p.storage,
-            activations: p.activations,
+            activations: match &self.input_transform {
+                Some(t) => format!("{} then {}", t.describe(), p.activations),
+                None => p.activations,
+            },
             shape: [self.rows(), self.cols()],
             kernel: p.kernel,
             note: p.note.or_else(|| self.note.clone()),

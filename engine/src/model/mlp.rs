@@ -49,7 +49,7 @@ impl Mlp {
     }
 
     /// [`Self::forward`], handing the down projection's input (`silu(gate) * up`, rows of
-    /// the inner width) to `inner` first.
+    /// the inner width, after down's online input transform if it has one) to `inner` first.
     pub fn forward_with(&self, x: &[f32], segments: &[usize], out: &mut [f32], mut inner: impl FnMut(&[f32])) {
         let (m, ffn, hidden) = (segments.iter().sum::<usize>(), self.gate.rows(), self.down.rows());
         // Reused buffers: at prefill these are tens of MiB per layer.
@@ -57,8 +57,9 @@ impl Mlp {
             with_f32(m * ffn, |act| {
                 Linear::forward_fused(&[&self.gate, &self.up], x, segments, gu, 2 * ffn);
                 silu_mul(gu, ffn, act);
+                self.down.transform_input(act);
                 inner(act);
-                self.down.forward(act, segments, out, hidden);
+                self.down.forward_transformed(act, segments, out, hidden);
             })
         });
     }

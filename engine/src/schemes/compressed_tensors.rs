@@ -117,10 +117,9 @@ pub struct CompressedTensors {
 
 /// Parses `quantization_config` for `quant_method: "compressed-tensors"`.
 pub fn parse(qc: &Value) -> Result<Box<dyn QuantScheme>, LoadError> {
-    for key in ["sparsity_config", "transform_config"] {
-        if qc.get(key).is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty())) {
-            return Err(config_err(key, "sparse or transformed checkpoints are not supported"));
-        }
+    // `transform_config` is read beside the scheme (`super::transform`).
+    if qc.get("sparsity_config").is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty())) {
+        return Err(config_err("sparsity_config", "sparse checkpoints are not supported"));
     }
     let global_format = qc.get("format").and_then(Value::as_str).map(str::to_owned);
     let groups_v = qc.get("config_groups").and_then(Value::as_object).ok_or_else(|| config_err("config_groups", "missing or not an object"))?;

@@ -18,6 +18,7 @@ pub mod gptq;
 mod int4_packing;
 pub mod pattern;
 pub mod quark;
+pub mod transform;
 
 use crate::checkpoint::{LoadError, RawTensor, TensorSet};
 use serde_json::Value;

@@ -7,9 +7,9 @@ use crate::common;
 
 use std::collections::BTreeSet;
 use tessera_engine::checkpoint::TensorSet;
-use tessera_engine::schemes::{from_config, QuantizedWeight};
+use tessera_engine::schemes::{from_config, transform, QuantizedWeight};
 use tessera_kernels::cpu::CpuCaps;
-use tessera_kernels::linear::LinearPolicy;
+use tessera_kernels::linear::{forward_fused, LinearPolicy};
 
 /// Loads one fixture case: every module of `expected.safetensors` through the scheme.
 fn check_case(case: &str) -> Vec<QuantizedWeight> {
@@ -18,9 +18,11 @@ fn check_case(case: &str) -> Vec<QuantizedWeight> {
     let scheme = from_config(&cfg["quantization_config"]).unwrap_or_else(|e| panic!("{case}: {e}"));
     let set = TensorSet::open(&[dir.join("model.safetensors")]).unwrap();
     let expected = TensorSet::open(&[dir.join("expected.safetensors")]).unwrap();
-    let modules: BTreeSet<String> = expected.names().filter(|n| !n.ends_with(".original")).map(str::to_owned).collect();
+    let transforms = transform::parse(cfg["quantization_config"].get("transform_config")).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let modules: BTreeSet<String> = expected.names().filter(|n| ![".original", ".x", ".y"].iter().any(|s| n.ends_with(s))).map(str::to_owned).collect();
     assert!(!modules.is_empty(), "{case}: no expected modules");
     let mut loaded = Vec::new();
+    let mut transformed = Vec::new();
     for module in &modules {
         if let Some((_, _, needle)) = UNSUPPORTED.iter().find(|(c, m, _)| *c == case && m == module) {
             let e = scheme.load_linear(module, &set).expect_err("unsupported layer loads").to_string();
@@ -46,7 +48,35 @@ fn check_case(case: &str) -> Vec<QuantizedWeight> {
                 assert!((got - w).abs() <= tol, "{case} {module}[{r}, {c}]: {got} vs {w}");
             }
         }
+        let online = transforms.as_ref().and_then(|t| t.input_for(module, &set).unwrap_or_else(|e| panic!("{case} {module}: {e}")));
+        assert_eq!(online.is_some(), expected.contains(&format!("{module}.x")), "{case} {module}: online transform");
+        if let Some(t) = online {
+            // The library's online transform then the layer, against Tessera's transform
+            // (fast or dense) on the same random inputs: times the decompressed weight in
+            // f64, both sides sum f32 products in a different order (1e-5 of the output's
+            // scale); through the layer's kernel, which runs W4A16 on bf16-rounded
+            // activations here (2^-8 relative per value: 5e-3 of the scale).
+            let x = expected.take(&format!("{module}.x"), "test").unwrap().to_f32().unwrap();
+            let want = expected.take(&format!("{module}.y"), "test").unwrap().to_f32().unwrap();
+            let m = x.len() / cols;
+            let mut xt = x.clone();
+            t.apply(&mut xt, cols);
+            let exact: Vec<f32> =
+                (0..m * rows).map(|i| (0..cols).map(|c| xt[(i / rows) * cols + c] as f64 * want_v[(i % rows) * cols + c] as f64).sum::<f64>() as f32).collect();
+            let mut y = vec![0f32; m * rows];
+            forward_fused(&[(&*op, 0)], &xt, &[m], &mut y, rows);
+            let ymax = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let max_err = |got: &[f32]| got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(max_err(&exact) <= 1e-5 * ymax, "{case} {module}: transform differs by {} (scale {ymax})", max_err(&exact));
+            assert!(max_err(&y) <= 5e-3 * ymax, "{case} {module}: kernel output differs by {} (scale {ymax})", max_err(&y));
+            transformed.push((module.clone(), t.describe()));
+        }
         loaded.push(q);
+    }
+    if case == "ct_w4a16_transforms" {
+        // SpinQuant's R4 (Sylvester, blocks of 128) runs as the fast transform; QuIP's
+        // randomized, permuted Hadamard as a dense block.
+        assert_eq!(transformed, [("model.layers.0.mlp.down_proj".to_string(), "hadamard/128".to_string()), ("model.layers.0.self_attn.q_proj".into(), "dense/256".into())]);
     }
     // Modules the config leaves unquantized load as None, and every quantized module's
     // tensors were consumed.
