@@ -886,14 +886,29 @@ pub fn calibration_supported(input: &Path) -> Result<bool, QuantizeError> {
 /// The input embedding of Llama-family checkpoints, which a tied output head shares.
 const TIED_EMBEDDING: &str = "model.embed_tokens.weight";
 
+/// The `transform_config` of an input model's `quantization_config`, which may hold nothing
+/// else (a float model with online rotations, as `--rotate` writes it); an error for any
+/// other quantization metadata (the input must hold float weights).
+fn input_transforms(qc: Option<&Value>) -> Result<Option<Value>, String> {
+    let Some(qc) = qc.filter(|q| !q.is_null()) else { return Ok(None) };
+    let transform_only = qc.get("quant_method").and_then(Value::as_str) == Some("compressed-tensors")
+        && qc.get("config_groups").and_then(Value::as_object).is_some_and(|g| g.is_empty())
+        && qc.get("transform_config").and_then(Value::as_object).is_some_and(|t| !t.is_empty());
+    if !transform_only {
+        return Err("already has a quantization_config (the input must hold float weights)".into());
+    }
+    Ok(qc.get("transform_config").cloned())
+}
+
 /// Quantizes `opts.input` into `opts.output`, one shard at a time.
 pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeError> {
     let (input, output) = (&opts.input, &opts.output);
     let mut config = read_json(&input.join("config.json"))?;
     let cfg_path = input.join("config.json");
     let cfg = config.as_object_mut().ok_or_else(|| io(&cfg_path, "not a JSON object"))?;
-    if cfg.get("quantization_config").is_some_and(|q| !q.is_null()) {
-        return Err(io(&cfg_path, "already has a quantization_config (the input must hold float weights)"));
+    let transforms = input_transforms(cfg.get("quantization_config")).map_err(|m| io(&cfg_path, m))?;
+    if transforms.is_some() && opts.recipe.format() != Format::CompressedTensors {
+        return Err(QuantizeError::Usage(format!("the input runs online rotations (a compressed-tensors transform_config), which {} checkpoints cannot carry: use --format compressed-tensors", opts.recipe.format().name())));
     }
     let shards = input_shards(input)?;
     std::fs::create_dir_all(output).map_err(|e| io(output, e))?;
@@ -967,6 +982,9 @@ pub fn quantize_dir(opts: &QuantizeOptions) -> Result<QuantizeSummary, QuantizeE
                 w["actorder"] = json!("weight");
             }
         }
+    }
+    if let Some(t) = transforms {
+        qc["transform_config"] = t;
     }
     cfg.insert("quantization_config".into(), qc);
     if tied {

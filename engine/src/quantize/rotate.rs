@@ -10,12 +10,60 @@
 //! `Q` is random (Gaussian columns made orthonormal by Gram-Schmidt, twice, in f64: about
 //! `4 n³` operations on one thread, seconds at hidden size 2048) from a seed. Dense models of
 //! the [`ROTATABLE`] architectures only: no biases on the residual's writers, no MoE.
+//!
+//! R2 as well, offline: each attention head's values are rotated by a Sylvester Hadamard
+//! matrix `Hd` of the head's order (`Hd W_v` per head's rows), and O reads them back
+//! (`W_o Hd` per head's columns); attention mixes values per head linearly, so the function
+//! stays, and O's input (the attention output) has its outliers spread within each head.
+//! Heads of a power-of-two order only (others keep R1 alone).
+//!
+//! With [`Online::DownHadamard`], SpinQuant's R4 as well: `down_proj`'s input (the SwiGLU
+//! product, whose outliers R1 cannot reach) is multiplied at run time by a Sylvester Hadamard
+//! matrix `H` in blocks ([`down_block`]), and `W H` is folded into down's weights. The model
+//! then needs the online transform to compute the same function: config.json gets a
+//! compressed-tensors `quantization_config` holding only its `transform_config` (group `R4`,
+//! `hadamard`, `head_dim` the block, online at `input` and folded at `weight_input`), which
+//! Tessera's loader runs (`schemes::transform`) and `quantize_dir` carries into a
+//! compressed-tensors output.
 
 use super::{copy_model_files, float_weights, input_shards, io, map_file, read_json, read_shard, write_json, write_tensors, OutTensor, QuantizeError};
 use crate::float_dtype::FloatDtype;
 use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
+use tessera_kernels::ops::BlockTransform;
+
+/// Online rotations besides R1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Online {
+    /// None: the rotated model is a plain float model.
+    None,
+    /// SpinQuant's R4: a blocked Hadamard before every `down_proj`.
+    DownHadamard,
+}
+
+/// The Hadamard block for a feed-forward of inner width `ffn`: its largest power-of-two
+/// divisor (the whole width when it is a power of two; 512 for 1536).
+pub fn down_block(ffn: usize) -> usize {
+    1 << ffn.trailing_zeros()
+}
+
+/// The compressed-tensors `transform_config` of R4 in blocks of `block`.
+pub fn down_transform_config(block: usize) -> Value {
+    let targets = json!(["re:.*mlp.down_proj$"]);
+    json!({ "config_groups": { "R4": {
+        "type": "hadamard",
+        "head_dim": block,
+        "randomize": false,
+        "requires_grad": false,
+        "precision": "torch.float32",
+        "apply": [
+            { "targets": targets, "location": "input", "inverse": false, "ignore": [] },
+            { "targets": targets, "location": "weight_input", "inverse": true, "ignore": [] },
+        ],
+    } } })
+}
 
 /// Architectures whose blocks are pre-norm RMSNorm (`x · w`) around Q/K/V/O and gate/up/down.
 const ROTATABLE: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
@@ -58,7 +106,8 @@ enum Role {
     Embedding,
     /// A norm weight: becomes 1.
     Norm,
-    /// Q/K/V biases: they act after the rotation is undone, and stay as they are.
+    /// Q/K/V biases: they act after the residual rotation is undone, and stay as they are
+    /// (V's turns with R2's per-head rotation).
     Kept,
 }
 
@@ -98,10 +147,11 @@ fn role(name: &str) -> Result<Role, String> {
 }
 
 /// Writes the model of the Hugging Face directory `input`, its residual stream rotated by
-/// [`random_orthogonal`]`(hidden, seed)` (see the module), into `output`: one shard, each
-/// tensor in its input dtype, config.json with `tie_word_embeddings: false`, the tokenizer
-/// and generation files copied. Holds the model in f32 while rotating.
-pub fn rotate_dir(input: &Path, output: &Path, seed: u64) -> Result<(), QuantizeError> {
+/// [`random_orthogonal`]`(hidden, seed)` (see the module) and `online`'s rotations folded,
+/// into `output`: one shard, each tensor in its input dtype, config.json with
+/// `tie_word_embeddings: false` (and R4's transform config), the tokenizer and generation
+/// files copied. Holds the model in f32 while rotating.
+pub fn rotate_dir(input: &Path, output: &Path, seed: u64, online: Online) -> Result<(), QuantizeError> {
     let mut config = read_json(&input.join("config.json"))?;
     let usage = |m: String| QuantizeError::Usage(format!("--rotate: {m}"));
     let hidden = config["hidden_size"].as_u64().ok_or_else(|| usage("config.json has no hidden_size".into()))? as usize;
@@ -114,6 +164,18 @@ pub fn rotate_dir(input: &Path, output: &Path, seed: u64) -> Result<(), Quantize
         return Err(usage(format!("architecture {arch:?} is not rotated (supported: {})", ROTATABLE.join(", "))));
     }
     let tied = config["tie_word_embeddings"].as_bool().unwrap_or(false);
+    let head_dim = match config["head_dim"].as_u64() {
+        Some(d) => d as usize,
+        None => hidden / config["num_attention_heads"].as_u64().filter(|&n| n > 0).ok_or_else(|| usage("config.json has no num_attention_heads".into()))? as usize,
+    };
+    let r2 = head_dim.is_power_of_two().then_some(BlockTransform::Hadamard { block: head_dim });
+    let r4 = match online {
+        Online::None => None,
+        Online::DownHadamard => {
+            let ffn = config["intermediate_size"].as_u64().ok_or_else(|| usage("config.json has no intermediate_size".into()))? as usize;
+            Some(BlockTransform::Hadamard { block: down_block(ffn) })
+        }
+    };
     let mut tensors: BTreeMap<String, (FloatDtype, Vec<usize>, Vec<f32>)> = BTreeMap::new();
     for shard in input_shards(input)? {
         let path = input.join(&shard);
@@ -169,12 +231,37 @@ pub fn rotate_dir(input: &Path, output: &Path, seed: u64) -> Result<(), Quantize
                 super::gptq::matmul_f64(hidden, hidden, cols, (&q, true), &w64)
             }
         };
-        let f: Vec<f32> = rotated.iter().map(|&x| x as f32).collect();
+        let mut f: Vec<f32> = rotated.iter().map(|&x| x as f32).collect();
+        if let Some(h) = r4.as_ref().filter(|_| name.ends_with("mlp.down_proj.weight")) {
+            // W H: each row's blocks transformed (H is symmetric).
+            h.apply(&mut f, shape[1]);
+        }
+        if let Some(h) = &r2 {
+            if name.ends_with("self_attn.o_proj.weight") {
+                h.apply(&mut f, shape[1]);
+            } else if name.ends_with("self_attn.v_proj.bias") {
+                // The values' bias turns with them (Qwen2).
+                h.apply(&mut f, shape[0]);
+            } else if name.ends_with("self_attn.v_proj.weight") {
+                // Hd W_v per head: the transform runs down each column, over the head's rows.
+                let (rows, cols) = (shape[0], shape[1]);
+                let mut t: Vec<f32> = (0..rows * cols).map(|k| f[(k % rows) * cols + k / rows]).collect();
+                h.apply(&mut t, rows);
+                f = (0..rows * cols).map(|k| t[(k % cols) * rows + k / cols]).collect();
+            }
+        }
         out.push(OutTensor::owned(name.clone(), dtype.safetensors(), shape.clone(), dtype.encode(&f)));
     }
     std::fs::create_dir_all(output).map_err(|e| io(output, e))?;
     write_tensors(&output.join("model.safetensors"), &out, true)?;
-    config["tie_word_embeddings"] = serde_json::json!(false);
+    config["tie_word_embeddings"] = json!(false);
+    if let Some(h) = &r4 {
+        config["quantization_config"] = json!({
+            "quant_method": "compressed-tensors",
+            "config_groups": {},
+            "transform_config": down_transform_config(h.block()),
+        });
+    }
     write_json(&output.join("config.json"), &config)?;
     copy_model_files(input, output)?;
     Ok(())

@@ -6,7 +6,8 @@
 //! - `input`: runs online, on the linear layer's input activations (`x ↦ x · T`, or `x · Tᵀ`
 //!   with `inverse`), SpinQuant's R4 before `down_proj`. Its matrix is the tensor
 //!   `{module}.{group}_input.weight`, `[b, b]` (`b` the group's `head_dim` for a block-diagonal
-//!   transform, else the layer's input width), stored normalized or as ±1 entries. A Sylvester
+//!   transform, else the layer's input width), stored normalized or as ±1 entries, or absent
+//!   for a `hadamard` group with a `head_dim` (deterministic). A Sylvester
 //!   Hadamard matrix runs as the fast transform, anything else orthogonal as a dense block;
 //! - `output`, `attn_q`, `attn_k` (online on outputs and attention): refused by name.
 //!
@@ -60,6 +61,7 @@ impl Apply {
 #[derive(Debug)]
 struct Group {
     name: String,
+    ty: String,
     head_dim: Option<usize>,
     apply: Vec<Apply>,
 }
@@ -111,7 +113,7 @@ pub fn parse(tc: Option<&Value>) -> Result<Option<Transforms>, LoadError> {
             let inverse = a.get("inverse").and_then(Value::as_bool).unwrap_or(false);
             apply.push(Apply { targets, any_linear, ignore, location, inverse });
         }
-        groups.push(Group { name: name.clone(), head_dim, apply });
+        groups.push(Group { name: name.clone(), ty: ty.to_string(), head_dim, apply });
     }
     Ok(Some(Transforms { groups }))
 }
@@ -143,7 +145,14 @@ impl Transforms {
         }
         let Some((g, inverse)) = found else { return Ok(None) };
         let name = format!("{module}.{}_input.weight", g.name);
-        let t = set.take(&name, "the online input transform of its layer")?;
+        let Some(t) = set.take_opt(&name) else {
+            // A deterministic Hadamard needs no stored copy (transformers saves tied copies
+            // once; Tessera's quantizer writes none): the group's head_dim gives its order.
+            return match (g.ty.as_str(), g.head_dim) {
+                ("hadamard", Some(b)) if b.is_power_of_two() => Ok(Some(Arc::new(BlockTransform::Hadamard { block: b }))),
+                _ => Err(LoadError::Tensor { name, msg: "missing (only a hadamard transform with a power-of-two head_dim can go without its matrix)".into() }),
+            };
+        };
         let perm_name = format!("{module}.{}_input.perm", g.name);
         let perm = set.take_opt(&perm_name).map(|p| read_perm(p, t.shape[0])).transpose().map_err(|msg| LoadError::Tensor { name: perm_name, msg })?;
         block_transform(t, perm, g.head_dim, inverse).map(|b| Some(Arc::new(b))).map_err(|msg| LoadError::Tensor { name, msg })
@@ -276,6 +285,14 @@ mod tests {
         set.insert(RawTensor { name: format!("{module}.R4_input.perm"), dtype: Dtype::I64, shape: vec![8], data: TensorBytes::Owned(Arc::from(bytes)) }).unwrap();
         let e = t.input_for(module, &set).unwrap_err().to_string();
         assert!(e.contains("R4_input.perm") && e.contains("not a permutation"), "{e}");
+
+        // Without its matrix: a hadamard with a head_dim is generated, anything else refused.
+        let mut with_dim = config("input", "hadamard");
+        with_dim["config_groups"]["R4"]["head_dim"] = json!(64);
+        let t64 = parse(Some(&with_dim)).unwrap().unwrap();
+        assert_eq!(*t64.input_for(module, &TensorSet::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 64 });
+        let e = t.input_for(module, &TensorSet::default()).unwrap_err().to_string();
+        assert!(e.contains("R4_input.weight") && e.contains("missing"), "{e}");
 
         let e = parse(Some(&config("output", "hadamard"))).unwrap_err().to_string();
         assert!(e.contains("transform_config.config_groups.R4.apply[0].location") && e.contains("not supported"), "{e}");

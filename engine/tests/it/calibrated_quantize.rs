@@ -18,13 +18,14 @@ use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::model::{ActivationObserver, LinearSite, SeqInput};
 use tessera_engine::quantize::calibrate::{calibrate_sequential, calibration_sequences, sequences, CalibrationOptions, CalibrationText, BUILTIN_TEXT};
 use tessera_engine::quantize::gptq::Hessian;
-use tessera_engine::quantize::rotate::rotate_dir;
+use tessera_engine::quantize::rotate::{rotate_dir, Online};
 use tessera_engine::quantize::sampled::sample_sequences;
 use tessera_engine::quantize::QuantizeError;
 use tessera_engine::quantize::{quantize_dir, Calibrated, Format, QuantizeOptions, QuantizeSummary, Recipe, Scheme};
 use tessera_engine::weights::ModelWeights;
 use tessera_engine::LoadedModel;
 use tessera_kernels::linear::LinearPolicy;
+use tessera_kernels::ops::BlockTransform;
 
 fn base() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("calibrated-quantize")
@@ -141,51 +142,132 @@ fn smoothing_alone_keeps_the_model_function() {
     assert_ne!(norm(&f32_dir), norm(&out));
 }
 
-/// `--rotate`'s transform keeps the model's function (the rotated f32 model's log-probs are
-/// the original's up to f32 rounding, its norms 1 and its head untied), and per-channel int4
-/// (W4A8 by GPTQ and the MSE observer without SmoothQuant, as `--rotate` runs it) lands closer
-/// to the float model rotated than not.
+/// `--rotate`'s transforms keep the model's function: R1 and R2 alone, and with R4 (an online
+/// Hadamard before every down_proj, run by the loader from the written transform_config)
+/// give the original f32 model's log-probs up to f32 rounding, with norms 1 and the head
+/// untied. Per-channel int4 (W4A8 by GPTQ and the MSE observer without SmoothQuant, as
+/// `--rotate` runs it) lands closer to the float model rotated than not, and closer still
+/// with R4 (compressed-tensors, which carries the transform; Quark refuses it).
 #[test]
 fn a_rotated_residual_stream_keeps_the_function_and_helps_per_channel_int4() {
     let f32_dir = converted(FloatDtype::F32);
-    let rotated = base().join("rotated-f32");
-    rotate_dir(&f32_dir, &rotated, 0).unwrap();
     let tokens = eval_tokens(&f32_dir);
-    let (a, b) = (log_probs(&f32_dir, &tokens[..96]), log_probs(&rotated, &tokens[..96]));
-    let worst = a.iter().zip(&b).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
-    // As for smoothing: f32 rounding through 30 blocks; a wrong fold moves log-probs by > 0.1.
-    assert!(worst < 2e-3, "rotating changed log-probs by {worst}");
-    assert_eq!(config(&rotated)["tie_word_embeddings"], false);
-    let ck = ModelWeights::open(&rotated).unwrap().checkpoint;
-    let norm = ck.tensor("blk.3.ffn_norm.weight").unwrap().data.bytes().to_vec();
-    assert!(norm.chunks_exact(4).all(|b| f32::from_le_bytes(b.try_into().unwrap()) == 1.0));
-    std::fs::remove_dir_all(&rotated).unwrap();
+    let original = log_probs(&f32_dir, &tokens[..96]);
+    for online in [Online::None, Online::DownHadamard] {
+        let rotated = base().join("rotated-f32");
+        rotate_dir(&f32_dir, &rotated, 0, online).unwrap();
+        let b = log_probs(&rotated, &tokens[..96]);
+        let worst = original.iter().zip(&b).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+        // As for smoothing: f32 rounding through 30 blocks; a wrong fold moves log-probs by > 0.1.
+        assert!(worst < 2e-3, "rotating ({online:?}) changed log-probs by {worst}");
+        let cfg = config(&rotated);
+        assert_eq!(cfg["tie_word_embeddings"], false);
+        let w = ModelWeights::open(&rotated).unwrap();
+        let norm = w.checkpoint.tensor("blk.3.ffn_norm.weight").unwrap().data.bytes().to_vec();
+        assert!(norm.chunks_exact(4).all(|b| f32::from_le_bytes(b.try_into().unwrap()) == 1.0));
+        // R4 runs as the fast transform in SmolLM2's 1536-wide feed-forward's blocks of 512.
+        let r4 = w.input_transforms.get("blk.7.ffn_down.weight").map(|t| t.describe());
+        assert_eq!(r4.as_deref(), (online == Online::DownHadamard).then_some("hadamard/512"));
+        assert_eq!(w.input_transforms.len(), if online == Online::DownHadamard { 30 } else { 0 });
+        assert_eq!(cfg["quantization_config"]["transform_config"]["config_groups"]["R4"]["head_dim"].as_u64(), r4.map(|_| 512));
+        std::fs::remove_dir_all(&rotated).unwrap();
+    }
     // An architecture whose norms scale by 1 + w (Gemma's) would fold wrongly: refused by name.
     let gemma = base().join("gemma-config");
     std::fs::create_dir_all(&gemma).unwrap();
     let mut c = config(&f32_dir);
     c["architectures"] = serde_json::json!(["GemmaForCausalLM"]);
     std::fs::write(gemma.join("config.json"), c.to_string()).unwrap();
-    let e = rotate_dir(&gemma, &base().join("gemma-rotated"), 0).unwrap_err().to_string();
+    let e = rotate_dir(&gemma, &base().join("gemma-rotated"), 0, Online::None).unwrap_err().to_string();
     assert!(e.contains("\"GemmaForCausalLM\" is not rotated"), "{e}");
 
     let bf16 = converted(FloatDtype::BF16);
-    let rotated = base().join("rotated-bf16");
-    rotate_dir(&bf16, &rotated, 0).unwrap();
+    let (rotated, rotated_r4) = (base().join("rotated-bf16"), base().join("rotated-r4-bf16"));
+    rotate_dir(&bf16, &rotated, 0, Online::None).unwrap();
+    rotate_dir(&bf16, &rotated_r4, 0, Online::DownHadamard).unwrap();
     let reference = log_probs(&bf16, &tokens);
-    let w4a8 = Recipe::resolve(Scheme::W4A8, None, None, false).unwrap();
     let how = How { gptq: true, mse_observer: true, builtin: true, damping: Some(Scheme::W4A8.gptq_damping()), ..How::default() };
-    let kl = |input: &Path, name: &str| {
-        let (dir, _) = quantize(input, name, w4a8, &[], how);
+    let kl = |input: &Path, name: &str, format: Format| {
+        let recipe = Recipe::resolve(Scheme::W4A8, Some(format), None, false).unwrap();
+        let (dir, _) = quantize(input, name, recipe, &[], how);
         let e = common::mean_kl(&reference, &log_probs(&dir, &tokens));
+        if input == rotated_r4 {
+            // The output carries the transform (its loader runs it: the KL says so).
+            assert_eq!(config(&dir)["quantization_config"]["transform_config"], config(input)["quantization_config"]["transform_config"]);
+        }
         std::fs::remove_dir_all(&dir).unwrap();
         e
     };
-    let (plain, turned) = (kl(&bf16, "w4a8-gptq-plain"), kl(&rotated, "w4a8-gptq-rotated"));
+    // Quark carries no online transform: R1 and R2 (folded) there, R4 too in compressed-tensors.
+    let plain = kl(&bf16, "w4a8-gptq-plain", Format::Quark);
+    let turned = kl(&rotated, "w4a8-gptq-rotated", Format::Quark);
+    let turned_r4 = kl(&rotated_r4, "w4a8-gptq-rotated-r4", Format::CompressedTensors);
+    // Quark has no online transforms: refused, not dropped.
+    let quark = Recipe::resolve(Scheme::W4A8, Some(Format::Quark), None, false).unwrap();
+    let opts = QuantizeOptions { input: rotated_r4.clone(), output: base().join("w4a8-r4-quark"), recipe: quark, exclude: vec![], experts_only: false, calibrated: None, mse_observer: false, head: None, progress: Default::default() };
+    let e = quantize_dir(&opts).unwrap_err().to_string();
+    assert!(e.contains("use --format compressed-tensors"), "{e}");
     std::fs::remove_dir_all(&rotated).unwrap();
-    eprintln!("W4A8 GPTQ without SmoothQuant: KL {plain:.4} plain, {turned:.4} rotated");
-    // Measured here: 0.307 rotated against 0.389 (0.79x); a wrong fold is far worse than either.
+    std::fs::remove_dir_all(&rotated_r4).unwrap();
+    eprintln!("W4A8 GPTQ without SmoothQuant: KL {plain:.4} plain, {turned:.4} rotated (R1, R2), {turned_r4:.4} with R4");
+    // Measured here: 0.389 plain, 0.276 with R1 and R2 (0.71x), 0.245 with R4 too (0.89x of
+    // that); a wrong fold, or a transform the loader did not run, is far worse than either.
     assert!(turned < 0.9 * plain, "W4A8 by GPTQ: rotated {turned} vs not {plain}");
+    assert!(turned_r4 < 0.95 * turned, "W4A8 by GPTQ: with R4 {turned_r4} vs without {turned}");
+}
+
+/// Layers that read one input with and without online transforms (a transform on q_proj
+/// alone, its inverse folded into q_proj's weights, k and v plain: the fused Q/K/V product
+/// runs each part on its own input) keep the model's function, and the plan shows where the
+/// transform runs.
+#[test]
+fn a_transform_on_one_of_fused_layers_keeps_the_function() {
+    let f32_dir = converted(FloatDtype::F32);
+    let dir = base().join("q-transformed-f32");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(&f32_dir).unwrap().map(|e| e.unwrap().path()) {
+        if f.extension().is_some_and(|e| e == "json") {
+            std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let hd = config(&f32_dir)["head_dim"].as_u64().map_or(64, |d| d as usize);
+    let h = BlockTransform::Hadamard { block: hd };
+    let bytes = std::fs::read(f32_dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        assert_eq!(view.dtype(), safetensors::Dtype::F32);
+        let mut data = view.data().to_vec();
+        if name.ends_with("self_attn.q_proj.weight") {
+            // W H: the inverse of the online x H (H symmetric), per row's blocks of a head.
+            let mut w: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            h.apply(&mut w, view.shape()[1]);
+            data = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        }
+        out.push((name, view.shape().to_vec(), data));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        out.iter().map(|(n, shape, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+    let mut cfg = config(&f32_dir);
+    let targets = serde_json::json!(["re:.*q_proj$"]);
+    cfg["quantization_config"] = serde_json::json!({"quant_method": "compressed-tensors", "config_groups": {}, "transform_config": {"config_groups": {"Q": {
+        "type": "hadamard", "head_dim": hd,
+        "apply": [{"targets": targets, "location": "input"}, {"targets": targets, "location": "weight_input", "inverse": true}]}}}});
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+
+    let tokens = eval_tokens(&f32_dir);
+    let (a, b) = (log_probs(&f32_dir, &tokens[..64]), log_probs(&dir, &tokens[..64]));
+    let worst = a.iter().zip(&b).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+    // f32 rounding through 30 blocks; a transform run twice or not at all moves them by > 0.1.
+    assert!(worst < 2e-3, "a transform on q_proj changed log-probs by {worst}");
+    let m = LoadedModel::load(&dir, LinearPolicy::DEFAULT).unwrap();
+    let plan = m.model.plan();
+    let acts = |t: &str| plan.iter().find(|e| e.tensor == t).unwrap().activations.clone();
+    assert_eq!(acts("blk.4.attn_q.weight"), format!("hadamard/{hd} then f32"));
+    assert_eq!(acts("blk.4.attn_k.weight"), "f32");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -6,6 +6,7 @@ use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use tessera_engine::quantize::calibrate::{CalibrationOptions, CalibrationText};
 use tessera_engine::quantize::{self, calibration_supported, quantize_dir, Calibrated, Format, Progress, QuantizeOptions, Recipe, Scheme, Stage};
+use tessera_engine::quantize::rotate::Online;
 
 /// Quantization scheme.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -119,11 +120,14 @@ pub struct QuantizeArgs {
     /// Tokens per calibration sequence (capped at the model's context).
     #[arg(long, default_value_t = 1024)]
     calibration_seq_len: usize,
-    /// Rotate the residual stream by a random orthogonal matrix before quantizing (QuaRot's
-    /// and SpinQuant's R1: norms folded into the linears, the rotation into every weight that
-    /// reads or writes the residual; the same function, outliers spread over each row). For
-    /// one int4 scale per row (w4a8); turns SmoothQuant off unless --smoothquant is given.
-    /// Dense Llama-family models; the output head is written untied.
+    /// Rotate the model before quantizing (QuaRot's and SpinQuant's rotations; the same
+    /// function, outliers spread over each row): the residual stream by a random orthogonal
+    /// matrix (R1: norms folded into the linears, the rotation into every weight that reads or
+    /// writes the residual), each head's values by a Hadamard matrix (R2, folded into V and
+    /// O), and, in compressed-tensors output, down_proj's input by a Hadamard matrix online
+    /// (R4, recorded in the checkpoint's transform_config and run by its loader). For one int4
+    /// scale per row (w4a8); turns SmoothQuant off unless --smoothquant is given. Dense
+    /// Llama-family models; the output head is written untied.
     #[arg(long, conflicts_with = "rtn")]
     rotate: bool,
     /// Also quantize the output head (`lm_head`) with this scheme, in the model's format
@@ -214,12 +218,17 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     // The rotated model is the quantizer's input, written beside the output and removed after.
     let rotated = args.rotate.then(|| args.output.with_file_name(format!("{}.rotated-input", args.output.file_name().map_or("out".into(), |n| n.to_string_lossy()))));
     if let Some(dir) = &rotated {
-        if let Err(e) = quantize::rotate::rotate_dir(&args.input, dir, 0) {
+        // R4 (an online Hadamard before down_proj) where the output format can carry it.
+        let online = if recipe.format() == Format::CompressedTensors { Online::DownHadamard } else { Online::None };
+        if let Err(e) = quantize::rotate::rotate_dir(&args.input, dir, 0, online) {
             // Leave no half-written directory behind (it may not exist: nothing to report).
             let _ = std::fs::remove_dir_all(dir);
             return Err(e).with_context(|| format!("rotating {}", args.input.display()));
         }
-        println!("rotated the residual stream ({})", dir.display());
+        match online {
+            Online::DownHadamard => println!("rotated the residual stream, the heads' values and, online, down_proj's input ({})", dir.display()),
+            Online::None => println!("rotated the residual stream and the heads' values ({}; down_proj's input is rotated online only in compressed-tensors checkpoints)", dir.display()),
+        }
     }
     let opts = QuantizeOptions {
         input: rotated.clone().unwrap_or_else(|| args.input.clone()),
