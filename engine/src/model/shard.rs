@@ -167,12 +167,23 @@ impl Shard {
 }
 
 /// The granularity of `name`'s input columns: a cut between ranks must fall on a multiple of
-/// it (a GGUF block, an int4 group, an FP8 scale block; 32 for the integer kernels' runs).
+/// it (a GGUF block, an int4 group, an FP8 scale block; 32 for the integer kernels' runs;
+/// and a block of its online input transform, which each rank runs on its own columns).
 pub fn col_align(ck: &ModelWeights, name: &str) -> Result<usize, LoadError> {
-    match ck.quantized.get(name) {
-        Some(q) => Ok(q.matrix.col_align()),
-        None => Ok(ck.checkpoint.tensor(name)?.ty.block_size()),
-    }
+    let storage = match ck.quantized.get(name) {
+        Some(q) => q.matrix.col_align(),
+        None => ck.checkpoint.tensor(name)?.ty.block_size(),
+    };
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    Ok(match ck.input_transforms.get(name) {
+        Some(t) => storage / gcd(storage, t.block()) * t.block(),
+        None => storage,
+    })
 }
 
 /// The granularity of `name`'s output rows (an FP8 scale block's height; 1 otherwise).

@@ -16,6 +16,7 @@ use std::sync::{Arc, OnceLock};
 use tessera_engine::convert::{to_hf_dir, ConvertOptions};
 use tessera_engine::float_dtype::FloatDtype;
 use tessera_engine::model::{ActivationObserver, LinearSite, SeqInput};
+use tessera_engine::parallel::TpOptions;
 use tessera_engine::quantize::calibrate::{calibrate_sequential, calibration_sequences, sequences, CalibrationOptions, CalibrationText, BUILTIN_TEXT};
 use tessera_engine::quantize::gptq::Hessian;
 use tessera_engine::quantize::rotate::{rotate_dir, Online};
@@ -216,12 +217,13 @@ fn a_rotated_residual_stream_keeps_the_function_and_helps_per_channel_int4() {
     assert!(turned_r4 < 0.95 * turned, "W4A8 by GPTQ: with R4 {turned_r4} vs without {turned}");
 }
 
-/// Layers that read one input with and without online transforms (a transform on q_proj
-/// alone, its inverse folded into q_proj's weights, k and v plain: the fused Q/K/V product
-/// runs each part on its own input) keep the model's function, and the plan shows where the
-/// transform runs.
+/// Online transforms keep the model's function whole and over two ranks: one on q_proj
+/// alone (its inverse folded into q_proj's weights, k and v plain: the fused Q/K/V product
+/// runs each part on its own input) and one before down_proj in blocks of 512 (two ranks cut
+/// down's 1536 input columns on a block boundary, each runs its blocks). The plan shows where
+/// the transforms run.
 #[test]
-fn a_transform_on_one_of_fused_layers_keeps_the_function() {
+fn online_transforms_keep_the_function_whole_and_sharded() {
     let f32_dir = converted(FloatDtype::F32);
     let dir = base().join("q-transformed-f32");
     let _ = std::fs::remove_dir_all(&dir);
@@ -232,15 +234,22 @@ fn a_transform_on_one_of_fused_layers_keeps_the_function() {
         }
     }
     let hd = config(&f32_dir)["head_dim"].as_u64().map_or(64, |d| d as usize);
-    let h = BlockTransform::Hadamard { block: hd };
+    let (h, h_down) = (BlockTransform::Hadamard { block: hd }, BlockTransform::Hadamard { block: 512 });
     let bytes = std::fs::read(f32_dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut out: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, view) in st.tensors() {
         assert_eq!(view.dtype(), safetensors::Dtype::F32);
         let mut data = view.data().to_vec();
-        if name.ends_with("self_attn.q_proj.weight") {
-            // W H: the inverse of the online x H (H symmetric), per row's blocks of a head.
+        let fold = if name.ends_with("self_attn.q_proj.weight") {
+            Some(&h)
+        } else if name.ends_with("mlp.down_proj.weight") {
+            Some(&h_down)
+        } else {
+            None
+        };
+        if let Some(h) = fold {
+            // W H: the inverse of the online x H (H symmetric), per row's blocks.
             let mut w: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
             h.apply(&mut w, view.shape()[1]);
             data = w.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -251,10 +260,13 @@ fn a_transform_on_one_of_fused_layers_keeps_the_function() {
         out.iter().map(|(n, shape, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), d).unwrap())).collect();
     safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
     let mut cfg = config(&f32_dir);
-    let targets = serde_json::json!(["re:.*q_proj$"]);
-    cfg["quantization_config"] = serde_json::json!({"quant_method": "compressed-tensors", "config_groups": {}, "transform_config": {"config_groups": {"Q": {
-        "type": "hadamard", "head_dim": hd,
-        "apply": [{"targets": targets, "location": "input"}, {"targets": targets, "location": "weight_input", "inverse": true}]}}}});
+    let group = |target: &str, block: usize| {
+        let targets = serde_json::json!([target]);
+        serde_json::json!({"type": "hadamard", "head_dim": block,
+            "apply": [{"targets": targets, "location": "input"}, {"targets": targets, "location": "weight_input", "inverse": true}]})
+    };
+    cfg["quantization_config"] = serde_json::json!({"quant_method": "compressed-tensors", "config_groups": {},
+        "transform_config": {"config_groups": {"Q": group("re:.*q_proj$", hd), "R4": group("re:.*down_proj$", 512)}}});
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
 
     let tokens = eval_tokens(&f32_dir);
@@ -267,6 +279,20 @@ fn a_transform_on_one_of_fused_layers_keeps_the_function() {
     let acts = |t: &str| plan.iter().find(|e| e.tensor == t).unwrap().activations.clone();
     assert_eq!(acts("blk.4.attn_q.weight"), format!("hadamard/{hd} then f32"));
     assert_eq!(acts("blk.4.attn_k.weight"), "f32");
+    assert_eq!(acts("blk.4.ffn_down.weight"), "hadamard/512 then f32");
+    drop(m);
+
+    let tp = LoadedModel::load_parallel(&dir, LinearPolicy::DEFAULT, &TpOptions { size: 2, cpu_bind: None }).unwrap();
+    let logits = tp.run(|m| {
+        let mut kv = m.local_kv(64);
+        m.forward(&mut [SeqInput { tokens: &tokens[..64], kv: &mut kv, logits_from: Some(0) }]).unwrap().swap_remove(0)
+    });
+    // The cut falls on a block boundary (rank 0 holds one of down's three blocks of 512).
+    let shard = tp.run(|m| m.plan().into_iter().find(|e| e.tensor == "blk.4.ffn_down.weight").unwrap().shard);
+    assert_eq!(shard.as_deref(), Some("columns 0..512 of 1536"));
+    let c = common::log_softmax_rows(&logits, config(&f32_dir)["vocab_size"].as_u64().unwrap() as usize);
+    let worst = a.iter().zip(&c).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+    assert!(worst < 2e-3, "two ranks with online transforms changed log-probs by {worst}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
