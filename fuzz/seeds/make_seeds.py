@@ -4,7 +4,8 @@
 - gguf: tiny Llama GGUF files (F32 and Q8_0 weights, a small byte-level BPE vocabulary, ChatML
   template) that load completely: container, config, tensors, tokenizer and model;
 - hf_checkpoint: `config.json NUL tokenizer_config.json NUL model.safetensors` for a tiny
-  Llama (F32/F16/BF16 tensors) and two of engine/tests/fixtures/quant (AWQ, compressed-tensors W4A16);
+  Llama (F32/F16/BF16 tensors; F32 with an online Hadamard transform) and two of
+  engine/tests/fixtures/quant (AWQ, compressed-tensors W4A16);
 - tokenizer_decode: u16 id sequences (ASCII, multi-byte UTF-8 split across tokens, control tokens);
 - openai_request: typical completions, chat and Responses bodies (first byte: 0 completions,
   1 chat, 2 responses);
@@ -193,7 +194,9 @@ def enc(n, dtype, seed):
     return b"".join(struct.pack("<f", x)[2:] for x in vals)  # BF16: top half of f32
 
 
-def tiny_hf(dtype):
+def tiny_hf(dtype, r4=False):
+    """`r4`: with SpinQuant's online Hadamard before down_proj (a compressed-tensors
+    transform_config holding only it, its 16 x 16 matrix stored as +-1 F32)."""
     hidden, ffn, vocab, heads, kv = 8, 16, 5, 2, 1
     hd = hidden // heads
     cfg = {"model_type": "llama", "hidden_size": hidden, "num_attention_heads": heads,
@@ -220,6 +223,13 @@ def tiny_hf(dtype):
         for d in shape:
             n *= d
         ts.append((name, dtype, shape, enc(n, dtype, i)))
+    if r4:
+        tgt = ["re:.*down_proj$"]
+        cfg["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {}, "transform_config": {
+            "config_groups": {"R4": {"type": "hadamard", "head_dim": None, "apply": [
+                {"targets": tgt, "location": "input"}, {"targets": tgt, "location": "weight_input", "inverse": True}]}}}}
+        had = [1.0 if bin(i & j).count("1") % 2 == 0 else -1.0 for i in range(ffn) for j in range(ffn)]
+        ts.append((p + "mlp.down_proj.R4_input.weight", "F32", [ffn, ffn], b"".join(struct.pack("<f", x) for x in had)))
     return json.dumps(cfg).encode() + b"\0" + json.dumps(tcfg).encode() + b"\0" + safetensors(ts)
 
 
@@ -228,6 +238,7 @@ def main():
     write("gguf", "tiny-q8_0.gguf", tiny_gguf(32, 64, 8, tied=False))
     for dt in ["F32", "F16", "BF16"]:
         write("hf_checkpoint", "tiny-%s" % dt.lower(), tiny_hf(dt))
+    write("hf_checkpoint", "tiny-f32-r4", tiny_hf("F32", r4=True))
     qdir = os.path.join(ROOT, "engine", "tests", "fixtures", "quant")
     for fx in ["awq_g128", "ct_w4a16_actorder"]:
         d = os.path.join(qdir, fx)

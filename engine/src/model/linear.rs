@@ -166,6 +166,11 @@ impl Linear {
         Ok(())
     }
 
+    /// The online input transform this layer runs before its product, if any.
+    pub fn input_transform(&self) -> Option<&BlockTransform> {
+        self.input_transform.as_deref()
+    }
+
     /// The weight's canonical name.
     pub fn name(&self) -> &str {
         &self.name
@@ -203,12 +208,13 @@ impl Linear {
     /// Several layers reading the same input, writing side by side (`[a | b | c]` per row of
     /// `y`, row stride `ldy`). Layers of one format share one activation quantization and one
     /// parallel region; layers with online input transforms get their own transformed copy of
-    /// `x` (one copy for layers sharing one transform).
+    /// `x` (one copy when all share one transform).
     pub fn forward_fused(layers: &[&Linear], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
         let Some(t) = layers.iter().find_map(|l| l.input_transform.as_ref()) else {
             return Self::forward_ops(layers, x, segments, y, ldy);
         };
-        if layers.iter().all(|l| l.input_transform.as_ref().is_some_and(|u| Arc::ptr_eq(t, u) || **t == **u)) {
+        // The loader shares one value between equal transforms (`schemes::transform::decode`).
+        if layers.iter().all(|l| l.input_transform.as_ref().is_some_and(|u| Arc::ptr_eq(t, u))) {
             return with_f32(x.len(), |xt| {
                 xt.copy_from_slice(x);
                 layers[0].transform_input(xt);

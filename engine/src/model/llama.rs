@@ -314,6 +314,19 @@ impl LlamaModel {
         LocalKv::new(layout, capacity)
     }
 
+    /// The dense blocks' linear layers that run an online input transform (canonical names).
+    pub fn transformed_linears(&self) -> Vec<&str> {
+        let mut out = Vec::new();
+        for b in &self.blocks {
+            let mut ls = vec![&b.wq, &b.wk, &b.wv, &b.wo];
+            if let Ffn::Dense(mlp) = &b.ffn {
+                ls.extend(mlp.linears());
+            }
+            out.extend(ls.into_iter().filter(|l| l.input_transform().is_some()).map(Linear::name));
+        }
+        out
+    }
+
     /// The kernel chosen for every linear layer, in execution order.
     pub fn plan(&self) -> Vec<PlanEntry> {
         let mut out = Vec::new();

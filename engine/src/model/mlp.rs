@@ -65,6 +65,11 @@ impl Mlp {
     }
 
     /// Gate, up and down.
+    pub fn linears(&self) -> [&Linear; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+
+    /// Gate, up and down.
     pub fn linears_mut(&mut self) -> [&mut Linear; 3] {
         [&mut self.gate, &mut self.up, &mut self.down]
     }

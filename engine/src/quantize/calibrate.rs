@@ -89,6 +89,11 @@ fn load(input: &Path) -> Result<LoadedModel, QuantizeError> {
     if loaded.model.config().moe.is_some() {
         return Err(QuantizeError::Usage("calibrated quantization (GPTQ and SmoothQuant, with their flags) supports dense models; this one has MoE layers: quantize it with --rtn".into()));
     }
+    // Calibration observes a site's input before its layers run; only down_proj's transform
+    // is applied before it is observed (the MLP does it in place).
+    if let Some(name) = loaded.model.transformed_linears().into_iter().find(|n| !n.ends_with("ffn_down.weight")) {
+        return Err(QuantizeError::Usage(format!("calibrated quantization supports online input transforms before down_proj only; {name} has one: quantize it with --rtn")));
+    }
     Ok(loaded)
 }
 
@@ -175,6 +180,14 @@ pub fn calibrate(input: &Path, sequences: &[Vec<u32>]) -> Result<Calibration, Qu
         model.forward_observed(&mut batch, &mut cal).map_err(|e| QuantizeError::Usage(format!("calibration forward pass: {e}")))?;
         cal.tokens += group.iter().map(Vec::len).sum::<usize>();
         tracing::info!(tokens = cal.tokens, of = all, "calibrating");
+    }
+    // SmoothQuant would divide up_proj's rows and multiply down_proj's columns by one factor
+    // per channel; an online transform between them mixes the channels, so those sites are
+    // not summarized (and not smoothed). `load` refuses transforms anywhere else.
+    for name in model.transformed_linears() {
+        if let Some(layer) = name.strip_prefix("blk.").and_then(|r| r.split_once('.')).and_then(|(l, _)| l.parse().ok()) {
+            cal.sites.remove(&(layer, LinearSite::Down));
+        }
     }
     Ok(cal)
 }

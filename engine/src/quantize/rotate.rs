@@ -43,8 +43,8 @@ pub enum Online {
     DownHadamard,
 }
 
-/// The Hadamard block for a feed-forward of inner width `ffn`: its largest power-of-two
-/// divisor (the whole width when it is a power of two; 512 for 1536).
+/// The Hadamard block for a feed-forward of inner width `ffn` (not 0): its largest
+/// power-of-two divisor (the whole width when it is a power of two; 512 for 1536).
 pub fn down_block(ffn: usize) -> usize {
     1 << ffn.trailing_zeros()
 }
@@ -172,7 +172,7 @@ pub fn rotate_dir(input: &Path, output: &Path, seed: u64, online: Online) -> Res
     let r4 = match online {
         Online::None => None,
         Online::DownHadamard => {
-            let ffn = config["intermediate_size"].as_u64().ok_or_else(|| usage("config.json has no intermediate_size".into()))? as usize;
+            let ffn = config["intermediate_size"].as_u64().filter(|&f| f > 0).ok_or_else(|| usage("config.json has no intermediate_size".into()))? as usize;
             Some(BlockTransform::Hadamard { block: down_block(ffn) })
         }
     };

@@ -72,6 +72,9 @@ pub struct Transforms {
     groups: Vec<Group>,
 }
 
+/// The largest transform order accepted (a block of 65,536 would be a 16 GiB dense matrix).
+const MAX_ORDER: usize = 1 << 16;
+
 /// Transform types compressed-tensors registers whose matrices are orthogonal.
 const TYPES: &[&str] = &["hadamard", "random-hadamard", "random-matrix"];
 
@@ -88,7 +91,7 @@ pub fn parse(tc: Option<&Value>) -> Result<Option<Transforms>, LoadError> {
         }
         let head_dim = match g.get("head_dim") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_u64().filter(|&d| d > 0).ok_or_else(|| config_err(&format!("{path}.head_dim"), format!("{v} is not a positive integer")))? as usize),
+            Some(v) => Some(v.as_u64().filter(|&d| d > 0 && d <= MAX_ORDER as u64).ok_or_else(|| config_err(&format!("{path}.head_dim"), format!("{v} is not an integer in 1..={MAX_ORDER}")))? as usize),
         };
         let mut apply = Vec::new();
         for (i, a) in g.get("apply").and_then(Value::as_array).ok_or_else(|| config_err(&format!("{path}.apply"), "missing or not a list"))?.iter().enumerate() {
@@ -231,10 +234,19 @@ fn check_orthogonal(m: &[f32], b: usize) -> Result<(), String> {
 }
 
 /// The online input transforms of `modules` (`(module, canonical name)` of linear layers).
+/// Equal transforms share one value, so layers reading one input (Q/K/V) transform it once.
 pub fn decode(transforms: &Transforms, modules: &[(&str, String)], set: &TensorSet) -> Result<BTreeMap<String, Arc<BlockTransform>>, LoadError> {
     let mut out = BTreeMap::new();
+    let mut distinct: Vec<Arc<BlockTransform>> = Vec::new();
     for (module, canon) in modules {
         if let Some(t) = transforms.input_for(module, set)? {
+            let t = match distinct.iter().find(|d| ***d == *t) {
+                Some(d) => d.clone(),
+                None => {
+                    distinct.push(t.clone());
+                    t
+                }
+            };
             out.insert(canon.clone(), t);
         }
     }
