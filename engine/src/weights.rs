@@ -67,7 +67,9 @@ impl ModelWeights {
             None => None,
         };
         let input_transforms = match &transforms {
-            Some(t) => transform::decode(t, &linears, &set)?,
+            Some(t) => transform::decode(t, &linears, &set, |module, canon| {
+                quantized.get(canon).map(|q| q.matrix.cols()).or_else(|| set.peek(&format!("{module}.weight")).and_then(|w| w.shape.get(1).copied()))
+            })?,
             None => BTreeMap::new(),
         };
         let layers = scheme.as_ref().map(|s| QuantizedLayers {

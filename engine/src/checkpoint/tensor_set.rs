@@ -140,6 +140,11 @@ impl TensorSet {
         self.take_opt(name).ok_or_else(|| err(name, format!("missing (required by {why})")))
     }
 
+    /// A tensor if present, without taking it (its shape, for a decision elsewhere).
+    pub fn peek(&self, name: &str) -> Option<&RawTensor> {
+        self.tensors.get(name)
+    }
+
     /// Takes a tensor if present.
     pub fn take_opt(&self, name: &str) -> Option<&RawTensor> {
         let t = self.tensors.get(name)?;

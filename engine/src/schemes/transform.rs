@@ -6,8 +6,10 @@
 //! - `input`: runs online, on the linear layer's input activations (`x ↦ x · T`, or `x · Tᵀ`
 //!   with `inverse`), SpinQuant's R4 before `down_proj`. Its matrix is the tensor
 //!   `{module}.{group}_input.weight`, `[b, b]` (`b` the group's `head_dim` for a block-diagonal
-//!   transform, else the layer's input width), stored normalized or as ±1 entries, or absent
-//!   for a `hadamard` group with a `head_dim` (deterministic). A Sylvester
+//!   transform, else the layer's input width), stored normalized or as ±1 entries. Where a
+//!   layer stores none, another layer's copy of the same group and order is used
+//!   (transformers saves tied copies once), else a `hadamard` group's matrix is generated
+//!   (deterministic; Tessera's quantizer stores none). A Sylvester
 //!   Hadamard matrix runs as the fast transform, anything else orthogonal as a dense block;
 //! - `output`, `attn_q`, `attn_k` (online on outputs and attention): refused by name.
 //!
@@ -75,6 +77,18 @@ pub struct Transforms {
 /// The largest transform order accepted (a block of 65,536 would be a 16 GiB dense matrix).
 const MAX_ORDER: usize = 1 << 16;
 
+/// A layer's online input transform: its group, direction and stored matrix (if stored).
+struct Online<'a> {
+    group: &'a Group,
+    inverse: bool,
+    matrix: Option<Arc<BlockTransform>>,
+}
+
+/// The matrices layers stored, by group, direction and order: what a layer whose tied copy
+/// was saved under another layer's name resolves to.
+#[derive(Debug, Default)]
+pub struct TiedCopies(Vec<(String, bool, Arc<BlockTransform>)>);
+
 /// Transform types compressed-tensors registers whose matrices are orthogonal.
 const TYPES: &[&str] = &["hadamard", "random-hadamard", "random-matrix"];
 
@@ -128,10 +142,9 @@ impl Transforms {
         format!("transforms {}", gs.join(", "))
     }
 
-    /// The online input transform of linear module `module` (`None` when it has none), read
-    /// from its tensor in `set` and checked; the saved copies of its folded transforms are
-    /// taken too.
-    pub fn input_for(&self, module: &str, set: &TensorSet) -> Result<Option<Arc<BlockTransform>>, LoadError> {
+    /// The group whose online input transform applies to linear module `module` (and whether
+    /// inverted), if any; the saved copies of its folded transforms are taken.
+    fn online_group(&self, module: &str, set: &TensorSet) -> Result<Option<(&Group, bool)>, LoadError> {
         let mut found: Option<(&Group, bool)> = None;
         for g in &self.groups {
             for a in g.apply.iter().filter(|a| a.matches(module)) {
@@ -146,19 +159,45 @@ impl Transforms {
                 found = Some((g, a.inverse));
             }
         }
-        let Some((g, inverse)) = found else { return Ok(None) };
-        let name = format!("{module}.{}_input.weight", g.name);
-        let Some(t) = set.take_opt(&name) else {
-            // A deterministic Hadamard needs no stored copy (transformers saves tied copies
-            // once; Tessera's quantizer writes none): the group's head_dim gives its order.
-            return match (g.ty.as_str(), g.head_dim) {
-                ("hadamard", Some(b)) if b.is_power_of_two() => Ok(Some(Arc::new(BlockTransform::Hadamard { block: b }))),
-                _ => Err(LoadError::Tensor { name, msg: "missing (only a hadamard transform with a power-of-two head_dim can go without its matrix)".into() }),
-            };
-        };
-        let perm_name = format!("{module}.{}_input.perm", g.name);
+        Ok(found)
+    }
+
+    /// The online input transform of linear module `module` with its own stored matrix
+    /// (`None` without a transform; `matrix: None` when its matrix is not stored).
+    fn stored(&self, module: &str, set: &TensorSet) -> Result<Option<Online<'_>>, LoadError> {
+        let Some((group, inverse)) = self.online_group(module, set)? else { return Ok(None) };
+        let name = format!("{module}.{}_input.weight", group.name);
+        let Some(t) = set.take_opt(&name) else { return Ok(Some(Online { group, inverse, matrix: None })) };
+        let perm_name = format!("{module}.{}_input.perm", group.name);
         let perm = set.take_opt(&perm_name).map(|p| read_perm(p, t.shape[0])).transpose().map_err(|msg| LoadError::Tensor { name: perm_name, msg })?;
-        block_transform(t, perm, g.head_dim, inverse).map(|b| Some(Arc::new(b))).map_err(|msg| LoadError::Tensor { name, msg })
+        let b = block_transform(t, perm, group.head_dim, inverse).map_err(|msg| LoadError::Tensor { name, msg })?;
+        Ok(Some(Online { group, inverse, matrix: Some(Arc::new(b)) }))
+    }
+
+    /// The online input transform of linear module `module`, `cols` wide if known (`None` when it has
+    /// none), from its stored matrix; without one, from another layer's stored matrix of the
+    /// same group, order and direction (transformers saves tied copies once, under one
+    /// layer's name); else, for a `hadamard` group of a power-of-two order, generated
+    /// (Tessera's quantizer stores none).
+    pub fn input_for(&self, module: &str, set: &TensorSet, cols: Option<usize>, tied: &mut TiedCopies) -> Result<Option<Arc<BlockTransform>>, LoadError> {
+        let Some(Online { group: g, inverse, matrix }) = self.stored(module, set)? else { return Ok(None) };
+        if let Some(t) = matrix {
+            if !tied.0.iter().any(|(n, inv, u)| *n == g.name && *inv == inverse && u.block() == t.block()) {
+                tied.0.push((g.name.clone(), inverse, t.clone()));
+            }
+            return Ok(Some(t));
+        }
+        let order = g.head_dim.or(cols).ok_or_else(|| LoadError::Tensor { name: format!("{module}.weight"), msg: "missing (its online input transform needs its width)".into() })?;
+        if let Some((_, _, u)) = tied.0.iter().find(|(n, inv, u)| *n == g.name && *inv == inverse && u.block() == order) {
+            return Ok(Some(u.clone()));
+        }
+        match g.ty.as_str() {
+            "hadamard" if order.is_power_of_two() => Ok(Some(Arc::new(BlockTransform::Hadamard { block: order }))),
+            _ => Err(LoadError::Tensor {
+                name: format!("{module}.{}_input.weight", g.name),
+                msg: format!("missing, and no other layer stores its group's matrix of order {order} (only a hadamard transform of a power-of-two order can be generated)"),
+            }),
+        }
     }
 }
 
@@ -233,13 +272,20 @@ fn check_orthogonal(m: &[f32], b: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The online input transforms of `modules` (`(module, canonical name)` of linear layers).
-/// Equal transforms share one value, so layers reading one input (Q/K/V) transform it once.
-pub fn decode(transforms: &Transforms, modules: &[(&str, String)], set: &TensorSet) -> Result<BTreeMap<String, Arc<BlockTransform>>, LoadError> {
+/// The online input transforms of `modules` (`(module, canonical name)` of linear layers;
+/// `cols(module, canonical)` their input width). Layers that store their matrix come first,
+/// so layers whose tied copy was saved under another layer's name find it. Equal transforms
+/// share one value, so layers reading one input (Q/K/V) transform it once.
+pub fn decode(transforms: &Transforms, modules: &[(&str, String)], set: &TensorSet, cols: impl Fn(&str, &str) -> Option<usize>) -> Result<BTreeMap<String, Arc<BlockTransform>>, LoadError> {
     let mut out = BTreeMap::new();
+    let mut tied = TiedCopies::default();
+    // `{module}.{group}_input.weight` -> module.
+    let stores: std::collections::BTreeSet<&str> =
+        set.names().filter(|n| n.ends_with("_input.weight")).filter_map(|n| n.rsplit_once('.')).filter_map(|(a, _)| a.rsplit_once('.')).map(|(m, _)| m).collect();
+    let (storing, rest): (Vec<_>, Vec<_>) = modules.iter().partition(|(m, _)| stores.contains(m));
     let mut distinct: Vec<Arc<BlockTransform>> = Vec::new();
-    for (module, canon) in modules {
-        if let Some(t) = transforms.input_for(module, set)? {
+    for (module, canon) in storing.into_iter().chain(rest) {
+        if let Some(t) = transforms.input_for(module, set, cols(module, canon), &mut tied)? {
             let t = match distinct.iter().find(|d| ***d == *t) {
                 Some(d) => d.clone(),
                 None => {
@@ -280,14 +326,14 @@ mod tests {
         let ones: Vec<f32> = sylvester(8).iter().map(|v| v.signum()).collect();
         let mut set = TensorSet::default();
         set.insert(f32_tensor(&format!("{module}.R4_input.weight"), 8, &ones)).unwrap();
-        assert_eq!(*t.input_for(module, &set).unwrap().unwrap(), BlockTransform::Hadamard { block: 8 });
-        assert!(t.input_for("model.layers.0.mlp.up_proj", &set).unwrap().is_none());
+        assert_eq!(*t.input_for(module, &set, Some(8), &mut TiedCopies::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 8 });
+        assert!(t.input_for("model.layers.0.mlp.up_proj", &set, Some(8), &mut TiedCopies::default()).unwrap().is_none());
 
         let mut skewed = ones.clone();
         skewed[3] *= 3.0;
         let mut set = TensorSet::default();
         set.insert(f32_tensor(&format!("{module}.R4_input.weight"), 8, &skewed)).unwrap();
-        let e = t.input_for(module, &set).unwrap_err().to_string();
+        let e = t.input_for(module, &set, Some(8), &mut TiedCopies::default()).unwrap_err().to_string();
         assert!(e.contains("R4_input.weight") && e.contains("not an orthogonal matrix"), "{e}");
 
         let mut set = TensorSet::default();
@@ -295,16 +341,27 @@ mod tests {
         let perm = [0i64, 1, 2, 3, 4, 5, 6, 6];
         let bytes: Vec<u8> = perm.iter().flat_map(|x| x.to_le_bytes()).collect();
         set.insert(RawTensor { name: format!("{module}.R4_input.perm"), dtype: Dtype::I64, shape: vec![8], data: TensorBytes::Owned(Arc::from(bytes)) }).unwrap();
-        let e = t.input_for(module, &set).unwrap_err().to_string();
+        let e = t.input_for(module, &set, Some(8), &mut TiedCopies::default()).unwrap_err().to_string();
         assert!(e.contains("R4_input.perm") && e.contains("not a permutation"), "{e}");
 
-        // Without its matrix: a hadamard with a head_dim is generated, anything else refused.
+        // Without its matrix: a hadamard is generated (of its head_dim, else the layer's width).
         let mut with_dim = config("input", "hadamard");
         with_dim["config_groups"]["R4"]["head_dim"] = json!(64);
         let t64 = parse(Some(&with_dim)).unwrap().unwrap();
-        assert_eq!(*t64.input_for(module, &TensorSet::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 64 });
-        let e = t.input_for(module, &TensorSet::default()).unwrap_err().to_string();
-        assert!(e.contains("R4_input.weight") && e.contains("missing"), "{e}");
+        assert_eq!(*t64.input_for(module, &TensorSet::default(), Some(1536), &mut TiedCopies::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 64 });
+        assert_eq!(*t.input_for(module, &TensorSet::default(), Some(16), &mut TiedCopies::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 16 });
+        // A random one comes from the layer that stores the group's tied copy, else is refused.
+        let rt = parse(Some(&config("input", "random-hadamard"))).unwrap().unwrap();
+        let flipped: Vec<f32> = ones.iter().enumerate().map(|(k, v)| if k % 8 == 0 { -v } else { *v }).collect();
+        let mut set = TensorSet::default();
+        set.insert(f32_tensor(&format!("{module}.R4_input.weight"), 8, &flipped)).unwrap();
+        let mut tied = TiedCopies::default();
+        let a = rt.input_for(module, &set, Some(8), &mut tied).unwrap().unwrap();
+        let b = rt.input_for("model.layers.1.mlp.down_proj", &set, Some(8), &mut tied).unwrap().unwrap();
+        assert!(matches!(*a, BlockTransform::Dense { block: 8, .. }));
+        assert_eq!(a, b);
+        let e = rt.input_for("model.layers.1.mlp.down_proj", &set, Some(8), &mut TiedCopies::default()).unwrap_err().to_string();
+        assert!(e.contains("layers.1.mlp.down_proj.R4_input.weight") && e.contains("no other layer stores"), "{e}");
 
         let e = parse(Some(&config("output", "hadamard"))).unwrap_err().to_string();
         assert!(e.contains("transform_config.config_groups.R4.apply[0].location") && e.contains("not supported"), "{e}");

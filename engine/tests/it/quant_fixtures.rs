@@ -23,6 +23,7 @@ fn check_case(case: &str) -> Vec<QuantizedWeight> {
     assert!(!modules.is_empty(), "{case}: no expected modules");
     let mut loaded = Vec::new();
     let mut transformed = Vec::new();
+    let mut tied = transform::TiedCopies::default();
     for module in &modules {
         if let Some((_, _, needle)) = UNSUPPORTED.iter().find(|(c, m, _)| *c == case && m == module) {
             let e = scheme.load_linear(module, &set).expect_err("unsupported layer loads").to_string();
@@ -48,7 +49,7 @@ fn check_case(case: &str) -> Vec<QuantizedWeight> {
                 assert!((got - w).abs() <= tol, "{case} {module}[{r}, {c}]: {got} vs {w}");
             }
         }
-        let online = transforms.as_ref().and_then(|t| t.input_for(module, &set).unwrap_or_else(|e| panic!("{case} {module}: {e}")));
+        let online = transforms.as_ref().and_then(|t| t.input_for(module, &set, Some(cols), &mut tied).unwrap_or_else(|e| panic!("{case} {module}: {e}")));
         assert_eq!(online.is_some(), expected.contains(&format!("{module}.x")), "{case} {module}: online transform");
         if let Some(t) = online {
             // The library's online transform then the layer, against Tessera's transform
