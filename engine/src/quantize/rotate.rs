@@ -45,12 +45,12 @@ pub enum Online {
 
 /// The Hadamard block for a feed-forward of inner width `ffn` (not 0): its largest
 /// power-of-two divisor (the whole width when it is a power of two; 512 for 1536).
-pub fn down_block(ffn: usize) -> usize {
+fn down_block(ffn: usize) -> usize {
     1 << ffn.trailing_zeros()
 }
 
 /// The compressed-tensors `transform_config` of R4 in blocks of `block`.
-pub fn down_transform_config(block: usize) -> Value {
+fn down_transform_config(block: usize) -> Value {
     let targets = json!(["re:.*mlp.down_proj$"]);
     json!({ "config_groups": { "R4": {
         "type": "hadamard",
