@@ -27,10 +27,10 @@
 //! compressed-tensors output.
 
 use super::{copy_model_files, float_weights, input_shards, io, map_file, read_json, read_shard, write_json, write_tensors, OutTensor, QuantizeError};
-use crate::float_dtype::FloatDtype;
+use safetensors::tensor::TensorView;
+use safetensors::SafeTensors;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::path::Path;
 use tessera_kernels::ops::BlockTransform;
 
@@ -146,11 +146,112 @@ fn role(name: &str) -> Result<Role, String> {
     })
 }
 
+/// The rotations applied to each tensor, and where the norms they fold are read.
+struct Rotation<'a> {
+    /// R1 (`hidden x hidden`, row-major f64).
+    q: Vec<f64>,
+    hidden: usize,
+    /// R2: per head of the values.
+    r2: Option<BlockTransform>,
+    /// R4: down_proj's input.
+    r4: Option<BlockTransform>,
+    /// Every input shard's tensors.
+    shards: &'a [SafeTensors<'a>],
+}
+
+/// Rows (or columns) rotated per product: bounds the f64 temporaries of one tensor.
+const CHUNK: usize = 1024;
+
+impl Rotation<'_> {
+    /// The norm weight `name` (a vector of the hidden size), from whichever shard holds it.
+    fn norm(&self, name: &str) -> Result<Vec<f64>, QuantizeError> {
+        let missing = || QuantizeError::Tensor { name: name.into(), msg: "missing (the rotation folds it)".into() };
+        let view = self.shards.iter().find_map(|s| s.tensor(name).ok()).ok_or_else(missing)?;
+        if view.shape() != [self.hidden] {
+            return Err(QuantizeError::Tensor { name: name.into(), msg: format!("shape {:?}, expected [{}]", view.shape(), self.hidden) });
+        }
+        Ok(float_weights(name, &view)?.1.iter().map(|&x| f64::from(x)).collect())
+    }
+
+    /// The tensor `view` rotated for its role as `name`, in its input dtype.
+    fn tensor(&self, name: &str, view: &TensorView<'_>) -> Result<OutTensor<'static>, QuantizeError> {
+        let bad = |msg: String| QuantizeError::Tensor { name: name.into(), msg };
+        let role = role(name).map_err(|m| bad(m.to_string()))?;
+        let (dtype, w) = float_weights(name, view)?;
+        let shape = view.shape().to_vec();
+        let hidden = self.hidden;
+        let mut f: Vec<f32> = match role {
+            Role::Kept => w,
+            Role::Norm => vec![1.0; w.len()],
+            Role::Embedding | Role::Reads(..) => {
+                let [_, cols] = shape[..] else { return Err(bad(format!("shape {shape:?} is not a matrix"))) };
+                if cols != hidden {
+                    return Err(bad(format!("{cols} columns, expected the hidden size {hidden}")));
+                }
+                let scale = match role {
+                    Role::Reads(Some((l, NormKind::Attention))) => Some(self.norm(&format!("model.layers.{l}.input_layernorm.weight"))?),
+                    Role::Reads(Some((l, NormKind::Mlp))) => Some(self.norm(&format!("model.layers.{l}.post_attention_layernorm.weight"))?),
+                    Role::Reads(None) => Some(self.norm("model.norm.weight")?),
+                    _ => None,
+                };
+                // W diag(s) Q, a block of rows at a time.
+                let mut out = Vec::with_capacity(w.len());
+                for rows in w.chunks(CHUNK * cols) {
+                    let scaled: Vec<f64> = match &scale {
+                        Some(s) => rows.chunks_exact(cols).flat_map(|r| r.iter().zip(s).map(|(&a, b)| f64::from(a) * b)).collect(),
+                        None => rows.iter().map(|&a| f64::from(a)).collect(),
+                    };
+                    out.extend(super::gptq::matmul_f64(rows.len() / cols, cols, hidden, (&scaled, false), &self.q).iter().map(|&x| x as f32));
+                }
+                out
+            }
+            Role::Writes => {
+                let [rows, cols] = shape[..] else { return Err(bad(format!("shape {shape:?} is not a matrix"))) };
+                if rows != hidden {
+                    return Err(bad(format!("{rows} rows, expected the hidden size {hidden}")));
+                }
+                // Qᵀ W (Q read transposed), a block of columns at a time.
+                let mut out = vec![0f32; w.len()];
+                for c0 in (0..cols).step_by(CHUNK) {
+                    let cb = CHUNK.min(cols - c0);
+                    let block: Vec<f64> = w.chunks_exact(cols).flat_map(|r| r[c0..c0 + cb].iter().map(|&a| f64::from(a))).collect();
+                    let turned = super::gptq::matmul_f64(hidden, hidden, cb, (&self.q, true), &block);
+                    for (o, t) in out.chunks_exact_mut(cols).zip(turned.chunks_exact(cb)) {
+                        o[c0..c0 + cb].iter_mut().zip(t).for_each(|(o, &t)| *o = t as f32);
+                    }
+                }
+                out
+            }
+        };
+        if let Some(h) = self.r4.as_ref().filter(|_| name.ends_with("mlp.down_proj.weight")) {
+            // W H: each row's blocks transformed (H is symmetric).
+            h.apply(&mut f, shape[1]);
+        }
+        if let Some(h) = &self.r2 {
+            if name.ends_with("self_attn.o_proj.weight") {
+                h.apply(&mut f, shape[1]);
+            } else if name.ends_with("self_attn.v_proj.bias") {
+                // The values' bias turns with them (Qwen2).
+                h.apply(&mut f, shape[0]);
+            } else if name.ends_with("self_attn.v_proj.weight") {
+                // Hd W_v per head: the transform runs down each column, over the head's rows.
+                let (rows, cols) = (shape[0], shape[1]);
+                let mut t: Vec<f32> = (0..rows * cols).map(|k| f[(k % rows) * cols + k / rows]).collect();
+                h.apply(&mut t, rows);
+                f = (0..rows * cols).map(|k| t[(k % cols) * rows + k / cols]).collect();
+            }
+        }
+        Ok(OutTensor::owned(name.into(), dtype.safetensors(), shape, dtype.encode(&f)))
+    }
+}
+
 /// Writes the model of the Hugging Face directory `input`, its residual stream rotated by
 /// [`random_orthogonal`]`(hidden, seed)` (see the module) and `online`'s rotations folded,
-/// into `output`: one shard, each tensor in its input dtype, config.json with
-/// `tie_word_embeddings: false` (and R4's transform config), the tokenizer and generation
-/// files copied. Holds the model in f32 while rotating.
+/// into `output`: the input's shards (and index) under the same names, each tensor in its
+/// input dtype, config.json with `tie_word_embeddings: false` (and R4's transform config),
+/// the tokenizer and generation files copied. A tied head is written untied beside the
+/// embedding. Streams: one output shard is held at a time, and one tensor in f32 with a
+/// block of its rows (or columns) in f64.
 pub fn rotate_dir(input: &Path, output: &Path, seed: u64, online: Online) -> Result<(), QuantizeError> {
     let mut config = read_json(&input.join("config.json"))?;
     let usage = |m: String| QuantizeError::Usage(format!("--rotate: {m}"));
@@ -176,86 +277,36 @@ pub fn rotate_dir(input: &Path, output: &Path, seed: u64, online: Online) -> Res
             Some(BlockTransform::Hadamard { block: down_block(ffn) })
         }
     };
-    let mut tensors: BTreeMap<String, (FloatDtype, Vec<usize>, Vec<f32>)> = BTreeMap::new();
-    for shard in input_shards(input)? {
-        let path = input.join(&shard);
-        let map = map_file(&path)?;
-        for (name, view) in read_shard(&map, &path)?.tensors() {
-            let (dtype, w) = float_weights(&name, &view)?;
-            tensors.insert(name, (dtype, view.shape().to_vec(), w));
-        }
-    }
-    if tied && !tensors.contains_key("lm_head.weight") {
-        let e = tensors.get("model.embed_tokens.weight").ok_or_else(|| QuantizeError::Tensor { name: "model.embed_tokens.weight".into(), msg: "missing".into() })?.clone();
-        tensors.insert("lm_head.weight".into(), e);
-    }
+    let names = input_shards(input)?;
+    let maps = names.iter().map(|n| map_file(&input.join(n))).collect::<Result<Vec<_>, _>>()?;
+    let shards = maps.iter().zip(&names).map(|(m, n)| read_shard(m, &input.join(n))).collect::<Result<Vec<_>, _>>()?;
     let q = random_orthogonal(hidden, seed);
-    let norm = |name: &str| -> Result<Vec<f64>, QuantizeError> {
-        let (_, shape, w) = tensors.get(name).ok_or_else(|| QuantizeError::Tensor { name: name.into(), msg: "missing (the rotation folds it)".into() })?;
-        if shape != &[hidden] {
-            return Err(QuantizeError::Tensor { name: name.into(), msg: format!("shape {shape:?}, expected [{hidden}]") });
-        }
-        Ok(w.iter().map(|&x| f64::from(x)).collect())
-    };
-    let mut out = Vec::new();
-    for (name, (dtype, shape, w)) in &tensors {
-        let bad = |msg: String| QuantizeError::Tensor { name: name.clone(), msg };
-        let role = role(name).map_err(|m| bad(m.to_string()))?;
-        let w64: Vec<f64> = w.iter().map(|&x| f64::from(x)).collect();
-        let rotated: Vec<f64> = match role {
-            Role::Kept => w64,
-            Role::Norm => vec![1.0; w.len()],
-            Role::Embedding | Role::Reads(..) => {
-                let [rows, cols] = shape[..] else { return Err(bad(format!("shape {shape:?} is not a matrix"))) };
-                if cols != hidden {
-                    return Err(bad(format!("{cols} columns, expected the hidden size {hidden}")));
-                }
-                let scale = match role {
-                    Role::Reads(Some((l, NormKind::Attention))) => Some(norm(&format!("model.layers.{l}.input_layernorm.weight"))?),
-                    Role::Reads(Some((l, NormKind::Mlp))) => Some(norm(&format!("model.layers.{l}.post_attention_layernorm.weight"))?),
-                    Role::Reads(None) => Some(norm("model.norm.weight")?),
-                    _ => None,
-                };
-                let scaled: Vec<f64> = match scale {
-                    Some(s) => w64.chunks_exact(cols).flat_map(|r| r.iter().zip(&s).map(|(a, b)| a * b)).collect(),
-                    None => w64,
-                };
-                super::gptq::matmul_f64(rows, cols, hidden, (&scaled, false), &q)
-            }
-            Role::Writes => {
-                let [rows, cols] = shape[..] else { return Err(bad(format!("shape {shape:?} is not a matrix"))) };
-                if rows != hidden {
-                    return Err(bad(format!("{rows} rows, expected the hidden size {hidden}")));
-                }
-                // Qᵀ W: Q read transposed.
-                super::gptq::matmul_f64(hidden, hidden, cols, (&q, true), &w64)
-            }
-        };
-        let mut f: Vec<f32> = rotated.iter().map(|&x| x as f32).collect();
-        if let Some(h) = r4.as_ref().filter(|_| name.ends_with("mlp.down_proj.weight")) {
-            // W H: each row's blocks transformed (H is symmetric).
-            h.apply(&mut f, shape[1]);
-        }
-        if let Some(h) = &r2 {
-            if name.ends_with("self_attn.o_proj.weight") {
-                h.apply(&mut f, shape[1]);
-            } else if name.ends_with("self_attn.v_proj.bias") {
-                // The values' bias turns with them (Qwen2).
-                h.apply(&mut f, shape[0]);
-            } else if name.ends_with("self_attn.v_proj.weight") {
-                // Hd W_v per head: the transform runs down each column, over the head's rows.
-                let (rows, cols) = (shape[0], shape[1]);
-                let mut t: Vec<f32> = (0..rows * cols).map(|k| f[(k % rows) * cols + k / rows]).collect();
-                h.apply(&mut t, rows);
-                f = (0..rows * cols).map(|k| t[(k % cols) * rows + k / cols]).collect();
-            }
-        }
-        out.push(OutTensor::owned(name.clone(), dtype.safetensors(), shape.clone(), dtype.encode(&f)));
-    }
+    let rotation = Rotation { q, hidden, r2, r4, shards: &shards };
+    // A tied head is written from the embedding, in the embedding's shard.
+    let untie = tied && !shards.iter().any(|s| s.names().contains(&&"lm_head.weight".to_string()));
     std::fs::create_dir_all(output).map_err(|e| io(output, e))?;
-    write_tensors(&output.join("model.safetensors"), &out, true)?;
+    let (mut weight_map, mut total) = (serde_json::Map::new(), 0usize);
+    for (file, shard) in names.iter().zip(&shards) {
+        let mut tensors: Vec<(String, TensorView<'_>)> = shard.tensors();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out = Vec::with_capacity(tensors.len() + 1);
+        for (name, view) in &tensors {
+            out.push(rotation.tensor(name, view)?);
+            if untie && name == "model.embed_tokens.weight" {
+                out.push(rotation.tensor("lm_head.weight", view)?);
+            }
+        }
+        for t in &out {
+            weight_map.insert(t.name.clone(), json!(file));
+            total += t.data.len();
+        }
+        write_tensors(&output.join(file), &out, true)?;
+    }
+    if input.join("model.safetensors.index.json").exists() {
+        write_json(&output.join("model.safetensors.index.json"), &json!({ "metadata": { "total_size": total }, "weight_map": weight_map }))?;
+    }
     config["tie_word_embeddings"] = json!(false);
-    if let Some(h) = &r4 {
+    if let Some(h) = &rotation.r4 {
         config["quantization_config"] = json!({
             "quant_method": "compressed-tensors",
             "config_groups": {},

@@ -182,6 +182,30 @@ fn a_rotated_residual_stream_keeps_the_function_and_helps_per_channel_int4() {
             let worst = original.iter().zip(&c).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
             assert!(worst < 2e-3, "smoothing the R4-rotated model changed log-probs by {worst}");
             std::fs::remove_dir_all(&out).unwrap();
+            // A sharded input is rotated shard by shard into the same shards and index, each
+            // tensor as in the single file; the untied head lands beside the embedding.
+            let sharded = base().join("f32-sharded");
+            if !sharded.join("config.json").exists() {
+                let ck = ModelWeights::open(&common::default_model_path()).unwrap().checkpoint;
+                to_hf_dir(&ck, &sharded, &ConvertOptions { dtype: FloatDtype::F32, max_shard_bytes: Some(200 << 20) }).unwrap();
+            }
+            let rotated_shards = base().join("rotated-f32-sharded");
+            rotate_dir(&sharded, &rotated_shards, 0, online).unwrap();
+            let index = |d: &Path| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(d.join("model.safetensors.index.json")).unwrap()).unwrap() };
+            let (input_map, map) = (index(&sharded)["weight_map"].clone(), index(&rotated_shards)["weight_map"].clone());
+            assert!(input_map.as_object().unwrap().values().filter_map(|v| v.as_str()).collect::<std::collections::BTreeSet<_>>().len() >= 2, "the input is sharded");
+            assert_eq!(map["lm_head.weight"], input_map["model.embed_tokens.weight"]);
+            let single = std::fs::read(rotated.join("model.safetensors")).unwrap();
+            let single = safetensors::SafeTensors::deserialize(&single).unwrap();
+            assert_eq!(map.as_object().unwrap().len(), single.len());
+            for (name, file) in map.as_object().unwrap() {
+                assert_eq!(input_map.get(name).unwrap_or(&map["lm_head.weight"]), file, "{name} stays in its shard");
+                let bytes = std::fs::read(rotated_shards.join(file.as_str().unwrap())).unwrap();
+                let shard = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+                assert_eq!(shard.tensor(name).unwrap().data(), single.tensor(name).unwrap().data(), "{name}");
+            }
+            assert_eq!(config(&rotated_shards), cfg);
+            std::fs::remove_dir_all(&rotated_shards).unwrap();
         }
         std::fs::remove_dir_all(&rotated).unwrap();
     }
