@@ -5,7 +5,8 @@
 use crate::checkpoint::names::{canonical_name, is_linear};
 use crate::checkpoint::{load_gguf, Checkpoint, HfDir, LoadError, QuantizedLayers, TensorSet};
 use crate::kv_cache::{checkpoint_scheme, KvCacheScheme};
-use crate::schemes::{self, transform, QuantScheme, QuantizedWeight};
+use crate::schemes::transform::{self, Side};
+use crate::schemes::{self, QuantScheme, QuantizedWeight};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -25,12 +26,15 @@ pub struct ModelWeights {
     /// Online input transforms (compressed-tensors `transform_config`), by canonical weight
     /// name of the linear layer that reads them.
     pub input_transforms: BTreeMap<String, Arc<BlockTransform>>,
+    /// Online output transforms, by canonical weight name of the linear layer whose outputs
+    /// they turn.
+    pub output_transforms: BTreeMap<String, Arc<BlockTransform>>,
 }
 
 impl From<Checkpoint> for ModelWeights {
     /// A checkpoint without quantization metadata (GGUF, or made in memory).
     fn from(checkpoint: Checkpoint) -> Self {
-        ModelWeights { checkpoint, quantized: BTreeMap::new(), quantization: None, kv_cache: None, input_transforms: BTreeMap::new() }
+        ModelWeights { checkpoint, quantized: BTreeMap::new(), quantization: None, kv_cache: None, input_transforms: BTreeMap::new(), output_transforms: BTreeMap::new() }
     }
 }
 
@@ -66,11 +70,18 @@ impl ModelWeights {
             Some(q) => transform::parse(q.get("transform_config"))?,
             None => None,
         };
-        let input_transforms = match &transforms {
-            Some(t) => transform::decode(t, &linears, &set, |module, canon| {
-                quantized.get(canon).map(|q| q.matrix.cols()).or_else(|| set.peek(&format!("{module}.weight")).and_then(|w| w.shape.get(1).copied()))
-            })?,
-            None => BTreeMap::new(),
+        // A side's width: the quantized matrix's, else the stored weight's.
+        let width = |module: &str, canon: &str, side: Side| {
+            let shape = |q: &QuantizedWeight| [q.matrix.rows(), q.matrix.cols()];
+            let dims = quantized.get(canon).map(shape).or_else(|| set.peek(&format!("{module}.weight")).and_then(|w| w.shape[..].try_into().ok()));
+            dims.map(|[rows, cols]: [usize; 2]| if side == Side::Input { cols } else { rows })
+        };
+        let (input_transforms, output_transforms) = match &transforms {
+            Some(t) => (
+                transform::decode(t, Side::Input, &linears, &set, |m, c| width(m, c, Side::Input))?,
+                transform::decode(t, Side::Output, &linears, &set, |m, c| width(m, c, Side::Output))?,
+            ),
+            None => Default::default(),
         };
         let layers = scheme.as_ref().map(|s| QuantizedLayers {
             method: s.method(),
@@ -81,7 +92,7 @@ impl ModelWeights {
             Some(t) => format!("{}; {}", s.summary(), t.summary()),
             None => s.summary(),
         });
-        Ok(ModelWeights { checkpoint, quantized, quantization, kv_cache, input_transforms })
+        Ok(ModelWeights { checkpoint, quantized, quantization, kv_cache, input_transforms, output_transforms })
     }
 }
 

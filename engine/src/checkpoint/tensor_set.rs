@@ -57,7 +57,9 @@ impl RawTensor {
             Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            d => return Err(err(&self.name, format!("dtype {d:?}, expected a float scale (F32, F16 or BF16)"))),
+            // compressed-tensors stores some transform matrices in f64.
+            Dtype::F64 => b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
+            d => return Err(err(&self.name, format!("dtype {d:?}, expected a float (F32, F16, BF16 or F64)"))),
         })
     }
 

@@ -120,8 +120,8 @@ impl CudaLlama {
             if cw.perm.is_some() {
                 return Err(CudaModelError::Unsupported(format!("{name}: act-order (g_idx) input permutation")));
             }
-            if weights.input_transforms.contains_key(name) {
-                return Err(CudaModelError::Unsupported(format!("{name}: an online input transform (compressed-tensors transform_config)")));
+            if weights.input_transforms.contains_key(name) || weights.output_transforms.contains_key(name) {
+                return Err(CudaModelError::Unsupported(format!("{name}: an online input or output transform (compressed-tensors transform_config)")));
             }
             let w = cw.matrix.upload(&dev, cw.act)?;
             record(name, cw.scheme, cw.act.name().to_string(), &w, cw.note);

@@ -114,6 +114,9 @@ pub struct Linear {
     /// The checkpoint's online input transform (`x ↦ x · T` before the product; its inverse
     /// is folded into the weights).
     input_transform: Option<Arc<BlockTransform>>,
+    /// The checkpoint's online output transform (`y ↦ y · U` after the product; its inverse
+    /// is folded into the weights).
+    output_transform: Option<Arc<BlockTransform>>,
 }
 
 impl Linear {
@@ -132,22 +135,25 @@ impl Linear {
         let (matrix, perm) = cut_weight(&w, &cut).map_err(|e| err(format!("tensor-parallel {}: {e}", describe_cut(&cut, [rows, cols]))))?;
         let op = matrix.op(w.act, perm, caps, policy).map_err(err)?;
         let input_transform = ck.input_transforms.get(name).cloned();
-        if let Some(t) = &input_transform {
-            let b = t.block();
-            let (c0, c1) = match &cut {
-                Cut::Cols(c) => (c.start, c.end),
-                _ => (0, cols),
-            };
-            if c0 % b != 0 || c1 % b != 0 {
-                let msg = format!("its online input transform has blocks of {b}, which do not divide columns {c0}..{c1} of {cols}");
-                return Err(err(match &cut {
-                    Cut::Cols(_) => format!("tensor-parallel {}: {msg}", describe_cut(&cut, [rows, cols])),
-                    _ => msg,
-                }));
+        let output_transform = ck.output_transforms.get(name).cloned();
+        // Each side's transform runs on this part's columns (input) or rows (output): whole blocks.
+        let sides = [(&input_transform, "input", "columns", match &cut {
+            Cut::Cols(c) => c.clone(),
+            _ => 0..cols,
+        }), (&output_transform, "output", "rows", match &cut {
+            Cut::Rows(r) => r.clone(),
+            _ => 0..rows,
+        })];
+        for (t, side, what, range) in sides {
+            let Some(b) = t.as_ref().map(|t| t.block()) else { continue };
+            let (full, parted) = if what == "rows" { (rows, matches!(cut, Cut::Rows(_))) } else { (cols, matches!(cut, Cut::Cols(_))) };
+            if range.start % b != 0 || range.end % b != 0 {
+                let msg = format!("its online {side} transform has blocks of {b}, which do not divide {what} {range:?} of {full}");
+                return Err(err(if parted { format!("tensor-parallel {}: {msg}", describe_cut(&cut, [rows, cols])) } else { msg }));
             }
         }
         let cut = (cut != Cut::Whole).then_some((cut, [rows, cols]));
-        Ok(Linear { name: name.into(), scheme: w.scheme, note: w.note, op, cut, input_transform })
+        Ok(Linear { name: name.into(), scheme: w.scheme, note: w.note, op, cut, input_transform, output_transform })
     }
 
     /// Replaces the weights by `w` (`[rows, cols]` row-major f32, held in memory), with the
@@ -169,6 +175,11 @@ impl Linear {
     /// The online input transform this layer runs before its product, if any.
     pub fn input_transform(&self) -> Option<&BlockTransform> {
         self.input_transform.as_deref()
+    }
+
+    /// The online output transform this layer runs after its product, if any.
+    pub fn output_transform(&self) -> Option<&BlockTransform> {
+        self.output_transform.as_deref()
     }
 
     /// The weight's canonical name.
@@ -233,7 +244,9 @@ impl Linear {
         }
     }
 
-    /// The layers' products on `x` as given (no input transform).
+    /// The layers' products on `x` as given (no input transform), each followed by its
+    /// online output transform on its columns of `y`. A row-parallel part's outputs are
+    /// partial sums; the transform is linear, so turning each rank's part turns their sum.
     fn forward_ops(layers: &[&Linear], x: &[f32], segments: &[usize], y: &mut [f32], ldy: usize) {
         let mut col = 0;
         let parts: Vec<(&dyn LinearOp, usize)> = layers
@@ -245,6 +258,18 @@ impl Linear {
             })
             .collect();
         forward_fused(&parts, x, segments, y, ldy);
+        let tokens = x.len() / layers.first().map_or(1, |l| l.cols().max(1));
+        for (l, &(_, at)) in layers.iter().zip(&parts) {
+            let Some(t) = &l.output_transform else { continue };
+            if at == 0 && ldy == l.rows() {
+                // Rows side by side: one call over all of them.
+                t.apply(&mut y[..tokens * ldy], ldy);
+            } else {
+                for i in 0..tokens {
+                    t.apply(&mut y[i * ldy + at..i * ldy + at + l.rows()], l.rows());
+                }
+            }
+        }
     }
 
     /// This layer's plan entry.
@@ -255,9 +280,11 @@ impl Linear {
             tensor: self.name.clone(),
             scheme: self.scheme.clone(),
             storage: p.storage,
-            activations: match &self.input_transform {
-                Some(t) => format!("{} then {}", t.describe(), p.activations),
-                None => p.activations,
+            activations: match (&self.input_transform, &self.output_transform) {
+                (Some(t), None) => format!("{} then {}", t.describe(), p.activations),
+                (Some(t), Some(u)) => format!("{} then {}, outputs {}", t.describe(), p.activations, u.describe()),
+                (None, Some(u)) => format!("{}, outputs {}", p.activations, u.describe()),
+                (None, None) => p.activations,
             },
             shape: [self.rows(), self.cols()],
             kernel: p.kernel,

@@ -169,6 +169,10 @@ impl LlamaModel {
         for i in 0..c.num_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             let qkv_bias = if c.attn_bias {
+                // The bias adds after the product, and an output transform would turn it too.
+                if let Some(name) = ["attn_q", "attn_k", "attn_v"].map(p).into_iter().find(|n| weights.output_transforms.contains_key(n)) {
+                    return Err(LoadError::Tensor { name, msg: "an online output transform on a layer with a bias is not supported".into() });
+                }
                 let mut b = norm_weights(ckpt.tensor(&format!("blk.{i}.attn_q.bias"))?, qw)?[qc.clone()].to_vec();
                 b.extend(&norm_weights(ckpt.tensor(&format!("blk.{i}.attn_k.bias"))?, kw)?[kc.clone()]);
                 b.extend(&norm_weights(ckpt.tensor(&format!("blk.{i}.attn_v.bias"))?, kw)?[kc.clone()]);
@@ -316,13 +320,23 @@ impl LlamaModel {
 
     /// The dense blocks' linear layers that run an online input transform (canonical names).
     pub fn transformed_linears(&self) -> Vec<&str> {
+        self.linears_where(|l| l.input_transform().is_some())
+    }
+
+    /// The dense blocks' linear layers that run an online output transform (canonical names).
+    pub fn output_transformed_linears(&self) -> Vec<&str> {
+        self.linears_where(|l| l.output_transform().is_some())
+    }
+
+    /// The dense blocks' linear layers for which `keep` holds (canonical names).
+    fn linears_where(&self, keep: impl Fn(&Linear) -> bool) -> Vec<&str> {
         let mut out = Vec::new();
         for b in &self.blocks {
             let mut ls = vec![&b.wq, &b.wk, &b.wv, &b.wo];
             if let Ffn::Dense(mlp) = &b.ffn {
                 ls.extend(mlp.linears());
             }
-            out.extend(ls.into_iter().filter(|l| l.input_transform().is_some()).map(Linear::name));
+            out.extend(ls.into_iter().filter(|l| keep(l)).map(Linear::name));
         }
         out
     }

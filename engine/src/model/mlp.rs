@@ -2,7 +2,7 @@
 //! expert, or a shared expert.
 
 use super::linear::{Linear, PlanEntry};
-use super::shard::{col_align, Cut, Shard};
+use super::shard::{inner_align, Cut, Shard};
 use crate::checkpoint::LoadError;
 use crate::weights::ModelWeights;
 use tessera_kernels::cpu::scratch::with_f32;
@@ -30,7 +30,7 @@ impl Mlp {
     pub fn load_shard(ck: &ModelWeights, names: [&str; 3], hidden: usize, ffn: usize, shard: Option<&Shard>, caps: &CpuCaps, policy: LinearPolicy) -> Result<Self, LoadError> {
         let (rows, cols) = match shard {
             Some(s) => {
-                let inner = s.inner(names[2], ffn, col_align(ck, names[2])?)?;
+                let inner = s.inner(names[2], ffn, inner_align(ck, names)?)?;
                 (Cut::Rows(inner.clone()), Cut::Cols(inner))
             }
             None => (Cut::Whole, Cut::Whole),

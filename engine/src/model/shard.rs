@@ -174,21 +174,31 @@ pub fn col_align(ck: &ModelWeights, name: &str) -> Result<usize, LoadError> {
         Some(q) => q.matrix.col_align(),
         None => ck.checkpoint.tensor(name)?.ty.block_size(),
     };
-    let gcd = |mut a: usize, mut b: usize| {
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        a
-    };
     Ok(match ck.input_transforms.get(name) {
-        Some(t) => storage / gcd(storage, t.block()) * t.block(),
+        Some(t) => lcm(storage, t.block()),
         None => storage,
     })
 }
 
-/// The granularity of `name`'s output rows (an FP8 scale block's height; 1 otherwise).
+/// The least common multiple of `a` and `b` (both positive).
+fn lcm(a: usize, b: usize) -> usize {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
+}
+
+/// The granularity of `name`'s output rows: an FP8 scale block's height (1 otherwise), and a
+/// block of its online output transform, which each rank runs on its own rows.
 pub fn row_align(ck: &ModelWeights, name: &str) -> usize {
-    ck.quantized.get(name).map_or(1, |q| q.matrix.row_align())
+    let storage = ck.quantized.get(name).map_or(1, |q| q.matrix.row_align());
+    ck.output_transforms.get(name).map_or(storage, |t| lcm(storage, t.block()))
+}
+
+/// The granularity of a feed-forward's inner cut: down's columns and gate's and up's rows.
+pub fn inner_align(ck: &ModelWeights, [gate, up, down]: [&str; 3]) -> Result<usize, LoadError> {
+    Ok(lcm(col_align(ck, down)?, lcm(row_align(ck, gate), row_align(ck, up))))
 }
 
 #[cfg(test)]

@@ -184,9 +184,24 @@ pub fn calibrate(input: &Path, sequences: &[Vec<u32>]) -> Result<Calibration, Qu
     // SmoothQuant would divide up_proj's rows and multiply down_proj's columns by one factor
     // per channel; an online transform between them mixes the channels, so those sites are
     // not summarized (and not smoothed). `load` refuses transforms anywhere else.
+    // Likewise an output transform on the layer whose rows a site's factors fold into: v_proj
+    // for O's site, up_proj for down's.
+    let layer_of = |name: &str| name.strip_prefix("blk.").and_then(|r| r.split_once('.')).and_then(|(l, _)| l.parse::<usize>().ok());
     for name in model.transformed_linears() {
-        if let Some(layer) = name.strip_prefix("blk.").and_then(|r| r.split_once('.')).and_then(|(l, _)| l.parse().ok()) {
+        if let Some(layer) = layer_of(name) {
             cal.sites.remove(&(layer, LinearSite::Down));
+        }
+    }
+    for name in model.output_transformed_linears() {
+        let site = if name.ends_with("attn_v.weight") {
+            LinearSite::Output
+        } else if name.ends_with("ffn_up.weight") {
+            LinearSite::Down
+        } else {
+            continue;
+        };
+        if let Some(layer) = layer_of(name) {
+            cal.sites.remove(&(layer, site));
         }
     }
     Ok(cal)

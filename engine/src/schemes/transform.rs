@@ -11,7 +11,10 @@
 //!   (transformers saves tied copies once), else a `hadamard` group's matrix is generated
 //!   (deterministic; Tessera's quantizer stores none). A Sylvester
 //!   Hadamard matrix runs as the fast transform, anything else orthogonal as a dense block;
-//! - `output`, `attn_q`, `attn_k` (online on outputs and attention): refused by name.
+//! - `output`: runs online on the layer's outputs (`y ↦ y · U`, or `y · Uᵀ` with `inverse`),
+//!   QuIP's `u` side; its matrix is `{module}.{group}_output.weight`, found, shared and
+//!   generated as an input transform's (of the layer's output width);
+//! - `attn_q`, `attn_k` (online in attention): refused by name.
 //!
 //! Every matrix is checked orthogonal at load (against random probes), so a transform that
 //! would not undo its folded inverse fails with the tensor's name instead of serving garbage.
@@ -31,6 +34,7 @@ enum Location {
     Input,
     WeightInput,
     WeightOutput,
+    Output,
 }
 
 impl Location {
@@ -39,6 +43,25 @@ impl Location {
             Location::Input => "input",
             Location::WeightInput => "weight_input",
             Location::WeightOutput => "weight_output",
+            Location::Output => "output",
+        }
+    }
+}
+
+/// The side of a linear layer an online transform runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Its input activations, before the product.
+    Input,
+    /// Its outputs, after the product.
+    Output,
+}
+
+impl Side {
+    fn location(self) -> Location {
+        match self {
+            Side::Input => Location::Input,
+            Side::Output => Location::Output,
         }
     }
 }
@@ -77,17 +100,17 @@ pub struct Transforms {
 /// The largest transform order accepted (a block of 65,536 would be a 16 GiB dense matrix).
 const MAX_ORDER: usize = 1 << 16;
 
-/// A layer's online input transform: its group, direction and stored matrix (if stored).
+/// A layer's online transform on one side: its group, direction and stored matrix (if stored).
 struct Online<'a> {
     group: &'a Group,
     inverse: bool,
     matrix: Option<Arc<BlockTransform>>,
 }
 
-/// The matrices layers stored, by group, direction and order: what a layer whose tied copy
-/// was saved under another layer's name resolves to.
+/// The matrices layers stored, by group, side, direction and order: what a layer whose tied
+/// copy was saved under another layer's name resolves to.
 #[derive(Debug, Default)]
-pub struct TiedCopies(Vec<(String, bool, Arc<BlockTransform>)>);
+pub struct TiedCopies(Vec<(String, Side, bool, Arc<BlockTransform>)>);
 
 /// Transform types compressed-tensors registers whose matrices are orthogonal.
 const TYPES: &[&str] = &["hadamard", "random-hadamard", "random-matrix"];
@@ -114,8 +137,9 @@ pub fn parse(tc: Option<&Value>) -> Result<Option<Transforms>, LoadError> {
                 Some("input") => Location::Input,
                 Some("weight_input") => Location::WeightInput,
                 Some("weight_output") => Location::WeightOutput,
-                Some(l @ ("output" | "attn_q" | "attn_k" | "q_attn" | "k_cache")) => {
-                    return Err(config_err(&format!("{at}.location"), format!("online {l:?} transforms are not supported (online input transforms are)")))
+                Some("output") => Location::Output,
+                Some(l @ ("attn_q" | "attn_k" | "q_attn" | "k_cache")) => {
+                    return Err(config_err(&format!("{at}.location"), format!("online {l:?} transforms are not supported (online input and output transforms are)")))
                 }
                 other => return Err(config_err(&format!("{at}.location"), format!("{other:?} is not a transform location"))),
             };
@@ -142,18 +166,20 @@ impl Transforms {
         format!("transforms {}", gs.join(", "))
     }
 
-    /// The group whose online input transform applies to linear module `module` (and whether
-    /// inverted), if any; the saved copies of its folded transforms are taken.
-    fn online_group(&self, module: &str, set: &TensorSet) -> Result<Option<(&Group, bool)>, LoadError> {
+    /// The group whose online transform on `side` applies to linear module `module` (and
+    /// whether inverted), if any; the saved copies of its folded transforms are taken.
+    fn online_group(&self, module: &str, side: Side, set: &TensorSet) -> Result<Option<(&Group, bool)>, LoadError> {
         let mut found: Option<(&Group, bool)> = None;
         for g in &self.groups {
             for a in g.apply.iter().filter(|a| a.matches(module)) {
-                if a.location != Location::Input {
+                if matches!(a.location, Location::WeightInput | Location::WeightOutput) {
                     set.take_opt(&format!("{module}.{}_{}.weight", g.name, a.location.as_str()));
+                }
+                if a.location != side.location() {
                     continue;
                 }
                 if let Some((other, _)) = found {
-                    let msg = format!("online input transforms of groups {} and {} both apply to {module}", other.name, g.name);
+                    let msg = format!("online {} transforms of groups {} and {} both apply to {module}", a.location.as_str(), other.name, g.name);
                     return Err(config_err(&format!("transform_config.config_groups.{}", g.name), msg));
                 }
                 found = Some((g, a.inverse));
@@ -162,39 +188,42 @@ impl Transforms {
         Ok(found)
     }
 
-    /// The online input transform of linear module `module` with its own stored matrix
+    /// The online transform on `side` of linear module `module` with its own stored matrix
     /// (`None` without a transform; `matrix: None` when its matrix is not stored).
-    fn stored(&self, module: &str, set: &TensorSet) -> Result<Option<Online<'_>>, LoadError> {
-        let Some((group, inverse)) = self.online_group(module, set)? else { return Ok(None) };
-        let name = format!("{module}.{}_input.weight", group.name);
+    fn stored(&self, module: &str, side: Side, set: &TensorSet) -> Result<Option<Online<'_>>, LoadError> {
+        let Some((group, inverse)) = self.online_group(module, side, set)? else { return Ok(None) };
+        let at = side.location().as_str();
+        let name = format!("{module}.{}_{at}.weight", group.name);
         let Some(t) = set.take_opt(&name) else { return Ok(Some(Online { group, inverse, matrix: None })) };
-        let perm_name = format!("{module}.{}_input.perm", group.name);
+        let perm_name = format!("{module}.{}_{at}.perm", group.name);
         let perm = set.take_opt(&perm_name).map(|p| read_perm(p, t.shape[0])).transpose().map_err(|msg| LoadError::Tensor { name: perm_name, msg })?;
         let b = block_transform(t, perm, group.head_dim, inverse).map_err(|msg| LoadError::Tensor { name, msg })?;
         Ok(Some(Online { group, inverse, matrix: Some(Arc::new(b)) }))
     }
 
-    /// The online input transform of linear module `module`, `cols` wide if known (`None` when it has
-    /// none), from its stored matrix; without one, from another layer's stored matrix of the
-    /// same group, order and direction (transformers saves tied copies once, under one
-    /// layer's name); else, for a `hadamard` group of a power-of-two order, generated
-    /// (Tessera's quantizer stores none).
-    pub fn input_for(&self, module: &str, set: &TensorSet, cols: Option<usize>, tied: &mut TiedCopies) -> Result<Option<Arc<BlockTransform>>, LoadError> {
-        let Some(Online { group: g, inverse, matrix }) = self.stored(module, set)? else { return Ok(None) };
+    /// The online transform on `side` of linear module `module`, `width` wide on that side if
+    /// known (`None` when it has none), from its stored matrix; without one, from another
+    /// layer's stored matrix of the same group, side, order and direction (transformers saves
+    /// tied copies once, under one layer's name); else, for a `hadamard` group of a
+    /// power-of-two order, generated (Tessera's quantizer stores none).
+    pub fn online_for(&self, module: &str, side: Side, set: &TensorSet, width: Option<usize>, tied: &mut TiedCopies) -> Result<Option<Arc<BlockTransform>>, LoadError> {
+        let Some(Online { group: g, inverse, matrix }) = self.stored(module, side, set)? else { return Ok(None) };
+        let same = |n: &String, s: &Side, inv: &bool| *n == g.name && *s == side && *inv == inverse;
         if let Some(t) = matrix {
-            if !tied.0.iter().any(|(n, inv, u)| *n == g.name && *inv == inverse && u.block() == t.block()) {
-                tied.0.push((g.name.clone(), inverse, t.clone()));
+            if !tied.0.iter().any(|(n, s, inv, u)| same(n, s, inv) && u.block() == t.block()) {
+                tied.0.push((g.name.clone(), side, inverse, t.clone()));
             }
             return Ok(Some(t));
         }
-        let order = g.head_dim.or(cols).ok_or_else(|| LoadError::Tensor { name: format!("{module}.weight"), msg: "missing (its online input transform needs its width)".into() })?;
-        if let Some((_, _, u)) = tied.0.iter().find(|(n, inv, u)| *n == g.name && *inv == inverse && u.block() == order) {
+        let at = side.location().as_str();
+        let order = g.head_dim.or(width).ok_or_else(|| LoadError::Tensor { name: format!("{module}.weight"), msg: format!("missing (its online {at} transform needs its width)") })?;
+        if let Some((.., u)) = tied.0.iter().find(|(n, s, inv, u)| same(n, s, inv) && u.block() == order) {
             return Ok(Some(u.clone()));
         }
         match g.ty.as_str() {
             "hadamard" if order.is_power_of_two() => Ok(Some(Arc::new(BlockTransform::Hadamard { block: order }))),
             _ => Err(LoadError::Tensor {
-                name: format!("{module}.{}_input.weight", g.name),
+                name: format!("{module}.{}_{at}.weight", g.name),
                 msg: format!("missing, and no other layer stores its group's matrix of order {order} (only a hadamard transform of a power-of-two order can be generated)"),
             }),
         }
@@ -272,20 +301,22 @@ fn check_orthogonal(m: &[f32], b: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The online input transforms of `modules` (`(module, canonical name)` of linear layers;
-/// `cols(module, canonical)` their input width). Layers that store their matrix come first,
-/// so layers whose tied copy was saved under another layer's name find it. Equal transforms
-/// share one value, so layers reading one input (Q/K/V) transform it once.
-pub fn decode(transforms: &Transforms, modules: &[(&str, String)], set: &TensorSet, cols: impl Fn(&str, &str) -> Option<usize>) -> Result<BTreeMap<String, Arc<BlockTransform>>, LoadError> {
+/// The online transforms on `side` of `modules` (`(module, canonical name)` of linear
+/// layers; `width(module, canonical)` their width on that side). Layers that store their
+/// matrix come first, so layers whose tied copy was saved under another layer's name find
+/// it. Equal transforms share one value, so layers reading one input (Q/K/V) transform it
+/// once.
+pub fn decode(transforms: &Transforms, side: Side, modules: &[(&str, String)], set: &TensorSet, width: impl Fn(&str, &str) -> Option<usize>) -> Result<BTreeMap<String, Arc<BlockTransform>>, LoadError> {
     let mut out = BTreeMap::new();
     let mut tied = TiedCopies::default();
-    // `{module}.{group}_input.weight` -> module.
+    // `{module}.{group}_{location}.weight` -> module.
+    let suffix = format!("_{}.weight", side.location().as_str());
     let stores: std::collections::BTreeSet<&str> =
-        set.names().filter(|n| n.ends_with("_input.weight")).filter_map(|n| n.rsplit_once('.')).filter_map(|(a, _)| a.rsplit_once('.')).map(|(m, _)| m).collect();
+        set.names().filter(|n| n.ends_with(&suffix)).filter_map(|n| n.rsplit_once('.')).filter_map(|(a, _)| a.rsplit_once('.')).map(|(m, _)| m).collect();
     let (storing, rest): (Vec<_>, Vec<_>) = modules.iter().partition(|(m, _)| stores.contains(m));
     let mut distinct: Vec<Arc<BlockTransform>> = Vec::new();
     for (module, canon) in storing.into_iter().chain(rest) {
-        if let Some(t) = transforms.input_for(module, set, cols(module, canon), &mut tied)? {
+        if let Some(t) = transforms.online_for(module, side, set, width(module, canon), &mut tied)? {
             let t = match distinct.iter().find(|d| ***d == *t) {
                 Some(d) => d.clone(),
                 None => {
@@ -326,14 +357,14 @@ mod tests {
         let ones: Vec<f32> = sylvester(8).iter().map(|v| v.signum()).collect();
         let mut set = TensorSet::default();
         set.insert(f32_tensor(&format!("{module}.R4_input.weight"), 8, &ones)).unwrap();
-        assert_eq!(*t.input_for(module, &set, Some(8), &mut TiedCopies::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 8 });
-        assert!(t.input_for("model.layers.0.mlp.up_proj", &set, Some(8), &mut TiedCopies::default()).unwrap().is_none());
+        assert_eq!(*t.online_for(module, Side::Input, &set, Some(8), &mut TiedCopies::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 8 });
+        assert!(t.online_for("model.layers.0.mlp.up_proj", Side::Input, &set, Some(8), &mut TiedCopies::default()).unwrap().is_none());
 
         let mut skewed = ones.clone();
         skewed[3] *= 3.0;
         let mut set = TensorSet::default();
         set.insert(f32_tensor(&format!("{module}.R4_input.weight"), 8, &skewed)).unwrap();
-        let e = t.input_for(module, &set, Some(8), &mut TiedCopies::default()).unwrap_err().to_string();
+        let e = t.online_for(module, Side::Input, &set, Some(8), &mut TiedCopies::default()).unwrap_err().to_string();
         assert!(e.contains("R4_input.weight") && e.contains("not an orthogonal matrix"), "{e}");
 
         let mut set = TensorSet::default();
@@ -341,29 +372,37 @@ mod tests {
         let perm = [0i64, 1, 2, 3, 4, 5, 6, 6];
         let bytes: Vec<u8> = perm.iter().flat_map(|x| x.to_le_bytes()).collect();
         set.insert(RawTensor { name: format!("{module}.R4_input.perm"), dtype: Dtype::I64, shape: vec![8], data: TensorBytes::Owned(Arc::from(bytes)) }).unwrap();
-        let e = t.input_for(module, &set, Some(8), &mut TiedCopies::default()).unwrap_err().to_string();
+        let e = t.online_for(module, Side::Input, &set, Some(8), &mut TiedCopies::default()).unwrap_err().to_string();
         assert!(e.contains("R4_input.perm") && e.contains("not a permutation"), "{e}");
 
         // Without its matrix: a hadamard is generated (of its head_dim, else the layer's width).
         let mut with_dim = config("input", "hadamard");
         with_dim["config_groups"]["R4"]["head_dim"] = json!(64);
         let t64 = parse(Some(&with_dim)).unwrap().unwrap();
-        assert_eq!(*t64.input_for(module, &TensorSet::default(), Some(1536), &mut TiedCopies::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 64 });
-        assert_eq!(*t.input_for(module, &TensorSet::default(), Some(16), &mut TiedCopies::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 16 });
+        assert_eq!(*t64.online_for(module, Side::Input, &TensorSet::default(), Some(1536), &mut TiedCopies::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 64 });
+        assert_eq!(*t.online_for(module, Side::Input, &TensorSet::default(), Some(16), &mut TiedCopies::default()).unwrap().unwrap(), BlockTransform::Hadamard { block: 16 });
         // A random one comes from the layer that stores the group's tied copy, else is refused.
         let rt = parse(Some(&config("input", "random-hadamard"))).unwrap().unwrap();
         let flipped: Vec<f32> = ones.iter().enumerate().map(|(k, v)| if k % 8 == 0 { -v } else { *v }).collect();
         let mut set = TensorSet::default();
         set.insert(f32_tensor(&format!("{module}.R4_input.weight"), 8, &flipped)).unwrap();
         let mut tied = TiedCopies::default();
-        let a = rt.input_for(module, &set, Some(8), &mut tied).unwrap().unwrap();
-        let b = rt.input_for("model.layers.1.mlp.down_proj", &set, Some(8), &mut tied).unwrap().unwrap();
+        let a = rt.online_for(module, Side::Input, &set, Some(8), &mut tied).unwrap().unwrap();
+        let b = rt.online_for("model.layers.1.mlp.down_proj", Side::Input, &set, Some(8), &mut tied).unwrap().unwrap();
         assert!(matches!(*a, BlockTransform::Dense { block: 8, .. }));
         assert_eq!(a, b);
-        let e = rt.input_for("model.layers.1.mlp.down_proj", &set, Some(8), &mut TiedCopies::default()).unwrap_err().to_string();
+        let e = rt.online_for("model.layers.1.mlp.down_proj", Side::Input, &set, Some(8), &mut TiedCopies::default()).unwrap_err().to_string();
         assert!(e.contains("layers.1.mlp.down_proj.R4_input.weight") && e.contains("no other layer stores"), "{e}");
 
-        let e = parse(Some(&config("output", "hadamard"))).unwrap_err().to_string();
+        // An output transform reads `{group}_output.weight` and runs on that side only.
+        let out = parse(Some(&config("output", "hadamard"))).unwrap().unwrap();
+        let mut set = TensorSet::default();
+        set.insert(f32_tensor(&format!("{module}.R4_output.weight"), 8, &flipped)).unwrap();
+        assert!(out.online_for(module, Side::Input, &set, Some(8), &mut TiedCopies::default()).unwrap().is_none());
+        let u = out.online_for(module, Side::Output, &set, Some(8), &mut TiedCopies::default()).unwrap().unwrap();
+        assert!(matches!(*u, BlockTransform::Dense { block: 8, .. }));
+        assert!(set.untaken().is_empty());
+        let e = parse(Some(&config("attn_q", "hadamard"))).unwrap_err().to_string();
         assert!(e.contains("transform_config.config_groups.R4.apply[0].location") && e.contains("not supported"), "{e}");
         let e = parse(Some(&config("input", "learned"))).unwrap_err().to_string();
         assert!(e.contains("\"learned\" is not a supported transform"), "{e}");

@@ -259,7 +259,10 @@ fn a_rotated_residual_stream_keeps_the_function_and_helps_per_channel_int4() {
 /// (its inverse folded into q_proj's weights, k and v plain: the fused Q/K/V product runs each
 /// part on its own input) or on all three (one shared transformed input), and before
 /// down_proj in blocks of 512 (two ranks cut down's 1536 input columns on a block boundary,
-/// each runs its blocks). The plan shows where the transforms run.
+/// each runs its blocks). Online output transforms too (QuIP's `u`): on k_proj's and
+/// v_proj's outputs per head, and on gate_proj's and up_proj's in blocks of 512 (the ranks'
+/// inner cut falls on one); SmoothQuant then leaves O's and down's sites alone (their factors
+/// would fold into v's and up's turned rows). The plan shows where the transforms run.
 #[test]
 fn online_transforms_keep_the_function_whole_and_sharded() {
     let f32_dir = converted(FloatDtype::F32);
@@ -271,7 +274,7 @@ fn online_transforms_keep_the_function_whole_and_sharded() {
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     // On q_proj alone (Q/K/V's fused product runs each part on its own input), then on all
     // three (one transformed copy of their input, shared).
-    for (target, attn) in [("re:.*q_proj$", &["q_proj"][..]), ("re:.*[qkv]_proj$", &["q_proj", "k_proj", "v_proj"][..])] {
+    for (target, attn, side) in [("re:.*q_proj$", &["q_proj"][..], "input"), ("re:.*[qkv]_proj$", &["q_proj", "k_proj", "v_proj"][..], "input"), ("re:.*[kv]_proj$", &["k_proj", "v_proj"][..], "output")] {
         let dir = base().join("transformed-f32");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -285,16 +288,26 @@ fn online_transforms_keep_the_function_whole_and_sharded() {
             assert_eq!(view.dtype(), safetensors::Dtype::F32);
             let mut data = view.data().to_vec();
             let fold = if attn.iter().any(|p| name.ends_with(&format!("self_attn.{p}.weight"))) {
-                Some(&h)
+                Some((&h, side))
             } else if name.ends_with("mlp.down_proj.weight") {
-                Some(&h_down)
+                Some((&h_down, "input"))
+            } else if side == "output" && (name.ends_with("mlp.gate_proj.weight") || name.ends_with("mlp.up_proj.weight")) {
+                Some((&h_down, "output"))
             } else {
                 None
             };
-            if let Some(h) = fold {
-                // W H: the inverse of the online x H (H symmetric), per row's blocks.
+            if let Some((h, at)) = fold {
                 let mut w: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-                h.apply(&mut w, view.shape()[1]);
+                let [rows, cols] = view.shape()[..] else { panic!("{name} is not a matrix") };
+                if at == "input" {
+                    // W H: the inverse of the online x H (H symmetric), per row's blocks.
+                    h.apply(&mut w, cols);
+                } else {
+                    // H W, the inverse of the online y H, down each column's blocks.
+                    let mut t: Vec<f32> = (0..rows * cols).map(|k| w[(k % rows) * cols + k / rows]).collect();
+                    h.apply(&mut t, rows);
+                    w = (0..rows * cols).map(|k| t[(k % cols) * rows + k / cols]).collect();
+                }
                 data = w.iter().flat_map(|v| v.to_le_bytes()).collect();
             }
             out.push((name, view.shape().to_vec(), data));
@@ -303,25 +316,33 @@ fn online_transforms_keep_the_function_whole_and_sharded() {
             out.iter().map(|(n, shape, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), d).unwrap())).collect();
         safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
         let mut cfg = config(&f32_dir);
-        let group = |target: &str, block: usize| {
+        let group = |target: &str, block: usize, at: &str| {
             let targets = serde_json::json!([target]);
             serde_json::json!({"type": "hadamard", "head_dim": block,
-                "apply": [{"targets": targets, "location": "input"}, {"targets": targets, "location": "weight_input", "inverse": true}]})
+                "apply": [{"targets": targets, "location": at}, {"targets": targets, "location": format!("weight_{at}"), "inverse": true}]})
         };
-        cfg["quantization_config"] = serde_json::json!({"quant_method": "compressed-tensors", "config_groups": {},
-            "transform_config": {"config_groups": {"A": group(target, hd), "R4": group("re:.*down_proj$", 512)}}});
+        let mut groups = serde_json::json!({"A": group(target, hd, side), "R4": group("re:.*down_proj$", 512, "input")});
+        if side == "output" {
+            groups["G"] = group("re:.*(gate|up)_proj$", 512, "output");
+        }
+        cfg["quantization_config"] = serde_json::json!({"quant_method": "compressed-tensors", "config_groups": {}, "transform_config": {"config_groups": groups}});
         std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
 
         let b = log_probs(&dir, &tokens[..64]);
         let worst = original.iter().zip(&b).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
         // f32 rounding through 30 blocks; a transform run twice or not at all moves them by > 0.1.
-        assert!(worst < 2e-3, "transforms on {attn:?} and down_proj changed log-probs by {worst}");
+        assert!(worst < 2e-3, "transforms on {attn:?} ({side}) and down_proj changed log-probs by {worst}");
         let m = LoadedModel::load(&dir, LinearPolicy::DEFAULT).unwrap();
         let plan = m.model.plan();
         let acts = |t: &str| plan.iter().find(|e| e.tensor == t).unwrap().activations.clone();
-        assert_eq!(acts("blk.4.attn_q.weight"), format!("hadamard/{hd} then f32"));
-        assert_eq!(acts("blk.4.attn_k.weight"), if attn.len() == 3 { format!("hadamard/{hd} then f32") } else { "f32".into() });
+        let (q_acts, k_acts) = match (side, attn.len()) {
+            ("output", _) => ("f32".to_string(), format!("f32, outputs hadamard/{hd}")),
+            (_, 3) => (format!("hadamard/{hd} then f32"), format!("hadamard/{hd} then f32")),
+            _ => (format!("hadamard/{hd} then f32"), "f32".into()),
+        };
+        assert_eq!((acts("blk.4.attn_q.weight"), acts("blk.4.attn_k.weight")), (q_acts, k_acts));
         assert_eq!(acts("blk.4.ffn_down.weight"), "hadamard/512 then f32");
+        assert_eq!(acts("blk.4.ffn_gate.weight"), if side == "output" { "f32, outputs hadamard/512" } else { "f32" });
         drop(m);
 
         let tp = LoadedModel::load_parallel(&dir, LinearPolicy::DEFAULT, &TpOptions { size: 2, cpu_bind: None }).unwrap();
@@ -334,7 +355,21 @@ fn online_transforms_keep_the_function_whole_and_sharded() {
         assert_eq!(shard.as_deref(), Some("columns 0..512 of 1536"));
         let c = common::log_softmax_rows(&logits, config(&f32_dir)["vocab_size"].as_u64().unwrap() as usize);
         let worst = original.iter().zip(&c).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
-        assert!(worst < 2e-3, "two ranks with transforms on {attn:?} and down_proj changed log-probs by {worst}");
+        assert!(worst < 2e-3, "two ranks with transforms on {attn:?} ({side}) and down_proj changed log-probs by {worst}");
+        if side == "output" {
+            // Calibration reads a layer's inputs, which an output transform leaves as they
+            // are; SmoothQuant (every linear excluded: the output holds the smoothed float
+            // weights) keeps the function by skipping the sites behind v's and up's transforms.
+            let recipe = Recipe::resolve(Scheme::W8A8Int8, None, None, false).unwrap();
+            let (out, s) = quantize(&dir, "smoothed-output-transforms", recipe, &["*"], How { smoothquant: Some(0.5), ..How::default() });
+            assert_eq!(s.smoothed, 30 * 7, "both norms, q/k/v and gate/up rewritten; o and down not");
+            let c = log_probs(&out, &tokens[..64]);
+            let worst = original.iter().zip(&c).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+            assert!(worst < 2e-3, "smoothing a model with output transforms changed log-probs by {worst}");
+            std::fs::remove_dir_all(&out).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            continue;
+        }
         // Calibration would observe Q/K/V's inputs untransformed: refused, not miscalibrated.
         let recipe = Recipe::resolve(Scheme::W8A8Int8, None, None, false).unwrap();
         let calibrated = Some(Calibrated { data: CalibrationOptions { text: CalibrationText::BuiltIn, max_tokens: 256, seq_len: 128 }, smoothquant: None, gptq: true, damping: 0.01 });

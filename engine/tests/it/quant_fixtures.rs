@@ -7,7 +7,8 @@ use crate::common;
 
 use std::collections::BTreeSet;
 use tessera_engine::checkpoint::TensorSet;
-use tessera_engine::schemes::{from_config, transform, QuantizedWeight};
+use tessera_engine::schemes::transform::{self, Side};
+use tessera_engine::schemes::{from_config, QuantizedWeight};
 use tessera_kernels::cpu::CpuCaps;
 use tessera_kernels::linear::{forward_fused, LinearPolicy};
 
@@ -49,35 +50,50 @@ fn check_case(case: &str) -> Vec<QuantizedWeight> {
                 assert!((got - w).abs() <= tol, "{case} {module}[{r}, {c}]: {got} vs {w}");
             }
         }
-        let online = transforms.as_ref().and_then(|t| t.input_for(module, &set, Some(cols), &mut tied).unwrap_or_else(|e| panic!("{case} {module}: {e}")));
-        assert_eq!(online.is_some(), expected.contains(&format!("{module}.x")), "{case} {module}: online transform");
-        if let Some(t) = online {
-            // The library's online transform then the layer, against Tessera's transform
-            // (fast or dense) on the same random inputs: times the decompressed weight in
-            // f64, both sides sum f32 products in a different order (1e-5 of the output's
-            // scale); through the layer's kernel, which runs W4A16 on bf16-rounded
-            // activations here (2^-8 relative per value: 5e-3 of the scale).
+        let mut online = |side: Side, width: usize| transforms.as_ref().and_then(|t| t.online_for(module, side, &set, Some(width), &mut tied).unwrap_or_else(|e| panic!("{case} {module}: {e}")));
+        let (before, after) = (online(Side::Input, cols), online(Side::Output, rows));
+        assert_eq!(before.is_some() || after.is_some(), expected.contains(&format!("{module}.x")), "{case} {module}: online transform");
+        if before.is_some() || after.is_some() {
+            // The library's online transforms around the layer, against Tessera's (fast or
+            // dense) on the same random inputs: times the decompressed weight in f64, both
+            // sides sum f32 products in a different order (1e-5 of the output's scale);
+            // through the layer's kernel, which runs W4A16 on bf16-rounded activations here
+            // (2^-8 relative per value: 5e-3 of the scale).
             let x = expected.take(&format!("{module}.x"), "test").unwrap().to_f32().unwrap();
             let want = expected.take(&format!("{module}.y"), "test").unwrap().to_f32().unwrap();
             let m = x.len() / cols;
             let mut xt = x.clone();
-            t.apply(&mut xt, cols);
-            let exact: Vec<f32> =
+            if let Some(t) = &before {
+                t.apply(&mut xt, cols);
+            }
+            let mut exact: Vec<f32> =
                 (0..m * rows).map(|i| (0..cols).map(|c| xt[(i / rows) * cols + c] as f64 * want_v[(i % rows) * cols + c] as f64).sum::<f64>() as f32).collect();
             let mut y = vec![0f32; m * rows];
             forward_fused(&[(&*op, 0)], &xt, &[m], &mut y, rows);
+            if let Some(u) = &after {
+                u.apply(&mut exact, rows);
+                u.apply(&mut y, rows);
+            }
             let ymax = want.iter().fold(0f32, |a, v| a.max(v.abs()));
             let max_err = |got: &[f32]| got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(max_err(&exact) <= 1e-5 * ymax, "{case} {module}: transform differs by {} (scale {ymax})", max_err(&exact));
             assert!(max_err(&y) <= 5e-3 * ymax, "{case} {module}: kernel output differs by {} (scale {ymax})", max_err(&y));
-            transformed.push((module.clone(), t.describe()));
+            transformed.push((module.clone(), before.map(|t| t.describe()), after.map(|t| t.describe())));
         }
         loaded.push(q);
     }
     if case == "ct_w4a16_transforms" {
         // SpinQuant's R4 (Sylvester, blocks of 128) runs as the fast transform; QuIP's
         // randomized, permuted Hadamard as a dense block.
-        assert_eq!(transformed, [("model.layers.0.mlp.down_proj".to_string(), "hadamard/128".to_string()), ("model.layers.0.self_attn.q_proj".into(), "dense/256".into())]);
+        let want = [("model.layers.0.mlp.down_proj", Some("hadamard/128"), None), ("model.layers.0.self_attn.q_proj", Some("dense/256"), None)];
+        assert_eq!(transformed, want.map(|(m, a, b): (&str, Option<&str>, Option<&str>)| (m.to_string(), a.map(str::to_string), b.map(str::to_string))));
+    }
+    if case == "ct_w4a16_quip" {
+        // QuIP's both sides, randomized and permuted: dense blocks of the layers' widths. The
+        // input matrix is stored once, under up_proj's name (tied), and q_proj takes it.
+        let want = [("model.layers.0.mlp.up_proj", Some("dense/256"), Some("dense/96")), ("model.layers.0.self_attn.q_proj", Some("dense/256"), Some("dense/128"))];
+        assert_eq!(transformed, want.map(|(m, a, b): (&str, Option<&str>, Option<&str>)| (m.to_string(), a.map(str::to_string), b.map(str::to_string))));
+        assert!(!set.names().any(|n| n.contains("q_proj.v_input")), "the fixture ties q_proj's input matrix");
     }
     // Modules the config leaves unquantized load as None, and every quantized module's
     // tensors were consumed.
