@@ -261,13 +261,20 @@ impl Linear {
         let tokens = x.len() / layers.first().map_or(1, |l| l.cols().max(1));
         for (l, &(_, at)) in layers.iter().zip(&parts) {
             let Some(t) = &l.output_transform else { continue };
-            if at == 0 && ldy == l.rows() {
-                // Rows side by side: one call over all of them.
+            let n = l.rows();
+            if at == 0 && ldy == n {
                 t.apply(&mut y[..tokens * ldy], ldy);
             } else {
-                for i in 0..tokens {
-                    t.apply(&mut y[i * ldy + at..i * ldy + at + l.rows()], l.rows());
-                }
+                // A part of wider rows: gathered, turned in one (parallel) call, put back.
+                with_f32(tokens * n, |part| {
+                    for (i, p) in part.chunks_exact_mut(n).enumerate() {
+                        p.copy_from_slice(&y[i * ldy + at..i * ldy + at + n]);
+                    }
+                    t.apply(part, n);
+                    for (i, p) in part.chunks_exact(n).enumerate() {
+                        y[i * ldy + at..i * ldy + at + n].copy_from_slice(p);
+                    }
+                });
             }
         }
     }
