@@ -259,9 +259,10 @@ fn a_rotated_residual_stream_keeps_the_function_and_helps_per_channel_int4() {
 /// (its inverse folded into q_proj's weights, k and v plain: the fused Q/K/V product runs each
 /// part on its own input) or on all three (one shared transformed input), and before
 /// down_proj in blocks of 512 (two ranks cut down's 1536 input columns on a block boundary,
-/// each runs its blocks). Online output transforms too (QuIP's `u`): on k_proj's and
-/// v_proj's outputs per head, and on gate_proj's and up_proj's in blocks of 512 (the ranks'
-/// inner cut falls on one); SmoothQuant then leaves O's and down's sites alone (their factors
+/// each runs its blocks). Online output transforms too (QuIP's `u`): on k_proj's, v_proj's
+/// and o_proj's outputs in blocks of the head size (o_proj's over ranks turns each rank's
+/// partial sum), and on gate_proj's and up_proj's in blocks of 512 (the ranks' inner cut
+/// falls on one); SmoothQuant then leaves O's and down's sites alone (their factors
 /// would fold into v's and up's turned rows). The plan shows where the transforms run.
 #[test]
 fn online_transforms_keep_the_function_whole_and_sharded() {
@@ -274,7 +275,7 @@ fn online_transforms_keep_the_function_whole_and_sharded() {
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     // On q_proj alone (Q/K/V's fused product runs each part on its own input), then on all
     // three (one transformed copy of their input, shared).
-    for (target, attn, side) in [("re:.*q_proj$", &["q_proj"][..], "input"), ("re:.*[qkv]_proj$", &["q_proj", "k_proj", "v_proj"][..], "input"), ("re:.*[kv]_proj$", &["k_proj", "v_proj"][..], "output")] {
+    for (target, attn, side) in [("re:.*q_proj$", &["q_proj"][..], "input"), ("re:.*[qkv]_proj$", &["q_proj", "k_proj", "v_proj"][..], "input"), ("re:.*[kvo]_proj$", &["k_proj", "v_proj", "o_proj"][..], "output")] {
         let dir = base().join("transformed-f32");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -343,6 +344,7 @@ fn online_transforms_keep_the_function_whole_and_sharded() {
         assert_eq!((acts("blk.4.attn_q.weight"), acts("blk.4.attn_k.weight")), (q_acts, k_acts));
         assert_eq!(acts("blk.4.ffn_down.weight"), "hadamard/512 then f32");
         assert_eq!(acts("blk.4.ffn_gate.weight"), if side == "output" { "f32, outputs hadamard/512" } else { "f32" });
+        assert_eq!(acts("blk.4.attn_output.weight"), if side == "output" { format!("f32, outputs hadamard/{hd}") } else { "f32".into() });
         drop(m);
 
         let tp = LoadedModel::load_parallel(&dir, LinearPolicy::DEFAULT, &TpOptions { size: 2, cpu_bind: None }).unwrap();
