@@ -309,10 +309,15 @@ fn check_orthogonal(m: &[f32], b: usize) -> Result<(), String> {
 pub fn decode(transforms: &Transforms, side: Side, modules: &[(&str, String)], set: &TensorSet, width: impl Fn(&str, &str) -> Option<usize>) -> Result<BTreeMap<String, Arc<BlockTransform>>, LoadError> {
     let mut out = BTreeMap::new();
     let mut tied = TiedCopies::default();
-    // `{module}.{group}_{location}.weight` -> module.
-    let suffix = format!("_{}.weight", side.location().as_str());
-    let stores: std::collections::BTreeSet<&str> =
-        set.names().filter(|n| n.ends_with(&suffix)).filter_map(|n| n.rsplit_once('.')).filter_map(|(a, _)| a.rsplit_once('.')).map(|(m, _)| m).collect();
+    // `{module}.{group}_{location}.weight` -> module (not the folded `_weight_{location}` copies).
+    let (at, folded) = (format!("_{}", side.location().as_str()), format!("_weight_{}", side.location().as_str()));
+    let stores: std::collections::BTreeSet<&str> = set
+        .names()
+        .filter_map(|n| n.strip_suffix(".weight"))
+        .filter_map(|n| n.rsplit_once('.'))
+        .filter(|(_, g)| g.ends_with(&at) && !g.ends_with(&folded))
+        .map(|(m, _)| m)
+        .collect();
     let (storing, rest): (Vec<_>, Vec<_>) = modules.iter().partition(|(m, _)| stores.contains(m));
     let mut distinct: Vec<Arc<BlockTransform>> = Vec::new();
     for (module, canon) in storing.into_iter().chain(rest) {
@@ -402,6 +407,22 @@ mod tests {
         let u = out.online_for(module, Side::Output, &set, Some(8), &mut TiedCopies::default()).unwrap().unwrap();
         assert!(matches!(*u, BlockTransform::Dense { block: 8, .. }));
         assert!(set.untaken().is_empty());
+        // A layer saving only its folded copy (`u_weight_output`) does not count as storing its
+        // online matrix: the layer that does loads first, and the other takes its tied copy.
+        let rout = parse(Some(&json!({"config_groups": {"u": {"type": "random-hadamard", "apply": [
+            {"targets": ["re:.*down_proj$"], "location": "weight_output"},
+            {"targets": ["re:.*down_proj$"], "location": "output", "inverse": true}]}}})))
+        .unwrap()
+        .unwrap();
+        let (a, b) = ("model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj");
+        let mut set = TensorSet::default();
+        set.insert(f32_tensor(&format!("{a}.u_weight_output.weight"), 8, &flipped)).unwrap();
+        set.insert(f32_tensor(&format!("{b}.u_output.weight"), 8, &flipped)).unwrap();
+        let modules = [(a, "blk.0.ffn_down.weight".to_string()), (b, "blk.1.ffn_down.weight".to_string())];
+        let got = decode(&rout, Side::Output, &modules, &set, |_, _| Some(8)).unwrap();
+        assert_eq!(got.len(), 2);
+        assert!(Arc::ptr_eq(&got["blk.0.ffn_down.weight"], &got["blk.1.ffn_down.weight"]));
+        assert!(decode(&rout, Side::Input, &modules, &set, |_, _| Some(8)).unwrap().is_empty());
         let e = parse(Some(&config("attn_q", "hadamard"))).unwrap_err().to_string();
         assert!(e.contains("transform_config.config_groups.R4.apply[0].location") && e.contains("not supported"), "{e}");
         let e = parse(Some(&config("input", "learned"))).unwrap_err().to_string();
