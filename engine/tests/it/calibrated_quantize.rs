@@ -108,6 +108,11 @@ fn config(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
 }
 
+/// The largest absolute difference between two sets of log-prob rows.
+fn max_gap(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+    a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max)
+}
+
 /// Log-softmax rows of the model in `dir` over `tokens`.
 fn log_probs(dir: &Path, tokens: &[u32]) -> Vec<Vec<f64>> {
     let m = LoadedModel::load(dir, LinearPolicy::DEFAULT).unwrap();
@@ -135,7 +140,7 @@ fn smoothing_alone_keeps_the_model_function() {
     assert!(s.report.tensors.is_empty());
     let tokens = eval_tokens(&f32_dir);
     let (a, b) = (log_probs(&f32_dir, &tokens[..96]), log_probs(&out, &tokens[..96]));
-    let worst = a.iter().zip(&b).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+    let worst = max_gap(&a, &b);
     // f32 rounding of rescaled weights through 30 blocks; a wrong fold moves log-probs by > 0.1.
     assert!(worst < 2e-3, "smoothing changed log-probs by {worst}");
     // And it did rewrite something: the first norm differs from the input's.
@@ -158,7 +163,7 @@ fn a_rotated_residual_stream_keeps_the_function_and_helps_per_channel_int4() {
         let rotated = base().join("rotated-f32");
         rotate_dir(&f32_dir, &rotated, 0, online).unwrap();
         let b = log_probs(&rotated, &tokens[..96]);
-        let worst = original.iter().zip(&b).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+        let worst = max_gap(&original, &b);
         // As for smoothing: f32 rounding through 30 blocks; a wrong fold moves log-probs by > 0.1.
         assert!(worst < 2e-3, "rotating ({online:?}) changed log-probs by {worst}");
         let cfg = config(&rotated);
@@ -179,7 +184,7 @@ fn a_rotated_residual_stream_keeps_the_function_and_helps_per_channel_int4() {
             let (out, s) = quantize(&rotated, "smoothed-r4-f32", recipe, &["*"], How { smoothquant: Some(0.5), ..How::default() });
             assert_eq!(s.smoothed, 30 * 8, "both norms, q/k/v/o and gate/up rewritten; down not");
             let c = log_probs(&out, &tokens[..96]);
-            let worst = original.iter().zip(&c).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+            let worst = max_gap(&original, &c);
             assert!(worst < 2e-3, "smoothing the R4-rotated model changed log-probs by {worst}");
             std::fs::remove_dir_all(&out).unwrap();
             // A sharded input is rotated shard by shard into the same shards and index, each
@@ -330,7 +335,7 @@ fn online_transforms_keep_the_function_whole_and_sharded() {
         std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
 
         let b = log_probs(&dir, &tokens[..64]);
-        let worst = original.iter().zip(&b).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+        let worst = max_gap(&original, &b);
         // f32 rounding through 30 blocks; a transform run twice or not at all moves them by > 0.1.
         assert!(worst < 2e-3, "transforms on {attn:?} ({side}) and down_proj changed log-probs by {worst}");
         let m = LoadedModel::load(&dir, LinearPolicy::DEFAULT).unwrap();
@@ -356,7 +361,7 @@ fn online_transforms_keep_the_function_whole_and_sharded() {
         let shard = tp.run(|m| m.plan().into_iter().find(|e| e.tensor == "blk.4.ffn_down.weight").unwrap().shard);
         assert_eq!(shard.as_deref(), Some("columns 0..512 of 1536"));
         let c = common::log_softmax_rows(&logits, config(&f32_dir)["vocab_size"].as_u64().unwrap() as usize);
-        let worst = original.iter().zip(&c).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+        let worst = max_gap(&original, &c);
         assert!(worst < 2e-3, "two ranks with transforms on {attn:?} ({side}) and down_proj changed log-probs by {worst}");
         if side == "output" {
             // Calibration reads a layer's inputs, which an output transform leaves as they
@@ -366,7 +371,7 @@ fn online_transforms_keep_the_function_whole_and_sharded() {
             let (out, s) = quantize(&dir, "smoothed-output-transforms", recipe, &["*"], How { smoothquant: Some(0.5), ..How::default() });
             assert_eq!(s.smoothed, 30 * 7, "both norms, q/k/v and gate/up rewritten; o and down not");
             let c = log_probs(&out, &tokens[..64]);
-            let worst = original.iter().zip(&c).flat_map(|(x, y)| x.iter().zip(y).map(|(u, v)| (u - v).abs())).fold(0f64, f64::max);
+            let worst = max_gap(&original, &c);
             assert!(worst < 2e-3, "smoothing a model with output transforms changed log-probs by {worst}");
             std::fs::remove_dir_all(&out).unwrap();
             std::fs::remove_dir_all(&dir).unwrap();
